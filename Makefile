@@ -1,0 +1,29 @@
+# blasnet: every target installs what it needs first (into .venv).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test bench clean
+
+install: $(STAMP)
+
+# Re-install only when the project metadata changes; otherwise this is instant.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: install
+	$(PY) -m engine train
+
+test: install
+	$(PY) -m pytest -q tests
+
+# QUICK=1 runs a shortened bench (fewer rounds, no large shapes on one thread).
+bench: install
+	$(PY) bench/run.py $(if $(QUICK),--quick,)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache bench/results/*.json

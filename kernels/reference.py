@@ -1,0 +1,217 @@
+"""Naive NumPy versions of every kernel: the oracle for tests and the baseline for benchmarks.
+
+Each function has the same signature as the fast kernel of the same name (outputs first,
+then inputs, then options) but is written as plain whole-array NumPy, the way the formulas
+read, with no blocking, no fusion and no BLAS tricks. Speed is not a goal here; clarity is.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import erf as _erf
+
+ACTIVATIONS = ("identity", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_C = 0.044715
+
+
+# ----------------------------------------------------------------------------- gemm
+def gemm(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+    """out = alpha * op(a) @ op(b) + beta * out, with np.matmul."""
+    A = a.T if trans_a else a
+    B = b.T if trans_b else b
+    out[...] = alpha * (A @ B) + (beta * out if beta != 0.0 else 0.0)
+    return out
+
+
+# ----------------------------------------------------------------------------- activations
+def _sigmoid(z):
+    # 1/(1+exp(-z)) written to avoid overflow for large |z|.
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(z.dtype)
+
+
+def activation(z, act="relu", negative_slope=0.01):
+    """act(z) as a new array."""
+    if act == "identity":
+        return z.copy()
+    if act == "relu":
+        return np.maximum(z, 0).astype(z.dtype)
+    if act == "leaky_relu":
+        return np.where(z > 0, z, negative_slope * z).astype(z.dtype)
+    if act == "gelu":
+        return (0.5 * z * (1.0 + _erf(z / math.sqrt(2.0)))).astype(z.dtype)
+    if act == "gelu_tanh":
+        return (0.5 * z * (1.0 + np.tanh(_SQRT_2_OVER_PI * (z + _GELU_C * z**3)))).astype(z.dtype)
+    if act == "silu":
+        return (z * _sigmoid(z)).astype(z.dtype)
+    if act == "sigmoid":
+        return _sigmoid(z)
+    if act == "tanh":
+        return np.tanh(z)
+    raise ValueError(f"act: expected one of {ACTIVATIONS}, got {act!r}")
+
+
+def activation_grad(z, act="relu", negative_slope=0.01):
+    """act'(z) as a new array."""
+    if act == "identity":
+        return np.ones_like(z)
+    if act == "relu":
+        return (z > 0).astype(z.dtype)
+    if act == "leaky_relu":
+        return np.where(z > 0, 1.0, negative_slope).astype(z.dtype)
+    if act == "gelu":
+        cdf = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+        pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+        return (cdf + z * pdf).astype(z.dtype)
+    if act == "gelu_tanh":
+        u = _SQRT_2_OVER_PI * (z + _GELU_C * z**3)
+        t = np.tanh(u)
+        du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * z * z)
+        return (0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du).astype(z.dtype)
+    if act == "silu":
+        s = _sigmoid(z)
+        return (s * (1.0 + z * (1.0 - s))).astype(z.dtype)
+    if act == "sigmoid":
+        s = _sigmoid(z)
+        return s * (1.0 - s)
+    if act == "tanh":
+        t = np.tanh(z)
+        return 1.0 - t * t
+    raise ValueError(f"act: expected one of {ACTIVATIONS}, got {act!r}")
+
+
+def bias_act_forward(h, z, bias=None, act="relu", negative_slope=0.01):
+    """z += bias (in place, if bias is given); h = act(z)."""
+    if bias is not None:
+        z += bias
+    h[...] = activation(z, act, negative_slope)
+    return h
+
+
+def act_backward(dz, dh, z, act="relu", negative_slope=0.01, h=None):
+    """dz = dh * act'(z)."""
+    dz[...] = dh * activation_grad(z, act, negative_slope)
+    return dz
+
+
+def bias_grad(db, dz):
+    """db += dz.sum(axis=0)."""
+    db += dz.sum(axis=0)
+    return db
+
+
+# ----------------------------------------------------------------------------- layernorm
+def layernorm_forward(out, mean, rstd, x, gamma, beta, eps=1e-5):
+    """out = (x - mean) * rstd * gamma + beta over the last axis; caches mean and rstd."""
+    mu = x.mean(axis=1)
+    var = ((x - mu[:, None]) ** 2).mean(axis=1)
+    mean[...] = mu
+    rstd[...] = 1.0 / np.sqrt(var + eps)
+    out[...] = (x - mean[:, None]) * rstd[:, None] * gamma + beta
+    return out
+
+
+def layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
+    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * gamma;
+    dgamma += sum(dout * xhat), dbeta += sum(dout)."""
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    g = dout * gamma
+    dgamma += (dout * xhat).sum(axis=0)
+    dbeta += dout.sum(axis=0)
+    dx[...] = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
+                               - xhat * (g * xhat).mean(axis=1, keepdims=True))
+    return dx
+
+
+# ----------------------------------------------------------------------------- dropout
+def dropout_forward(out, mask, x, p, rng):
+    """Inverted dropout: mask = (u >= p) / (1 - p) with u ~ U[0, 1) from rng; out = x * mask."""
+    u = rng.random(x.shape, dtype=x.dtype)
+    mask[...] = (u >= p) / (1.0 - p)
+    out[...] = x * mask
+    return out
+
+
+def dropout_backward(dx, dout, mask):
+    """dx = dout * mask (the mask of the forward pass)."""
+    dx[...] = dout * mask
+    return dx
+
+
+# ----------------------------------------------------------------------------- losses
+def softmax(logits):
+    """Row-wise softmax as a new array."""
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _target_probs(target, n_classes, dtype):
+    if target.ndim == 1:
+        y = np.zeros((target.shape[0], n_classes), dtype)
+        y[np.arange(target.shape[0]), target] = 1.0
+        return y
+    return target.astype(dtype)
+
+
+def softmax_cross_entropy_forward(probs, logits, target):
+    """probs = softmax(logits); returns mean over rows of -sum(y * log softmax(logits)).
+    ``target`` is (N,) integer labels or (N, C) probabilities."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    logsum = np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    logp = shifted - logsum
+    probs[...] = np.exp(logp)
+    y = _target_probs(target, logits.shape[1], logits.dtype)
+    return float(-(y * logp).sum() / logits.shape[0])
+
+
+def softmax_cross_entropy_backward(dlogits, probs, target):
+    """dlogits = (probs - y) / N."""
+    y = _target_probs(target, probs.shape[1], probs.dtype)
+    dlogits[...] = (probs - y) / probs.shape[0]
+    return dlogits
+
+
+def mse_forward(pred, target):
+    """mean((pred - target)**2) over all elements, as torch.nn.MSELoss."""
+    return float(((pred - target) ** 2).mean())
+
+
+def mse_backward(dpred, pred, target):
+    """dpred = 2 * (pred - target) / pred.size."""
+    dpred[...] = 2.0 * (pred - target) / pred.size
+    return dpred
+
+
+# ----------------------------------------------------------------------------- optimizers
+def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.999,
+                 eps=1e-8, weight_decay=1e-2):
+    """One AdamW step (PyTorch semantics); ``step`` counts from 1 for the first update.
+
+    param *= 1 - lr * wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    param -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)."""
+    param *= 1.0 - lr * weight_decay
+    exp_avg[...] = beta1 * exp_avg + (1.0 - beta1) * grad
+    exp_avg_sq[...] = beta2 * exp_avg_sq + (1.0 - beta2) * grad * grad
+    bc1 = 1.0 - beta1**step
+    bc2 = 1.0 - beta2**step
+    param -= lr / bc1 * exp_avg / (np.sqrt(exp_avg_sq / bc2) + eps)
+    return param
+
+
+def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
+               dampening=0.0, nesterov=False, first_step=False):
+    """One SGD step (PyTorch semantics): g = grad + wd * param; buf = g on the first step,
+    else momentum * buf + (1 - dampening) * g; param -= lr * (g + momentum * buf if nesterov
+    else buf). With momentum == 0, param -= lr * g and ``momentum_buf`` may be None."""
+    g = grad + weight_decay * param
+    if momentum != 0.0:
+        if first_step:
+            momentum_buf[...] = g
+        else:
+            momentum_buf[...] = momentum * momentum_buf + (1.0 - dampening) * g
+        g = g + momentum * momentum_buf if nesterov else momentum_buf
+    param -= lr * g
+    return param
