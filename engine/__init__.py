@@ -5,7 +5,10 @@ Numerics are delegated to ``kernels``; this package is bookkeeping.
 from .module import Module, Parameter, Workspace
 
 # --- layers (engine/layers.py) ---
+from .layers import (GELU, MLP, Identity, LeakyReLU, Linear, ReLU, Sequential, Sigmoid, SiLU,
+                     Tanh)
 # --- blocks (engine/blocks.py) ---
 # --- losses (engine/losses.py) ---
+from .losses import CrossEntropyLoss, MSELoss
 # --- optim (engine/optim.py) ---
 # --- training (engine/train.py, engine/checkpoint.py) ---
