@@ -1,0 +1,375 @@
+"""`make bench`: run the benchmarks at 1 and 2 BLAS threads and print one table.
+
+Each thread count runs pytest-benchmark over bench/ in a fresh process (BLASNET_NUM_THREADS
+is read at import, so it is set in the child's environment), writing
+bench/results/threads<N>.json; a third process measures memory with tracemalloc
+(bench/results/memory.json). The report puts every step next to its GEMM floor, the naive
+reference and the issue's targets. ``--report-only`` re-prints it from the saved JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make the "bench" package importable
+    sys.path.insert(0, str(ROOT))
+
+from bench import cases  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+BENCH_FILES = ("bench/test_bench_blocks.py", "bench/test_bench_kernels.py")
+
+# Targets of issue 5 (medians, float32, at the highest thread count run).
+FWD_BWD_LARGE_LIMIT = {"FFN-relu": 1.08, "FFN-gelu": 1.12, "GMLP": 1.12,
+                       "FFNSublayer-post-gelu": 1.12}
+FWD_BWD_SMALL_LIMIT = 1.5
+STEP_LARGE_LIMIT = 1.15
+ADAMW_SPEEDUP_MIN = 4.0
+SCALING_MIN = 1.7
+MEMORY_RATIO_MAX = 1.25
+
+
+# ----------------------------------------------------------------------------- running
+def _child_env(threads: int, quick: bool) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "BLASNET_BENCH_QUICK")}
+    env["BLASNET_NUM_THREADS"] = str(threads)
+    if quick:
+        env["BLASNET_BENCH_QUICK"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_pytest(threads: int, quick: bool, out_json: Path, select: str | None = None,
+               files=BENCH_FILES, echo=print) -> int:
+    """One pytest-benchmark process at ``threads`` threads; progress lines are echoed,
+    pytest-benchmark's own long table is not (the JSON has it all)."""
+    cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider",
+           "--rootdir", str(ROOT), f"--benchmark-json={out_json}", "--benchmark-columns=median"]
+    if select:
+        cmd += ["-k", select]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(threads, quick),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        s = line.rstrip()
+        if s.endswith("%]") or " passed" in s or " failed" in s or " error" in s:
+            if not s.startswith(("-", "=")) or "passed" in s or "failed" in s:
+                echo(f"  [threads={threads}] {s.strip()}")
+    rc = proc.wait()
+    echo(f"  [threads={threads}] pytest exit {rc} after {time.perf_counter() - t0:.0f} s")
+    if rc != 0:
+        echo("".join(lines[-60:]))
+    return rc
+
+
+def run_memory(out_json: Path, which=None, echo=print) -> int:
+    cmd = [sys.executable, "-m", "bench.memory", "--out", str(out_json)]
+    for block, shape in which or ():
+        cmd += ["--case", f"{block}:{shape}"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(1, False), capture_output=True, text=True)
+    echo(f"  [memory] exit {proc.returncode} after {time.perf_counter() - t0:.0f} s")
+    if proc.returncode != 0:
+        echo(proc.stdout[-3000:] + proc.stderr[-3000:])
+    return proc.returncode
+
+
+# ----------------------------------------------------------------------------- loading
+def load_benchmarks(paths) -> list:
+    """Flatten pytest-benchmark JSON files into dicts: extra_info + median/rounds (s)."""
+    out = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            continue
+        with open(p) as f:
+            data = json.load(f)
+        for b in data.get("benchmarks", []):
+            row = dict(b.get("extra_info", {}))
+            row["median"] = b["stats"]["median"]
+            row["rounds"] = b["stats"]["rounds"]
+            out.append(row)
+    return out
+
+
+def block_rows(benchmarks) -> list:
+    """One row per (block, shape, threads) with medians (ms), ratios and GF/s."""
+    groups: dict = {}
+    for b in benchmarks:
+        if "block" not in b:
+            continue
+        key = (b["block"], b["shape"], b["threads"])
+        g = groups.setdefault(key, {"flops": b["flops"]})
+        g[b["kind"]] = b["median"]
+        if "block_gemms" in b:
+            g["block_gemms"], g["floor_gemms"] = b["block_gemms"], b["floor_gemms"]
+    order = {c: i for i, c in enumerate(cases.CASES)}
+    rows = []
+    for (block, shape, thr), g in sorted(
+            groups.items(), key=lambda kv: (order.get(kv[0][:2], 99), kv[0][2])):
+        row = dict(block=block, shape=shape, threads=thr, flops=g["flops"],
+                   floor_ms=_ms(g.get("floor")))
+        for kind in ("fwd_bwd", "step"):
+            t, naive = g.get(kind), g.get("naive_" + kind)
+            row[kind + "_ms"] = _ms(t)
+            row[kind + "_ratio"] = _div(t, g.get("floor"))
+            row[kind + "_x_naive"] = _div(naive, t)
+            row[kind + "_gfs"] = _div(g["flops"] / 1e9, t)
+            row["naive_" + kind + "_ms"] = _ms(naive)
+        row["gemm_check"] = _gemm_check(g)
+        rows.append(row)
+    return rows
+
+
+def _gemm_check(g) -> str:
+    """'ok' when the block made exactly the floor's GEMMs (as a multiset of M, N, K)."""
+    if "block_gemms" not in g:
+        return ""
+    seen = sorted(map(tuple, g["block_gemms"]))
+    want = sorted(map(tuple, g["floor_gemms"]))
+    if not seen:
+        return "not seen"
+    return "ok" if seen == want else f"{len(seen)} GEMMs vs floor {len(want)}"
+
+
+def kernel_rows(benchmarks) -> list:
+    groups: dict = {}
+    for b in benchmarks:
+        if "kernel" in b:
+            g = groups.setdefault((b["kernel"], b["size"], b["threads"]), {})
+            g[b["impl"]] = b["median"]
+    rows = []
+    for (name, size, thr), g in groups.items():
+        rows.append(dict(kernel=name, size=size, threads=thr, fast_ms=_ms(g.get("fast")),
+                         checked_ms=_ms(g.get("checked")), ref_ms=_ms(g.get("ref")),
+                         speedup=_div(g.get("ref"), g.get("fast"))))
+    rows.sort(key=lambda r: (r["threads"], 0))
+    return rows
+
+
+def scaling_rows(rows, shape="large") -> list:
+    """Full step and floor at the ``shape``: time at 1 thread / time at the most threads."""
+    by = {(r["block"], r["shape"], r["threads"]): r for r in rows}
+    threads = sorted({r["threads"] for r in rows})
+    if len(threads) < 2:
+        return []
+    lo, hi = threads[0], threads[-1]
+    out = []
+    for block in cases.TRANSFORMER_BLOCKS:
+        a, b = by.get((block, shape, lo)), by.get((block, shape, hi))
+        if a is None or b is None:
+            continue
+        out.append(dict(block=block, shape=shape, lo=lo, hi=hi,
+                        step_lo=a["step_ms"], step_hi=b["step_ms"],
+                        step_scaling=_div(a["step_ms"], b["step_ms"]),
+                        floor_scaling=_div(a["floor_ms"], b["floor_ms"]),
+                        fwd_bwd_scaling=_div(a["fwd_bwd_ms"], b["fwd_bwd_ms"])))
+    return out
+
+
+def _ms(t):
+    return None if t is None else 1e3 * t
+
+
+def _div(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+# ----------------------------------------------------------------------------- targets
+def target_checks(rows, krows, scaling, memory) -> list:
+    """(what, measured, op, limit, met) for each target that the data covers, at the highest
+    thread count present."""
+    if not rows and not krows:
+        return []
+    thr = max([r["threads"] for r in rows] + [r["threads"] for r in krows])
+    by = {(r["block"], r["shape"]): r for r in rows if r["threads"] == thr}
+    checks = []
+
+    def add(what, value, limit, le=True):
+        if value is not None:
+            checks.append((what, value, "<=" if le else ">=", limit,
+                           value <= limit if le else value >= limit))
+
+    for block, limit in FWD_BWD_LARGE_LIMIT.items():
+        r = by.get((block, "large"))
+        add(f"fwd+bwd/floor {block} large ({thr} thr)", r and r["fwd_bwd_ratio"], limit)
+    for shape in ("seed000", "seed001"):
+        for block in cases.TRANSFORMER_BLOCKS:
+            r = by.get((block, shape))
+            add(f"fwd+bwd/floor {block} {shape} ({thr} thr)", r and r["fwd_bwd_ratio"],
+                FWD_BWD_SMALL_LIMIT)
+    for block in cases.TRANSFORMER_BLOCKS:
+        r = by.get((block, "large"))
+        add(f"step/floor {block} large ({thr} thr)", r and r["step_ratio"], STEP_LARGE_LIMIT)
+    for k in krows:
+        if k["threads"] == thr and k["kernel"] in ("adamw_update", "AdamW.step (engine)"):
+            add(f"{k['kernel']} 2.1M params, x naive ({thr} thr)", k["speedup"],
+                ADAMW_SPEEDUP_MIN, le=False)
+    for s in scaling:
+        add(f"step scaling {s['lo']}->{s['hi']} thr {s['block']} {s['shape']}",
+            s["step_scaling"], SCALING_MIN, le=False)
+    for m in memory:
+        add(f"peak/sum memory {m['block']} {m['shape']}", _div(m["peak"], m["sum"]),
+            MEMORY_RATIO_MAX)
+    return checks
+
+
+# ----------------------------------------------------------------------------- formatting
+def _fmt(v, spec):
+    if v is None:
+        return "-"
+    return format(v, spec)
+
+
+def table(headers, rows, left=1) -> str:
+    """Fixed-width table; the first ``left`` columns are left-aligned, the rest right."""
+    cells = [list(map(str, headers))] + [list(map(str, r)) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(r):
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
+
+
+def _shape_legend() -> str:
+    parts = []
+    for s in cases.SHAPES.values():
+        lead = "x".join(map(str, s.lead))
+        if s.sizes:
+            parts.append(f"{s.name} = batch {lead}, sizes {list(s.sizes)}")
+        else:
+            parts.append(f"{s.name} = {lead} tokens, d_model {s.d_model}, d_ff {s.d_ff}")
+    return "; ".join(parts)
+
+
+def format_report(rows, krows, scaling, memory, checks) -> str:
+    out = []
+    if rows:
+        out.append("BLOCKS (float32, medians). floor = the block's GEMMs alone (fwd 1x, bwd 2x) "
+                   "on the same shapes, same run;\nratio = time / floor; x naive = naive "
+                   "whole-array step / time; GF/s = GEMM FLOPs / time.")
+        out.append("Shapes: " + _shape_legend() + ".")
+        hdr = ["block", "shape", "thr", "floor ms",
+               "f+b ms", "f+b ratio", "f+b x naive", "f+b GF/s",
+               "step ms", "step ratio", "step x naive", "step GF/s"]
+        body = []
+        for r in rows:
+            body.append([r["block"], r["shape"], r["threads"], _fmt(r["floor_ms"], ".3f"),
+                         _fmt(r["fwd_bwd_ms"], ".3f"), _fmt(r["fwd_bwd_ratio"], ".2f"),
+                         _fmt(r["fwd_bwd_x_naive"], ".1f"), _fmt(r["fwd_bwd_gfs"], ".1f"),
+                         _fmt(r["step_ms"], ".3f"), _fmt(r["step_ratio"], ".2f"),
+                         _fmt(r["step_x_naive"], ".1f"), _fmt(r["step_gfs"], ".1f")])
+        out.append(table(hdr, body, left=2))
+        bad = sorted({(r["block"], r["shape"], r["gemm_check"]) for r in rows
+                      if r["gemm_check"] not in ("", "ok")})
+        for block, shape, msg in bad:
+            out.append(f"note: {block} {shape}: block GEMMs {msg} (the floor assumes "
+                       f"{'the listed' if 'vs' in msg else 'kernels.gemm'} calls)")
+    if scaling:
+        out.append("")
+        out.append("THREAD SCALING at the large shape (time at fewer threads / time at more):")
+        hdr = ["block", "threads", "step ms", "step ms", "step scaling", "f+b scaling",
+               "floor scaling"]
+        body = [[s["block"], f"{s['lo']}->{s['hi']}", _fmt(s["step_lo"], ".2f"),
+                 _fmt(s["step_hi"], ".2f"), _fmt(s["step_scaling"], ".2f") + "x",
+                 _fmt(s["fwd_bwd_scaling"], ".2f") + "x", _fmt(s["floor_scaling"], ".2f") + "x"]
+                for s in scaling]
+        out.append(table(hdr, body, left=2))
+    if krows:
+        out.append("")
+        out.append("KERNELS (medians; baseline = np.matmul for gemm, kernels.reference "
+                   "otherwise; speed-up = baseline / fast):")
+        hdr = ["kernel", "size", "thr", "fast ms", "checked ms", "baseline ms", "speed-up"]
+        body = [[k["kernel"], k["size"], k["threads"], _fmt(k["fast_ms"], ".3f"),
+                 _fmt(k["checked_ms"], ".3f"), _fmt(k["ref_ms"], ".3f"),
+                 _fmt(k["speedup"], ".2f") + "x"] for k in krows]
+        out.append(table(hdr, body, left=2))
+    if memory:
+        out.append("")
+        out.append("MEMORY of a training step (tracemalloc, MiB). state = params + grads + "
+                   "AdamW moments; buffers = cached activations\nand work buffers kept "
+                   "after the step; sum = state + buffers; step alloc = rise of a steady "
+                   "step above its start.")
+        hdr = ["block", "shape", "params", "state", "buffers", "sum", "peak", "peak/sum",
+               "step alloc KiB"]
+        mib = 1 << 20
+        body = [[m["block"], m["shape"], f"{m['params']:,}", f"{m['state'] / mib:.2f}",
+                 f"{m['buffers'] / mib:.2f}", f"{m['sum'] / mib:.2f}", f"{m['peak'] / mib:.2f}",
+                 _fmt(_div(m["peak"], m["sum"]), ".3f"), f"{m['step_alloc'] / 1024:.1f}"]
+                for m in memory]
+        out.append(table(hdr, body, left=2))
+    if checks:
+        out.append("")
+        out.append("TARGETS (issue 5):")
+        body = [[what, f"{value:.2f}", f"{op} {limit:g}", "met" if ok else "MISSED"]
+                for what, value, op, limit, ok in checks]
+        out.append(table(["target", "measured", "limit", ""], body, left=1))
+        n_ok = sum(c[4] for c in checks)
+        out.append(f"{n_ok}/{len(checks)} targets met.")
+    return "\n".join(out)
+
+
+def report(result_dir: Path, threads=(1, 2)) -> tuple:
+    """Load what the runs wrote and return (text, data)."""
+    bench = load_benchmarks([result_dir / f"threads{t}.json" for t in threads])
+    rows, krows = block_rows(bench), kernel_rows(bench)
+    scaling = scaling_rows(rows)
+    mem_path = result_dir / "memory.json"
+    memory = json.loads(mem_path.read_text()) if mem_path.exists() else []
+    checks = target_checks(rows, krows, scaling, memory)
+    data = dict(blocks=rows, kernels=krows, scaling=scaling, memory=memory,
+                targets=[dict(target=w, measured=v, op=o, limit=lim, met=ok)
+                         for w, v, o, lim, ok in checks])
+    return format_report(rows, krows, scaling, memory, checks), data
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Run blasnet's benchmarks and print the table.")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer rounds; no naive reference at the large shape on one thread")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (1,2)")
+    ap.add_argument("-k", dest="select", default=None, help="pytest -k selection of benchmarks")
+    ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
+    ap.add_argument("--results", default=str(RESULTS), help="directory for the JSON files")
+    ap.add_argument("--report-only", action="store_true",
+                    help="do not run anything; print the report from the saved JSON")
+    args = ap.parse_args(argv)
+    threads = tuple(int(t) for t in args.threads.split(","))
+    result_dir = Path(args.results)
+    result_dir.mkdir(parents=True, exist_ok=True)
+    rc = 0
+    t0 = time.perf_counter()
+    if not args.report_only:
+        print(f"blasnet bench{' (quick)' if args.quick else ''}: threads {threads}, "
+              f"results in {result_dir}", flush=True)
+        for t in threads:
+            rc |= run_pytest(t, args.quick, result_dir / f"threads{t}.json", args.select)
+        mem = result_dir / "memory.json"
+        if args.no_memory:
+            if mem.exists():
+                mem.unlink()
+        else:
+            rc |= run_memory(mem)
+    text, data = report(result_dir, threads)
+    (result_dir / "summary.json").write_text(json.dumps(data, indent=1))
+    print()
+    print(text)
+    if not args.report_only:
+        print(f"\nbench finished in {time.perf_counter() - t0:.0f} s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Kernel benchmarks: each fast kernel next to its baseline (np.matmul for gemm, the
+kernels.reference version for the rest) on the large-shape sizes of the blocks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import reference as ref
+from bench.timing import run_benchmark
+
+F32 = np.float32
+
+
+def _rand(rng, shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(F32)
+
+
+def _gemm(shape, impl, ta=False, tb=False):
+    m, n, k = shape
+    rng = np.random.default_rng(0)
+    a = _rand(rng, (k, m) if ta else (m, k))
+    b = _rand(rng, (n, k) if tb else (k, n))
+    out = np.empty((m, n), F32)
+    A, B = (a.T if ta else a), (b.T if tb else b)
+    if impl == "fast":
+        g = kernels.gemm_unchecked
+        return lambda: g(out, a, b, ta, tb)
+    if impl == "checked":
+        g = kernels.gemm
+        return lambda: g(out, a, b, ta, tb)
+    return lambda: np.matmul(A, B, out=out)
+
+
+def _act_pair(act, impl, n=2048, d=2048):
+    """Forward (bias + activation) and backward of one (n, d) activation."""
+    rng = np.random.default_rng(0)
+    z, h, dz = _rand(rng, (n, d)), np.empty((n, d), F32), np.empty((n, d), F32)
+    dh, bias = _rand(rng, (n, d)), np.zeros(d, F32)  # zero bias: z stays put over rounds
+    mod = kernels if impl == "fast" else ref
+    fwd, bwd = mod.bias_act_forward, mod.act_backward
+
+    def run():
+        fwd(h, z, bias, act)
+        bwd(dz, dh, z, act, h=h)
+    return run
+
+
+def _bias_grad(impl, n=2048, d=2048):
+    rng = np.random.default_rng(0)
+    dz, db = _rand(rng, (n, d)), np.zeros(d, F32)
+    f = kernels.bias_grad if impl == "fast" else ref.bias_grad
+    return lambda: f(db, dz)
+
+
+def _layernorm(impl, n=2048, d=512):
+    rng = np.random.default_rng(0)
+    x, dout = _rand(rng, (n, d)), _rand(rng, (n, d))
+    gamma, beta = np.ones(d, F32), np.zeros(d, F32)
+    out, dx = np.empty((n, d), F32), np.empty((n, d), F32)
+    mean, rstd = np.empty(n, F32), np.empty(n, F32)
+    dgamma, dbeta = np.zeros(d, F32), np.zeros(d, F32)
+    mod = kernels if impl == "fast" else ref
+    fwd, bwd = mod.layernorm_forward, mod.layernorm_backward
+
+    def run():
+        fwd(out, mean, rstd, x, gamma, beta, 1e-5)
+        bwd(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
+    return run
+
+
+def _ffn_param_shapes(d=512, f=2048):
+    return [(d, f), (f,), (f, d), (d,)]  # the large FFN: 2,099,712 parameters
+
+
+def _adamw(impl):
+    rng = np.random.default_rng(0)
+    groups = []
+    for s in _ffn_param_shapes():
+        groups.append((_rand(rng, s, 0.02), _rand(rng, s, 1e-3), np.zeros(s, F32),
+                       np.zeros(s, F32)))
+    f = kernels.adamw_update if impl == "fast" else ref.adamw_update
+    state = {"t": 0}
+
+    def run():
+        state["t"] += 1
+        t = state["t"]
+        for p, g, m, v in groups:
+            f(p, g, m, v, t, 1e-4)
+    return run
+
+
+def _adamw_engine():
+    """engine.optim.AdamW.step over the same 2.1M parameters (the kernel plus its loop)."""
+    from engine.module import Parameter
+    from engine.optim import AdamW
+    rng = np.random.default_rng(0)
+    params = []
+    for s in _ffn_param_shapes():
+        p = Parameter(_rand(rng, s, 0.02))
+        p.grad[...] = _rand(rng, s, 1e-3)
+        params.append(p)
+    return AdamW(params, lr=1e-4).step
+
+
+LARGE, SMALL = (2048, 2048, 512), (8, 800, 200)
+# name, size label, implementation, factory
+KERNELS = [
+    ("gemm NN", "2048x512 @ 512x2048", "fast", lambda: _gemm(LARGE, "fast")),
+    ("gemm NN", "2048x512 @ 512x2048", "ref", lambda: _gemm(LARGE, "ref")),
+    ("gemm TN", "(2048x512)^T @ 2048x2048", "fast", lambda: _gemm((512, 2048, 2048), "fast", True)),
+    ("gemm TN", "(2048x512)^T @ 2048x2048", "ref", lambda: _gemm((512, 2048, 2048), "ref", True)),
+    ("gemm NN small", "8x200 @ 200x800", "fast", lambda: _gemm(SMALL, "fast")),
+    ("gemm NN small", "8x200 @ 200x800", "checked", lambda: _gemm(SMALL, "checked")),
+    ("gemm NN small", "8x200 @ 200x800", "ref", lambda: _gemm(SMALL, "ref")),
+    ("gelu fwd+bwd", "2048x2048", "fast", lambda: _act_pair("gelu", "fast")),
+    ("gelu fwd+bwd", "2048x2048", "ref", lambda: _act_pair("gelu", "ref")),
+    ("relu fwd+bwd", "2048x2048", "fast", lambda: _act_pair("relu", "fast")),
+    ("relu fwd+bwd", "2048x2048", "ref", lambda: _act_pair("relu", "ref")),
+    ("bias_grad", "2048x2048", "fast", lambda: _bias_grad("fast")),
+    ("bias_grad", "2048x2048", "ref", lambda: _bias_grad("ref")),
+    ("layernorm fwd+bwd", "2048x512", "fast", lambda: _layernorm("fast")),
+    ("layernorm fwd+bwd", "2048x512", "ref", lambda: _layernorm("ref")),
+    ("adamw_update", "2.1M params (large FFN)", "fast", lambda: _adamw("fast")),
+    ("adamw_update", "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
+    ("AdamW.step (engine)", "2.1M params (large FFN)", "fast", _adamw_engine),
+    ("AdamW.step (engine)", "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
+]
+
+
+@pytest.mark.parametrize("name,size,impl,factory",
+                         [pytest.param(*k, id=f"{k[0]}|{k[2]}") for k in KERNELS])
+def test_kernel(benchmark, name, size, impl, factory):
+    run_benchmark(benchmark, factory(), kernel=name, size=size, impl=impl)

@@ -1,0 +1,35 @@
+"""How every benchmark is timed: quick mode, the round count, the pytest-benchmark call.
+
+``BLASNET_BENCH_QUICK=1`` (set by ``run.py --quick``) shortens every benchmark. The thread
+count comes from ``BLASNET_NUM_THREADS``, which the driver sets before Python starts.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import kernels
+
+QUICK = os.environ.get("BLASNET_BENCH_QUICK", "") not in ("", "0")
+# Seconds of timed rounds per benchmark, and the bounds on the round count.
+TARGET_S = 0.25 if QUICK else 1.0
+MIN_ROUNDS, MAX_ROUNDS = (3, 60) if QUICK else (7, 400)
+
+
+def rounds_for(seconds_per_call: float) -> int:
+    return int(min(MAX_ROUNDS, max(MIN_ROUNDS, TARGET_S / max(seconds_per_call, 1e-7))))
+
+
+def run_benchmark(benchmark, fn, **info):
+    """Time ``fn`` with pytest-benchmark: two untimed calls (the first allocates work
+    buffers; they also size the round count), then ``rounds_for`` rounds of one call each,
+    medians taken by the driver. ``info`` (block, shape, kind, flops, ...) goes into the
+    JSON's ``extra_info`` with the thread count."""
+    t0 = time.perf_counter()
+    fn()
+    fn()
+    per_call = (time.perf_counter() - t0) / 2
+    rounds = rounds_for(per_call)
+    benchmark.extra_info.update(info, threads=kernels.get_num_threads(), quick=QUICK)
+    benchmark.pedantic(fn, rounds=rounds, iterations=1,
+                       warmup_rounds=1 if per_call > 0.02 else 3)
