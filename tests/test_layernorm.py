@@ -1,0 +1,246 @@
+"""kernels.layernorm: blocked LayerNorm forward/backward against reference.py and central
+finite differences."""
+import tracemalloc
+
+import numpy as np
+import pytest
+from gradcheck import assert_close, numeric_grad
+
+from kernels import layernorm as ln
+from kernels import reference
+from kernels.layernorm import layernorm_backward, layernorm_forward
+
+DTYPES = [np.float32, np.float64]
+TOL = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
+
+
+def _rows_per_block(d, dtype):
+    return max(1, ln._BLOCK_BYTES // (d * np.dtype(dtype).itemsize))
+
+
+def _shapes(dtype):
+    # Small shapes, one row, one feature, and shapes spanning several row blocks with a
+    # remainder (including a row wider than a whole block).
+    big_d = ln._BLOCK_BYTES // np.dtype(dtype).itemsize + 5
+    return [(1, 1), (3, 5), (17, 64), (2 * _rows_per_block(48, dtype) + 3, 48),
+            (2 * _rows_per_block(520, dtype) + 7, 520), (3, big_d)]
+
+
+def _problem(rng, n, d, dtype):
+    x = (rng.standard_normal((n, d)) * 2.0 + 0.5).astype(dtype)
+    gamma = rng.standard_normal(d).astype(dtype)
+    beta = rng.standard_normal(d).astype(dtype)
+    dout = rng.standard_normal((n, d)).astype(dtype)
+    return x, gamma, beta, dout
+
+
+def _forward(mod, x, gamma, beta, eps=1e-5):
+    n, d = x.shape
+    out = np.full((n, d), np.nan, x.dtype)
+    mean = np.full(n, np.nan, x.dtype)
+    rstd = np.full(n, np.nan, x.dtype)
+    res = mod.layernorm_forward(out, mean, rstd, x, gamma, beta, eps)
+    return res, out, mean, rstd
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_matches_reference(dtype):
+    # Check that out, mean and rstd equal the reference over shapes spanning several blocks.
+    rng = np.random.default_rng(1)
+    for n, d in _shapes(dtype):
+        x, gamma, beta, _ = _problem(rng, n, d, dtype)
+        res, out, mean, rstd = _forward(ln, x, gamma, beta)
+        _, out_r, mean_r, rstd_r = _forward(reference, x, gamma, beta)
+        assert res is out
+        assert_close(mean, mean_r, f"mean {n}x{d}", **TOL[dtype])
+        assert_close(rstd, rstd_r, f"rstd {n}x{d}", **TOL[dtype])
+        assert_close(out, out_r, f"out {n}x{d}", **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_matches_reference_and_accumulates(dtype):
+    # Check that dx equals the reference and dgamma/dbeta are added to (not overwrite) what
+    # they held.
+    rng = np.random.default_rng(2)
+    for n, d in _shapes(dtype):
+        x, gamma, beta, dout = _problem(rng, n, d, dtype)
+        _, _, mean, rstd = _forward(reference, x, gamma, beta)
+        g0 = rng.standard_normal(d).astype(dtype)
+        b0 = rng.standard_normal(d).astype(dtype)
+        dx, dg, db = np.full((n, d), np.nan, dtype), g0.copy(), b0.copy()
+        res = layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
+        dx_r, dg_r, db_r = np.empty((n, d), dtype), np.zeros(d, dtype), np.zeros(d, dtype)
+        reference.layernorm_backward(dx_r, dg_r, db_r, dout, x, mean, rstd, gamma)
+        assert res is dx
+        # dx is a difference of terms of size rstd * |dout * gamma|; float32 rounding is
+        # relative to those terms, not to dx (which is exactly 0 when d == 1).
+        scale = float(np.max(np.abs(rstd[:, None] * dout * gamma)))
+        assert_close(dx, dx_r, f"dx {n}x{d}", rtol=TOL[dtype]["rtol"],
+                     atol=TOL[dtype]["atol"] * max(scale, 1.0))
+        # Column sums over up to ~2700 rows: float32 error grows with the row count.
+        tol = TOL[dtype] if dtype == np.float64 else dict(rtol=1e-4, atol=1e-4)
+        assert_close(dg, g0 + dg_r, f"dgamma {n}x{d}", **tol)
+        assert_close(db, b0 + db_r, f"dbeta {n}x{d}", **tol)
+
+
+def test_backward_matches_finite_differences():
+    # Check dx, dgamma and dbeta against central differences of L = sum(out * R) (float64).
+    rng = np.random.default_rng(3)
+    n, d = 5, 7
+    x, gamma, beta, R = _problem(rng, n, d, np.float64)
+
+    def loss():
+        out = np.empty((n, d))
+        layernorm_forward(out, np.empty(n), np.empty(n), x, gamma, beta)
+        return float(np.sum(out * R))
+
+    _, _, mean, rstd = _forward(ln, x, gamma, beta)
+    dx, dg, db = np.empty((n, d)), np.zeros(d), np.zeros(d)
+    layernorm_backward(dx, dg, db, R, x, mean, rstd, gamma)
+    assert_close(dx, numeric_grad(loss, x), "dx", rtol=1e-6, atol=1e-8)
+    assert_close(dg, numeric_grad(loss, gamma), "dgamma", rtol=1e-6, atol=1e-8)
+    assert_close(db, numeric_grad(loss, beta), "dbeta", rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_writes_in_place(dtype):
+    # Check that every output is written into the caller's arrays.
+    rng = np.random.default_rng(4)
+    n, d = 2 * _rows_per_block(64, dtype) + 1, 64
+    x, gamma, beta, dout = _problem(rng, n, d, dtype)
+    res, out, mean, rstd = _forward(ln, x, gamma, beta)
+    assert np.shares_memory(res, out)
+    assert not np.isnan(mean).any() and not np.isnan(rstd).any()
+    dx, dg, db = np.full((n, d), np.nan, dtype), np.zeros(d, dtype), np.zeros(d, dtype)
+    res = layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
+    assert np.shares_memory(res, dx)
+    assert not np.isnan(dx).any()
+    assert np.any(dg != 0) and np.any(db != 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_dx_may_be_dout(dtype):
+    # Check that passing the same array as dx and dout gives the same result as separate ones.
+    rng = np.random.default_rng(5)
+    n, d = 2 * _rows_per_block(40, dtype) + 3, 40
+    x, gamma, beta, dout = _problem(rng, n, d, dtype)
+    _, _, mean, rstd = _forward(ln, x, gamma, beta)
+    dx, dg, db = np.empty((n, d), dtype), np.zeros(d, dtype), np.zeros(d, dtype)
+    layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
+    buf, dg2, db2 = dout.copy(), np.zeros(d, dtype), np.zeros(d, dtype)
+    res = layernorm_backward(buf, dg2, db2, buf, x, mean, rstd, gamma)
+    assert res is buf
+    np.testing.assert_array_equal(buf, dx)
+    np.testing.assert_array_equal(dg2, dg)
+    np.testing.assert_array_equal(db2, db)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_out_may_be_x(dtype):
+    # Check that normalizing x in place gives the same result as into a separate array.
+    rng = np.random.default_rng(6)
+    n, d = 2 * _rows_per_block(40, dtype) + 3, 40
+    x, gamma, beta, _ = _problem(rng, n, d, dtype)
+    _, out, mean, rstd = _forward(ln, x, gamma, beta)
+    y = x.copy()
+    mean2, rstd2 = np.empty(n, dtype), np.empty(n, dtype)
+    layernorm_forward(y, mean2, rstd2, y, gamma, beta)
+    np.testing.assert_array_equal(y, out)
+    np.testing.assert_array_equal(rstd2, rstd)
+
+
+def test_two_pass_variance_float32_large_offset():
+    # Check that rows with a large common offset keep an accurate variance in float32 (a
+    # one-pass E[x^2] - mean^2 loses every digit here).
+    rng = np.random.default_rng(7)
+    x64 = 1e4 + rng.standard_normal((16, 256))
+    x = x64.astype(np.float32)
+    gamma, beta = np.ones(256, np.float32), np.zeros(256, np.float32)
+    _, out, mean, rstd = _forward(ln, x, gamma, beta)
+    xd = x.astype(np.float64)
+    exact = 1.0 / np.sqrt(xd.var(axis=1) + 1e-5)
+    assert_close(rstd, exact, "rstd", rtol=1e-3, atol=0)
+
+
+def test_eps_is_used():
+    # Check that eps enters as 1/sqrt(var + eps): a constant row gives rstd = 1/sqrt(eps).
+    x = np.full((2, 8), 3.0)
+    _, out, mean, rstd = _forward(ln, x, np.ones(8), np.full(8, 0.25), eps=0.04)
+    assert_close(rstd, [5.0, 5.0], "rstd", rtol=1e-14, atol=0)
+    assert_close(out, np.full((2, 8), 0.25), "out", rtol=0, atol=1e-15)
+
+
+def test_empty_batch():
+    # Check that N == 0 is a no-op and leaves dgamma/dbeta untouched.
+    x = np.empty((0, 4))
+    out = np.empty((0, 4))
+    layernorm_forward(out, np.empty(0), np.empty(0), x, np.ones(4), np.zeros(4))
+    dg, db = np.ones(4), np.ones(4)
+    layernorm_backward(np.empty((0, 4)), dg, db, np.empty((0, 4)), x, np.empty(0),
+                       np.empty(0), np.ones(4))
+    np.testing.assert_array_equal(dg, 1.0)
+    np.testing.assert_array_equal(db, 1.0)
+
+
+def test_no_whole_array_temporaries():
+    # Check that after a warm-up call neither pass allocates anything near the size of x
+    # (numpy reports its buffers to tracemalloc; the reference allocates several x-sized).
+    rng = np.random.default_rng(8)
+    n, d = 2048, 256
+    x, gamma, beta, dout = _problem(rng, n, d, np.float32)
+    out, mean, rstd = np.empty_like(x), np.empty(n, np.float32), np.empty(n, np.float32)
+    dx, dg, db = np.empty_like(x), np.zeros(d, np.float32), np.zeros(d, np.float32)
+    layernorm_forward(out, mean, rstd, x, gamma, beta)
+    layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
+    tracemalloc.start()
+    try:
+        layernorm_forward(out, mean, rstd, x, gamma, beta)
+        layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < x.nbytes // 8, f"peak {peak} bytes for x of {x.nbytes} bytes"
+
+
+def _args(dtype=np.float64, n=4, d=3):
+    return dict(out=np.empty((n, d), dtype), mean=np.empty(n, dtype), rstd=np.empty(n, dtype),
+                x=np.ones((n, d), dtype), gamma=np.ones(d, dtype), beta=np.zeros(d, dtype))
+
+
+@pytest.mark.parametrize("name,bad,exc", [
+    ("x", np.ones((4, 3), np.float16), TypeError),
+    ("x", np.ones(3), ValueError),
+    ("x", np.ones((3, 4)).T, ValueError),
+    ("x", np.ones((4, 0)), ValueError),
+    ("out", np.empty((4, 3), np.float32), TypeError),
+    ("out", np.empty((4, 4)), ValueError),
+    ("mean", np.empty(3), ValueError),
+    ("rstd", np.empty(4, np.float32), TypeError),
+    ("gamma", np.ones(4), ValueError),
+    ("beta", [0.0, 0.0, 0.0], TypeError),
+])
+def test_forward_rejects_bad_input_naming_it(name, bad, exc):
+    # Check that a bad argument raises TypeError/ValueError whose message names it.
+    args = _args()
+    if name == "x" and bad.ndim == 2 and bad.shape[1] == 0:
+        args = {k: v for k, v in _args(d=0).items()}
+    args[name] = bad
+    with pytest.raises(exc, match=name):
+        layernorm_forward(**args)
+
+
+@pytest.mark.parametrize("name,bad,exc", [
+    ("dx", np.empty((4, 3), np.float32), TypeError),
+    ("dgamma", np.zeros(4), ValueError),
+    ("dbeta", np.zeros((3, 1)), ValueError),
+    ("dout", np.ones((5, 3)), ValueError),
+    ("gamma", np.ones(3, np.float32), TypeError),
+])
+def test_backward_rejects_bad_input_naming_it(name, bad, exc):
+    # Check that a bad backward argument raises TypeError/ValueError whose message names it.
+    n, d = 4, 3
+    args = dict(dx=np.empty((n, d)), dgamma=np.zeros(d), dbeta=np.zeros(d), dout=np.ones((n, d)),
+                x=np.ones((n, d)), mean=np.ones(n), rstd=np.ones(n), gamma=np.ones(d))
+    args[name] = bad
+    with pytest.raises(exc, match=name):
+        layernorm_backward(**args)
