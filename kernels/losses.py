@@ -1,21 +1,248 @@
-"""Losses (STUB: delegates to reference)."""
-from . import reference as _ref
+"""Losses: softmax + cross-entropy (integer labels or probability targets) and MSE, each a
+forward returning the mean loss as a Python float and a fused backward. Work runs in row
+blocks of ~256 KiB with ``probs`` (or a small reused scratch) as the workspace; the row
+max, row sums and per-row shifts go through numpy reductions and BLAS gemv/gemm."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.linalg import blas as _blas
+
+from .gemm import check_array
+from .optim import flat_view
 
 __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
-           "mse_forward", "mse_backward"]
+           "mse_forward", "mse_backward",
+           "softmax_cross_entropy_forward_unchecked", "softmax_cross_entropy_backward_unchecked",
+           "mse_forward_unchecked", "mse_backward_unchecked"]
+
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+_GEMV = {_F32: _blas.sgemv, _F64: _blas.dgemv}
+_GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
+_BLOCK_BYTES = 256 * 1024  # per block of rows (softmax) or of flat elements (MSE)
+_SCRATCH: dict = {}  # keyed by (kind, dtype, size); not shared across Python threads
+_ARANGE: dict = {}   # n -> np.arange(n) for label gathers
+
+
+def _arange(n):
+    a = _ARANGE.get(n)
+    if a is None:
+        a = _ARANGE[n] = np.arange(n)
+    return a
+
+
+def _rows_scratch(dtype, c):
+    key = ("rows", dtype, c)
+    s = _SCRATCH.get(key)
+    if s is None:
+        rows = max(1, _BLOCK_BYTES // (c * dtype.itemsize))
+        s = _SCRATCH[key] = (
+            rows,
+            np.empty(rows, dtype),     # mx: (rows,) row max, then log-sum-exp
+            np.empty(rows, dtype),     # ssum: (rows,) row sums of exp
+            np.empty(rows, dtype),     # dot: (rows,) sum(y * shifted) or target sums
+            np.ones((c, 1), dtype),    # ones_c: (C, 1) for row sums and row shifts
+        )
+    return s
+
+
+def _flat_scratch(dtype):
+    key = ("flat", dtype)
+    s = _SCRATCH.get(key)
+    if s is None:
+        s = _SCRATCH[key] = np.empty(_BLOCK_BYTES // dtype.itemsize, dtype)  # (block,)
+    return s
+
+
+# ----------------------------------------------------------------------------- softmax + CE
+def softmax_cross_entropy_forward_unchecked(probs, logits, target):
+    """``softmax_cross_entropy_forward`` without checks (hot path). Labels must already be
+    in range: a negative label would silently index from the end. ``probs`` may be
+    ``logits``."""
+    n, c = logits.shape
+    if n == 0:
+        return math.nan
+    dt = logits.dtype
+    rows, mx_all, ssum_all, dot_all, ones_c = _rows_scratch(dt, c)
+    gemv, gemm = _GEMV[dt], _GEMM[dt]
+    ones_v = ones_c[:, 0]
+    labels = target.ndim == 1
+    total = 0.0
+    if labels:
+        # Gather the target logits first: probs may be logits and is overwritten below.
+        picked = logits[_arange(n), target]  # (N,)
+    # exp underflows to 0 for logits far below the row max: that is the right answer, so
+    # do not let a caller's np.seterr(under="raise") turn it into an error.
+    with np.errstate(under="ignore"):
+        for i in range(0, n, rows):
+            j = min(i + rows, n)
+            r = j - i
+            lb, pb = logits[i:j], probs[i:j]
+            mx, ssum = mx_all[:r], ssum_all[:r]
+            np.maximum.reduce(lb, axis=1, out=mx)
+            np.copyto(pb, lb)
+            gemm(-1.0, ones_c, mx[None, :], 1.0, pb.T, 0, 0, 1)  # shifted = logits - max
+            if labels:
+                # -log softmax[t] = lse - shifted[t] = log(ssum) + max - logits[t]
+                total -= float(np.add.reduce(picked[i:j] - mx))
+            else:
+                yb, dot = target[i:j], dot_all[:r]
+                np.einsum("ij,ij->i", yb, pb, out=dot)            # sum_j y * shifted
+                total -= float(np.add.reduce(dot))
+            np.exp(pb, out=pb)
+            gemv(1.0, pb.T, ones_v, 0.0, ssum, 0, 1, 0, 1, 1, 1)  # ssum = rowsum(exp)
+            np.divide(1.0, ssum, out=mx)
+            np.multiply(pb, mx[:, None], out=pb)                  # probs = exp / ssum
+            np.log(ssum, out=ssum)                                # lse of shifted logits
+            if labels:
+                total += float(np.add.reduce(ssum))
+            else:
+                # -sum_j y (shifted - lse) = lse * sum_j y - sum_j y shifted
+                gemv(1.0, yb.T, ones_v, 0.0, dot, 0, 1, 0, 1, 1, 1)  # sum_j y
+                total += float(np.dot(ssum, dot))
+    return total / n
+
+
+def softmax_cross_entropy_backward_unchecked(dlogits, probs, target):
+    """``softmax_cross_entropy_backward`` without checks (hot path). ``dlogits`` may be
+    ``probs``."""
+    n, c = probs.shape
+    if n == 0:
+        return dlogits
+    with np.errstate(under="ignore"):  # tiny probabilities / N may underflow to 0
+        if target.ndim == 1:
+            ar = _arange(n)
+            picked = probs[ar, target]  # (N,) read before dlogits (maybe probs) is written
+            picked -= 1.0
+            picked /= n
+            np.divide(probs, n, out=dlogits)  # one pass, nothing to fuse it with
+            dlogits[ar, target] = picked
+        else:
+            rows = max(1, _BLOCK_BYTES // (c * probs.dtype.itemsize))
+            for i in range(0, n, rows):
+                j = min(i + rows, n)
+                db = dlogits[i:j]
+                np.subtract(probs[i:j], target[i:j], out=db)
+                np.divide(db, n, out=db)
+    return dlogits
+
+
+def _check_target(target, logits):
+    n, c = logits.shape
+    if not isinstance(target, np.ndarray):
+        raise TypeError(f"target: expected a numpy.ndarray, got {type(target).__name__}")
+    if target.ndim == 1:
+        if not np.issubdtype(target.dtype, np.integer):
+            raise TypeError(f"target: expected integer labels of shape ({n},) or {logits.dtype}"
+                            f" probabilities of shape ({n}, {c}), got dtype {target.dtype}")
+        if target.shape != (n,):
+            raise ValueError(f"target: expected labels of shape ({n},), got {target.shape}")
+        if n:
+            lo, hi = int(target.min()), int(target.max())
+            if lo < 0 or hi >= c:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"target: labels must be in [0, {c}) for {c} classes, got {bad}")
+    elif target.ndim == 2:
+        check_array("target", target, ndim=2, dtype=logits.dtype, shape=(n, c))
+    else:
+        raise ValueError(f"target: expected labels of shape ({n},) or probabilities of shape "
+                         f"({n}, {c}), got shape {target.shape}")
 
 
 def softmax_cross_entropy_forward(probs, logits, target):
-    return _ref.softmax_cross_entropy_forward(probs, logits, target)
+    """probs = softmax(logits) row-wise; returns the mean over rows of
+    -sum_j y_j log softmax(logits)_j as a Python float.
+
+    ``logits``/``probs`` are (N, C) C-contiguous float32/float64 (``probs`` may be
+    ``logits``). ``target`` is (N,) integer labels in [0, C) (any integer dtype) or (N, C)
+    probabilities of the logits' dtype. Stable for any finite logits (the row max is
+    subtracted before exp). N == 0 gives nan, like the mean of nothing."""
+    check_array("logits", logits, ndim=2)
+    check_array("probs", probs, ndim=2, dtype=logits.dtype, shape=logits.shape)
+    if logits.shape[1] == 0:
+        raise ValueError(f"logits: expected at least one class, got shape {logits.shape}")
+    _check_target(target, logits)
+    return softmax_cross_entropy_forward_unchecked(probs, logits, target)
 
 
 def softmax_cross_entropy_backward(dlogits, probs, target):
-    return _ref.softmax_cross_entropy_backward(dlogits, probs, target)
+    """dlogits = (probs - y) / N, with y the one-hot labels or the probability targets and
+    ``probs`` the softmax written by the forward. ``dlogits`` may be ``probs``."""
+    check_array("probs", probs, ndim=2)
+    check_array("dlogits", dlogits, ndim=2, dtype=probs.dtype, shape=probs.shape)
+    _check_target(target, probs)
+    return softmax_cross_entropy_backward_unchecked(dlogits, probs, target)
+
+
+# ----------------------------------------------------------------------------- MSE
+def mse_forward_unchecked(pred, target):
+    """``mse_forward`` without checks (hot path): same shape, dtype and memory order."""
+    p, t = flat_view(pred), flat_view(target)
+    n = p.size
+    if n == 0:
+        return math.nan
+    s = _flat_scratch(p.dtype)
+    blk = s.size
+    total = 0.0  # per-block dot products summed in double precision
+    for i in range(0, n, blk):
+        j = min(i + blk, n)
+        d = s[:j - i]
+        np.subtract(p[i:j], t[i:j], out=d)
+        total += float(np.dot(d, d))
+    return total / n
+
+
+def mse_backward_unchecked(dpred, pred, target):
+    """``mse_backward`` without checks (hot path). ``dpred`` may be ``pred``."""
+    dp, p, t = flat_view(dpred), flat_view(pred), flat_view(target)
+    n = p.size
+    blk = _BLOCK_BYTES // p.dtype.itemsize
+    half = 0.5 * n  # 2 * d / n == d / (n / 2), one pass fewer
+    for i in range(0, n, blk):
+        j = min(i + blk, n)
+        db = dp[i:j]
+        np.subtract(p[i:j], t[i:j], out=db)
+        np.divide(db, half, out=db)
+    return dpred
+
+
+def _check_same(name, a, ref_name, ref):
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
+    if a.dtype != ref.dtype:
+        raise TypeError(f"{name}: expected dtype {ref.dtype} (that of {ref_name}), got {a.dtype}")
+    if a.shape != ref.shape:
+        raise ValueError(f"{name}: expected shape {ref.shape} (that of {ref_name}), got {a.shape}")
+    if not (a.flags.c_contiguous if ref.flags.c_contiguous else a.flags.f_contiguous):
+        order = "C" if ref.flags.c_contiguous else "Fortran"
+        raise ValueError(f"{name}: expected a {order}-contiguous array like {ref_name}, got "
+                         f"strides {a.strides} for shape {a.shape}")
+
+
+def _check_pred(pred):
+    if not isinstance(pred, np.ndarray):
+        raise TypeError(f"pred: expected a numpy.ndarray, got {type(pred).__name__}")
+    if pred.dtype not in (_F32, _F64):
+        raise TypeError(f"pred: expected dtype float32 or float64, got {pred.dtype}")
+    if not (pred.flags.c_contiguous or pred.flags.f_contiguous):
+        raise ValueError(f"pred: expected a C- or Fortran-contiguous array, got strides "
+                         f"{pred.strides} for shape {pred.shape}")
 
 
 def mse_forward(pred, target):
-    return _ref.mse_forward(pred, target)
+    """mean((pred - target)**2) over all elements, as ``torch.nn.MSELoss()``; a Python float.
+
+    ``pred`` and ``target`` have any one shape, one float dtype and one memory order (C or
+    Fortran). An empty array gives nan."""
+    _check_pred(pred)
+    _check_same("target", target, "pred", pred)
+    return mse_forward_unchecked(pred, target)
 
 
 def mse_backward(dpred, pred, target):
-    return _ref.mse_backward(dpred, pred, target)
+    """dpred = 2 * (pred - target) / pred.size. ``dpred`` may be ``pred``."""
+    _check_pred(pred)
+    _check_same("target", target, "pred", pred)
+    _check_same("dpred", dpred, "pred", pred)
+    return mse_backward_unchecked(dpred, pred, target)
