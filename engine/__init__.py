@@ -11,4 +11,5 @@ from .layers import (GELU, MLP, Identity, LeakyReLU, Linear, ReLU, Sequential, S
 # --- losses (engine/losses.py) ---
 from .losses import CrossEntropyLoss, MSELoss
 # --- optim (engine/optim.py) ---
+from .optim import SGD, AdamW, Optimizer, clip_grad_norm
 # --- training (engine/train.py, engine/checkpoint.py) ---

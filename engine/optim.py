@@ -1,0 +1,389 @@
+"""Optimizers: ``AdamW`` and ``SGD`` (PyTorch semantics and defaults) and ``clip_grad_norm``.
+
+Each class is bookkeeping over a functional kernel (``kernels.optim``), as PyTorch's
+``optim.AdamW.step`` is over its functional ``adamw``: the class holds parameter groups,
+moment buffers and the step count; the kernel updates one parameter in place.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from kernels import optim as _kopt
+
+from .module import Module, Parameter
+
+__all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm"]
+
+# The unchecked kernels skip per-call argument checks; the optimizer checks every parameter's
+# buffers once, at construction. Fall back to the checked kernels when they are not there.
+_adamw_update = getattr(_kopt, "adamw_update_unchecked", _kopt.adamw_update)
+_sgd_update = getattr(_kopt, "sgd_update_unchecked", _kopt.sgd_update)
+
+
+# ----------------------------------------------------------------------------- validation
+def _number(where: str, value, low: float = 0.0, high: float | None = None,
+            high_open: bool = False) -> float:
+    """``value`` as a float in [low, high] (or [low, high) with ``high_open``), else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where}: expected a real number, got {value!r} ({type(value).__name__})")
+    v = float(value)
+    if math.isnan(v) or v < low or (high is not None and (v >= high if high_open else v > high)):
+        if high is None:
+            want = f">= {low}"
+        else:
+            want = f"in [{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{where}: expected a number {want}, got {value!r}")
+    if math.isinf(v):
+        raise ValueError(f"{where}: expected a finite number, got {value!r}")
+    return v
+
+
+def _order(a: np.ndarray) -> str:
+    return "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "non-contiguous"
+
+
+def _check_layout(p: Parameter) -> None:
+    """The kernels walk data, grad and moments as flat views in memory order: all must agree."""
+    g = p.grad
+    if (not isinstance(g, np.ndarray) or g.shape != p.data.shape or g.dtype != p.data.dtype
+            or _order(g) != _order(p.data)):
+        raise ValueError(f"parameter {p.name or p!r}: grad must match data in shape, dtype and "
+                         f"memory order; data {p.data.shape} {p.data.dtype} {_order(p.data)}-order, "
+                         f"grad {getattr(g, 'shape', None)} {getattr(g, 'dtype', None)} "
+                         f"{_order(g) if isinstance(g, np.ndarray) else type(g).__name__}")
+
+
+def _collect_params(where: str, params) -> list:
+    if isinstance(params, (Parameter, np.ndarray, dict)):
+        raise TypeError(f"{where}: expected an iterable of Parameters, got a single "
+                        f"{type(params).__name__} (wrap it in a list)")
+    if isinstance(params, Module):
+        raise TypeError(f"{where}: expected an iterable of Parameters, got a "
+                        f"{type(params).__name__} module (pass model.parameters())")
+    try:
+        plist = list(params)
+    except TypeError:
+        raise TypeError(f"{where}: expected an iterable of Parameters, got "
+                        f"{type(params).__name__}") from None
+    for i, p in enumerate(plist):
+        if not isinstance(p, Parameter):
+            raise TypeError(f"{where}[{i}]: expected a Parameter, got {type(p).__name__}")
+    return plist
+
+
+# ----------------------------------------------------------------------------- base class
+class Optimizer:
+    """Parameter groups, per-parameter state and the step count; subclasses define
+    ``defaults``, ``_check_options`` and ``step``.
+
+    ``param_groups`` is a list of dicts ``{"params": [Parameter, ...], <option>: value}`` as in
+    PyTorch; options may be changed between steps (e.g. a learning-rate schedule writes
+    ``group["lr"]``). ``state[i]`` is the dict of buffers of the i-th parameter, counting
+    through the groups in order. ``steps`` counts the calls of ``step()``.
+    """
+
+    _state_keys: tuple = ()      # buffers every parameter has (allocated at construction)
+    _optional_keys: tuple = ()   # buffers created on first use
+
+    def __init__(self, params, defaults: dict):
+        self.defaults = dict(defaults)
+        items = _collect_params("params", params) if not _is_group_list(params) else None
+        groups = [{"params": items}] if items is not None else list(params)
+        if not groups:
+            raise ValueError("params: got an empty list of parameter groups")
+        self.param_groups = []
+        seen: set = set()
+        for gi, g in enumerate(groups):
+            where = f"params[{gi}]"
+            if not isinstance(g, dict):
+                raise TypeError(f"{where}: expected a parameter group dict, got {type(g).__name__}")
+            if "params" not in g:
+                raise ValueError(f"{where}: a parameter group needs a 'params' entry")
+            unknown = sorted(set(g) - {"params"} - set(self.defaults))
+            if unknown:
+                raise ValueError(f"{where}: unknown option(s) {unknown}; {type(self).__name__} "
+                                 f"takes {sorted(self.defaults)}")
+            plist = _collect_params(f"{where}['params']", g["params"])
+            for p in plist:
+                _check_layout(p)
+                if id(p) in seen:
+                    raise ValueError(f"{where}: parameter {p.name or p!r} appears more than once "
+                                     f"in the optimizer's parameter groups")
+                seen.add(id(p))
+            group = {"params": plist}
+            for k, default in self.defaults.items():
+                group[k] = g.get(k, default)
+            self._check_options(group, f"param group {gi}" if len(groups) > 1 else "")
+            self.param_groups.append(group)
+        if not seen:
+            raise ValueError("params: the optimizer got an empty parameter list")
+        self.state = [self._init_state(p) for p in self._all_params()]
+        self.steps = 0
+
+    # -- subclass hooks -------------------------------------------------------------------
+    def _check_options(self, group: dict, where: str) -> None:
+        """Validate (and normalise to Python floats) the options of ``group`` in place."""
+        raise NotImplementedError
+
+    def _init_state(self, p: Parameter) -> dict:
+        # zeros_like keeps the parameter's memory order (some parameters are F-contiguous).
+        return {k: np.zeros_like(p.data) for k in self._state_keys}
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    # -- common API -----------------------------------------------------------------------
+    def _all_params(self) -> list:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def zero_grad(self) -> None:
+        """Set the gradient of every parameter of the optimizer to zero."""
+        for g in self.param_groups:
+            for p in g["params"]:
+                p.grad.fill(0.0)
+
+    def state_dict(self) -> dict:
+        """``{"type", "steps", "param_groups", "state"}`` as in PyTorch: groups hold their
+        options and the indices of their parameters; ``state[i]`` maps buffer names to copies."""
+        groups, i = [], 0
+        for g in self.param_groups:
+            entry = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+            entry["params"] = list(range(i, i + len(g["params"])))
+            i += len(g["params"])
+            groups.append(entry)
+        state = {i: {k: np.array(v, copy=True) for k, v in st.items()}
+                 for i, st in enumerate(self.state) if st}
+        return {"type": type(self).__name__, "steps": self.steps, "param_groups": groups,
+                "state": state}
+
+    def load_state_dict(self, state_dict) -> None:
+        """Restore options, buffers and step count from ``state_dict``. Strict: the optimizer
+        type, the group structure, every buffer's name, shape and dtype must match, and the
+        options must be valid; if any check fails nothing is changed."""
+        self._apply_state(self._check_state_dict(state_dict))
+
+    def _check_state_dict(self, sd):
+        """Validate ``sd`` against this optimizer; return what ``_apply_state`` needs."""
+        name = type(self).__name__
+        if not isinstance(sd, dict):
+            raise TypeError(f"state_dict: expected a dict, got {type(sd).__name__}")
+        missing = [k for k in ("type", "steps", "param_groups", "state") if k not in sd]
+        if missing:
+            raise KeyError(f"{name}.load_state_dict: missing keys {missing}")
+        if sd["type"] != name:
+            raise ValueError(f"{name}.load_state_dict: the state is of a {sd['type']} optimizer")
+        steps = sd["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+            raise ValueError(f"{name}.load_state_dict: steps: expected an integer >= 0, got {steps!r}")
+        groups = sd["param_groups"]
+        if not isinstance(groups, (list, tuple)) or len(groups) != len(self.param_groups):
+            got = len(groups) if isinstance(groups, (list, tuple)) else type(groups).__name__
+            raise ValueError(f"{name}.load_state_dict: expected {len(self.param_groups)} parameter "
+                             f"group(s), got {got}")
+        new_options, i = [], 0
+        for gi, (own, g) in enumerate(zip(self.param_groups, groups)):
+            if not isinstance(g, dict):
+                raise TypeError(f"{name}.load_state_dict: param_groups[{gi}]: expected a dict, "
+                                f"got {type(g).__name__}")
+            want = list(range(i, i + len(own["params"])))
+            i += len(own["params"])
+            if list(g.get("params", ())) != want:
+                raise ValueError(f"{name}.load_state_dict: param_groups[{gi}] holds parameters "
+                                 f"{list(g.get('params', ()))}, expected {want}")
+            keys = set(g) - {"params"}
+            if keys != set(self.defaults):
+                raise KeyError(f"{name}.load_state_dict: param_groups[{gi}]: missing options "
+                               f"{sorted(set(self.defaults) - keys)}, unexpected "
+                               f"{sorted(keys - set(self.defaults))}")
+            opts = {k: g[k] for k in self.defaults}
+            self._check_options(opts, f"{name}.load_state_dict: param_groups[{gi}]")
+            new_options.append(opts)
+        state = sd["state"]
+        if not isinstance(state, dict):
+            raise TypeError(f"{name}.load_state_dict: state: expected a dict, got {type(state).__name__}")
+        params = self._all_params()
+        bad = sorted(str(k) for k in state if not (isinstance(k, numbers.Integral)
+                                                  and 0 <= k < len(params)))
+        if bad:
+            raise KeyError(f"{name}.load_state_dict: state: unexpected parameter indices {bad} "
+                           f"(the optimizer has {len(params)} parameters)")
+        new_state = []
+        for idx, p in enumerate(params):
+            st = state.get(idx, {})
+            if not isinstance(st, dict):
+                raise TypeError(f"{name}.load_state_dict: state[{idx}]: expected a dict, "
+                                f"got {type(st).__name__}")
+            keys = set(st)
+            need, allowed = set(self._state_keys), set(self._state_keys) | set(self._optional_keys)
+            if not need <= keys <= allowed:
+                raise KeyError(f"{name}.load_state_dict: state[{idx}] ({p.name}): missing buffers "
+                               f"{sorted(need - keys)}, unexpected {sorted(keys - allowed)}")
+            for k in keys:
+                v = st[k]
+                if not isinstance(v, np.ndarray):
+                    raise TypeError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
+                                    f"expected a numpy.ndarray, got {type(v).__name__}")
+                if v.shape != p.data.shape:
+                    raise ValueError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
+                                     f"expected shape {p.data.shape}, got {v.shape}")
+                if v.dtype != p.data.dtype:
+                    raise TypeError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
+                                    f"expected dtype {p.data.dtype}, got {v.dtype}")
+            new_state.append(st)
+        return int(steps), new_options, new_state
+
+    def _apply_state(self, checked) -> None:
+        """Install a state validated by ``_check_state_dict`` (cannot fail)."""
+        steps, options, state = checked
+        for group, opts in zip(self.param_groups, options):
+            group.update(opts)
+        for idx, (p, st) in enumerate(zip(self._all_params(), state)):
+            own = self.state[idx]
+            for k in list(own):
+                if k not in st:      # an optional buffer the saved state did not have yet
+                    del own[k]
+            for k, v in st.items():
+                if k not in own:
+                    own[k] = np.zeros_like(p.data)
+                own[k][...] = v      # copy into our buffer: keeps its memory order
+        self.steps = steps
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} (step {self.steps})"]
+        for gi, g in enumerate(self.param_groups):
+            opts = ", ".join(f"{k}={g[k]}" for k in self.defaults)
+            n = sum(p.size for p in g["params"])
+            lines.append(f"  group {gi}: {len(g['params'])} parameters ({n:,} values), {opts}")
+        return "\n".join(lines)
+
+
+def _is_group_list(params) -> bool:
+    """True if ``params`` is a list/tuple whose first element is a parameter-group dict."""
+    return isinstance(params, (list, tuple)) and len(params) > 0 and isinstance(params[0], dict)
+
+
+def _prefix(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
+# ----------------------------------------------------------------------------- AdamW
+class AdamW(Optimizer):
+    """AdamW (Loshchilov & Hutter), PyTorch's algorithm and defaults: decoupled weight decay
+    ``p *= 1 - lr * wd``, then bias-corrected moments with ``eps`` outside the square root.
+
+    ``params``: a list of Parameters, or of groups ``{"params": [...], "weight_decay": 0.0}``
+    whose options override the defaults (e.g. to exclude biases and norms from decay).
+    """
+
+    _state_keys = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    def _check_options(self, group: dict, where: str) -> None:
+        pre = _prefix(where)
+        group["lr"] = _number(pre + "lr", group["lr"])
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"{pre}betas: expected a pair (beta1, beta2), got {betas!r}")
+        group["betas"] = (_number(pre + "betas[0]", betas[0], 0.0, 1.0, high_open=True),
+                          _number(pre + "betas[1]", betas[1], 0.0, 1.0, high_open=True))
+        group["eps"] = _number(pre + "eps", group["eps"])
+        group["weight_decay"] = _number(pre + "weight_decay", group["weight_decay"])
+
+    def step(self) -> None:
+        """One AdamW update of every parameter from its current ``grad``."""
+        t = self.steps + 1  # the kernel's bias correction counts steps from 1
+        update, state, k = _adamw_update, self.state, 0
+        for g in self.param_groups:
+            lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
+            for p in g["params"]:
+                st = state[k]
+                update(p.data, p.grad, st["exp_avg"], st["exp_avg_sq"], t, lr, b1, b2, eps, wd)
+                k += 1
+        self.steps = t
+
+
+# ----------------------------------------------------------------------------- SGD
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum, dampening, Nesterov momentum and
+    (coupled, L2) weight decay, as ``torch.optim.SGD``: ``g = grad + wd * p``; with momentum,
+    ``buf = g`` on the first step, then ``buf = momentum * buf + (1 - dampening) * g``."""
+
+    _optional_keys = ("momentum_buffer",)
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 dampening: float = 0.0, nesterov: bool = False):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      dampening=dampening, nesterov=nesterov))
+
+    def _check_options(self, group: dict, where: str) -> None:
+        pre = _prefix(where)
+        group["lr"] = _number(pre + "lr", group["lr"])
+        group["momentum"] = _number(pre + "momentum", group["momentum"])
+        group["weight_decay"] = _number(pre + "weight_decay", group["weight_decay"])
+        group["dampening"] = _number(pre + "dampening", group["dampening"])
+        nesterov = group["nesterov"]
+        if not isinstance(nesterov, (bool, np.bool_)):
+            raise TypeError(f"{pre}nesterov: expected a bool, got {nesterov!r}")
+        group["nesterov"] = bool(nesterov)
+        if group["nesterov"] and (group["momentum"] <= 0.0 or group["dampening"] != 0.0):
+            raise ValueError(f"{pre}nesterov: Nesterov momentum needs momentum > 0 and "
+                             f"dampening == 0, got momentum={group['momentum']}, "
+                             f"dampening={group['dampening']}")
+
+    def step(self) -> None:
+        """One SGD update of every parameter from its current ``grad``."""
+        update, state, k = _sgd_update, self.state, 0
+        for g in self.param_groups:
+            lr, mom, wd, damp, nest = (g["lr"], g["momentum"], g["weight_decay"],
+                                       g["dampening"], g["nesterov"])
+            for p in g["params"]:
+                if mom != 0.0:
+                    st = state[k]
+                    buf = st.get("momentum_buffer")
+                    first = buf is None
+                    if first:  # created on first use, as in PyTorch (then set to g by the kernel)
+                        buf = st["momentum_buffer"] = np.zeros_like(p.data)
+                    update(p.data, p.grad, buf, lr, mom, wd, damp, nest, first)
+                else:
+                    update(p.data, p.grad, None, lr, 0.0, wd, damp, False, False)
+                k += 1
+        self.steps += 1
+
+
+# ----------------------------------------------------------------------------- clipping
+def _flat(a: np.ndarray) -> np.ndarray:
+    """A 1-D view of a C- or F-contiguous array, in memory order (no copy)."""
+    return a.reshape(-1, order="F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C")
+
+
+def clip_grad_norm(params, max_norm: float, error_if_nonfinite: bool = False) -> float:
+    """Scale the gradients of ``params`` in place so that their global L2 norm is at most
+    ``max_norm``; return the norm before clipping (as ``torch.nn.utils.clip_grad_norm_``).
+
+    The norm is a sum of ``np.dot`` over flat views of the gradients: no temporaries."""
+    plist = _collect_params("params", params)
+    if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real):
+        raise TypeError(f"max_norm: expected a real number, got {max_norm!r}")
+    if not float(max_norm) > 0.0:  # also rejects NaN; +inf means "only measure"
+        raise ValueError(f"max_norm: expected a number > 0, got {max_norm!r}")
+    max_norm = float(max_norm)
+    total_sq = 0.0
+    for p in plist:
+        g = _flat(p.grad)
+        total_sq += float(np.dot(g, g))  # BLAS dot, accumulated in Python float (double)
+    total = math.sqrt(total_sq)
+    if not math.isfinite(total):
+        if error_if_nonfinite:
+            raise FloatingPointError(f"clip_grad_norm: the total gradient norm is {total}")
+        return total
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        for p in plist:
+            p.grad *= coef
+    return total
