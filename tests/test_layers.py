@@ -360,6 +360,19 @@ def test_activation_bad_input(name):
     np.testing.assert_array_equal(m.backward(dy), expected.backward(dy))
 
 
+@pytest.mark.parametrize("name", list(ACTS))
+def test_activation_does_not_write_its_inputs(name):
+    # Check that forward leaves x and backward leaves dy untouched.
+    rng = np.random.default_rng(15)
+    m = ACTS[name][0](np.float32)
+    x, dy = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+    x0, dy0 = x.copy(), dy.copy()
+    m(x)
+    m.backward(dy)
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(dy, dy0)
+
+
 def test_identity_passes_arrays_through():
     # Check that Identity returns its input and dy themselves (no copy, no buffer).
     m = Identity()

@@ -237,6 +237,21 @@ def test_mlp_reuses_buffers():
     assert np.shares_memory(y1, y2) and np.shares_memory(dx1, dx2)
 
 
+@pytest.mark.parametrize("acts", [["relu", "sigmoid"], ["tanh", None]])
+def test_mlp_does_not_write_its_inputs(acts):
+    # Check that forward leaves x and backward leaves dy untouched (the backward works in
+    # place only on its own buffers).
+    rng = np.random.default_rng(39)
+    m = MLP([4, 6, 3], acts, rng=0)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    dy = rng.standard_normal((5, 3)).astype(np.float32)
+    x0, dy0 = x.copy(), dy.copy()
+    m(x)
+    m.backward(dy)
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(dy, dy0)
+
+
 # ----------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("x,exc", [
     (np.ones((3, 5), np.float32), ValueError),  # wrong last dim
