@@ -1,0 +1,378 @@
+"""Fused bias + activation kernels against kernels.reference, finite differences and the
+exact GELU; in-place and aliasing behaviour; argument checks; extreme inputs."""
+from __future__ import annotations
+
+import math
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+from scipy.special import ndtr
+
+from kernels import activations as A
+from kernels import reference as R
+from gradcheck import numeric_grad
+
+ACTS = R.ACTIVATIONS
+DTYPES = [np.float64, np.float32]
+# float64: the reference's rounding differs from ours by a few ulps; its 1 + erf / 1 + tanh
+# cancel in the left tail, hence the small atol. float32: float32 tolerance.
+TOL = {np.float64: dict(rtol=1e-12, atol=1e-14), np.float32: dict(rtol=2e-5, atol=2e-6)}
+SLOPE = 0.01
+
+
+def _multi_block_shape(d, dtype):
+    """(N, d) spanning three full row blocks and a remainder block of 5 rows."""
+    rows = max(1, A._BLOCK_BYTES // (d * np.dtype(dtype).itemsize))
+    return (3 * rows + 5, d)
+
+
+def _shapes(dtype):
+    return [(1, 1), (3, 5), (8, 800), _multi_block_shape(777, dtype), _multi_block_shape(64, dtype)]
+
+
+def _z(rng, shape, dtype, scale=3.0):
+    z = (scale * rng.standard_normal(shape)).astype(dtype)
+    z.flat[:4] = [0.0, -0.0, 1e-3, -1e-3][: z.size]  # the kinks of relu / leaky_relu
+    return z
+
+
+def _ref_forward(z, bias, act, slope=SLOPE):
+    zr = z.copy()
+    hr = np.empty_like(z)
+    R.bias_act_forward(hr, zr, bias, act, slope)
+    return hr, zr
+
+
+def _ref_backward(dh, z, act, slope=SLOPE):
+    dzr = np.empty_like(z)
+    R.act_backward(dzr, dh, z, act, slope)
+    return dzr
+
+
+# ----------------------------------------------------------------------------- vs reference
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_forward_matches_reference(dtype, act, with_bias):
+    # Check that h = act(z + bias) and the in-place z += bias match the reference over
+    # shapes from one element to several row blocks plus a remainder block.
+    rng = np.random.default_rng(1)
+    for shape in _shapes(dtype):
+        z = _z(rng, shape, dtype)
+        bias = rng.standard_normal(shape[1]).astype(dtype) if with_bias else None
+        hr, zr = _ref_forward(z, bias, act)
+        h = np.empty_like(z)
+        out = A.bias_act_forward(h, z, bias, act, SLOPE)
+        assert out is h
+        np.testing.assert_array_equal(z, zr, err_msg=f"z += bias {shape}")
+        np.testing.assert_allclose(h, hr, **TOL[dtype], err_msg=f"h {shape}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_backward_matches_reference(dtype, act):
+    # Check that dz = dh * act'(z) matches the reference, with and without the forward output h.
+    rng = np.random.default_rng(2)
+    for shape in _shapes(dtype):
+        z = _z(rng, shape, dtype)
+        dh = rng.standard_normal(shape).astype(dtype)
+        dzr = _ref_backward(dh, z, act)
+        h = np.empty_like(z)
+        A.bias_act_forward(h, z, None, act, SLOPE)
+        for hh in (None, h):
+            dz = np.empty_like(z)
+            out = A.act_backward(dz, dh, z, act, SLOPE, h=hh)
+            assert out is dz
+            np.testing.assert_allclose(dz, dzr, **TOL[dtype],
+                                       err_msg=f"dz {shape} h={'given' if hh is not None else None}")
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.2, 1.0, 1.5, -0.3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_leaky_relu_slopes(slope, dtype):
+    # Check that leaky_relu forward and backward match the reference for slopes in [0, 1] and
+    # outside it (negative, > 1), with act' exactly 1 or slope.
+    rng = np.random.default_rng(3)
+    z = _z(rng, _multi_block_shape(100, dtype), dtype)
+    dh = np.ones_like(z)
+    hr, _ = _ref_forward(z, None, "leaky_relu", slope)
+    h = np.empty_like(z)
+    A.bias_act_forward(h, z, None, "leaky_relu", slope)
+    np.testing.assert_allclose(h, hr, **TOL[dtype])
+    dz = np.empty_like(z)
+    A.act_backward(dz, dh, z, "leaky_relu", slope)
+    np.testing.assert_array_equal(dz, _ref_backward(dh, z, "leaky_relu", slope))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_arrays(dtype):
+    # Check that N = 0 or d = 0 is a no-op that returns the output.
+    for shape in [(0, 5), (4, 0)]:
+        z = np.zeros(shape, dtype)
+        h = np.zeros(shape, dtype)
+        assert A.bias_act_forward(h, z, np.zeros(shape[1], dtype), "gelu") is h
+        assert A.act_backward(h, z, z, "gelu") is h
+        db = np.ones(shape[1], dtype)
+        A.bias_grad(db, z)
+        np.testing.assert_array_equal(db, np.ones(shape[1], dtype))
+
+
+# ----------------------------------------------------------------------------- exact GELU in float32
+def test_gelu_float32_close_to_exact():
+    # Check that the float32 GELU (polynomial erfc) is within a few float32 ulps of the exact
+    # GELU computed in float64 with scipy's ndtr, from the bulk out to the underflow.
+    z = np.linspace(-13.0, 13.0, 200_001).astype(np.float32)[None, :]
+    z64 = z.astype(np.float64)
+    phi = np.exp(-0.5 * z64 * z64) / math.sqrt(2.0 * math.pi)
+    h_exact, d_exact = z64 * ndtr(z64), ndtr(z64) + z64 * phi
+    h = np.empty_like(z)
+    A.bias_act_forward(h, z.copy(), None, "gelu")
+    dz = np.empty_like(z)
+    A.act_backward(dz, np.ones_like(z), z, "gelu")
+    rel = np.abs(h - h_exact) / np.maximum(np.abs(h_exact), 1e-37)
+    bulk = np.abs(z64) < 5
+    assert rel[bulk].max() < 1.5e-6, rel[bulk].max()
+    assert rel.max() < 1e-5, rel.max()  # exp(-z^2/2) of a float32 z^2 loses ~z^2 ulps
+    assert np.abs(dz - d_exact).max() < 5e-7
+
+
+# ----------------------------------------------------------------------------- finite differences
+def _fd_z(rng, shape):
+    # Away from relu's kink: |z| >= 0.1.
+    z = rng.standard_normal(shape)
+    return np.sign(z) * (0.1 + np.abs(z))
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_backward_matches_finite_differences(act):
+    # Check that dz is the gradient of L = sum(act(z) * R) (central differences, float64).
+    rng = np.random.default_rng(4)
+    z = _fd_z(rng, (4, 7))
+    Rw = rng.standard_normal(z.shape)
+    h = np.empty_like(z)
+
+    def loss():
+        return float(np.sum(A.bias_act_forward(h, z.copy(), None, act, SLOPE) * Rw))
+
+    dz = A.act_backward(np.empty_like(z), Rw, z, act, SLOPE)
+    np.testing.assert_allclose(dz, numeric_grad(loss, z), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("act", ["gelu", "silu", "tanh"])
+def test_bias_grad_matches_finite_differences(act):
+    # Check that bias_grad of dz is dL/dbias for L = sum(act(z + bias) * R).
+    rng = np.random.default_rng(5)
+    z0 = _fd_z(rng, (6, 5))
+    bias = rng.standard_normal(5)
+    Rw = rng.standard_normal(z0.shape)
+    h = np.empty_like(z0)
+
+    def loss():
+        return float(np.sum(A.bias_act_forward(h, z0.copy(), bias, act) * Rw))
+
+    z = z0.copy()
+    A.bias_act_forward(h, z, bias, act)
+    dz = A.act_backward(np.empty_like(z), Rw, z, act, h=h)
+    db = A.bias_grad(np.zeros(5), dz)
+    np.testing.assert_allclose(db, numeric_grad(loss, bias), rtol=1e-6, atol=1e-8)
+
+
+# ----------------------------------------------------------------------------- bias_grad
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_grad_accumulates(dtype):
+    # Check that bias_grad adds dz.sum(0) to db in place (twice gives twice) and returns db.
+    rng = np.random.default_rng(6)
+    dz = rng.standard_normal((300, 37)).astype(dtype)
+    db0 = rng.standard_normal(37).astype(dtype)
+    db = db0.copy()
+    assert A.bias_grad(db, dz) is db
+    expected = R.bias_grad(db0.copy(), dz)
+    np.testing.assert_allclose(db, expected, rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 10)
+    A.bias_grad_unchecked(db, dz)
+    np.testing.assert_allclose(db, R.bias_grad(expected, dz), rtol=TOL[dtype]["rtol"] * 10,
+                               atol=TOL[dtype]["atol"] * 10)
+
+
+# ----------------------------------------------------------------------------- in place / aliasing
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_forward_in_place_h_is_z(dtype, act):
+    # Check that h may be z itself: z then holds act(z + bias), as the reference computes.
+    rng = np.random.default_rng(7)
+    z = _z(rng, _multi_block_shape(300, dtype), dtype)
+    bias = rng.standard_normal(300).astype(dtype)
+    hr, _ = _ref_forward(z, bias, act)
+    out = A.bias_act_forward(z, z, bias, act, SLOPE)
+    assert np.shares_memory(out, z)
+    np.testing.assert_allclose(z, hr, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_backward_in_place_dz_is_dh(dtype, act):
+    # Check that dz may be dh itself (and z, h views of other arrays are untouched).
+    rng = np.random.default_rng(8)
+    z = _z(rng, _multi_block_shape(300, dtype), dtype)
+    dh = rng.standard_normal(z.shape).astype(dtype)
+    dzr = _ref_backward(dh, z, act)
+    h = np.empty_like(z)
+    A.bias_act_forward(h, z, None, act, SLOPE)
+    z_before = z.copy()
+    out = A.act_backward(dh, dh, z, act, SLOPE, h=h)
+    assert np.shares_memory(out, dh)
+    np.testing.assert_allclose(dh, dzr, **TOL[dtype])
+    np.testing.assert_array_equal(z, z_before)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "sigmoid"])
+def test_outputs_written_in_place(act):
+    # Check that results land in the arrays given (no copies): h, dz and db.
+    rng = np.random.default_rng(9)
+    z = rng.standard_normal((50, 40)).astype(np.float32)
+    h, dz, db = np.empty_like(z), np.empty_like(z), np.zeros(40, np.float32)
+    assert np.shares_memory(A.bias_act_forward(h, z, None, act), h)
+    assert np.shares_memory(A.act_backward(dz, z, z, act), dz)
+    assert np.shares_memory(A.bias_grad(db, dz), db)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu"])
+def test_no_whole_array_temporaries(act):
+    # Check that forward and backward allocate nothing the size of the input (scratch is
+    # per row block and reused: after a warm-up call, peak traced memory stays small).
+    z = np.random.default_rng(10).standard_normal((1000, 1000))  # 8 MB
+    h, dz = np.empty_like(z), np.empty_like(z)
+    A.bias_act_forward(h, z, None, act)
+    A.act_backward(dz, h, z, act)
+    tracemalloc.start()
+    try:
+        A.bias_act_forward(h, z, None, act)
+        A.act_backward(dz, h, z, act)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < z.nbytes // 20, peak
+
+
+def test_scratch_is_per_thread():
+    # Check that concurrent calls from two threads (sharing scratch shapes) give the same
+    # results as sequential calls.
+    rng = np.random.default_rng(11)
+    zs = [rng.standard_normal((400, 256)).astype(np.float32) for _ in range(2)]
+    expected = []
+    for z in zs:
+        h = np.empty_like(z)
+        expected.append(A.bias_act_forward(h, z.copy(), None, "gelu").copy())
+    errors = []
+
+    def work(k):
+        h = np.empty_like(zs[k])
+        for _ in range(30):
+            A.bias_act_forward(h, zs[k].copy(), None, "gelu")
+            if not np.array_equal(h, expected[k]):
+                errors.append(k)
+                return
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+# ----------------------------------------------------------------------------- extreme inputs
+# act(z) and act'(z) at z = +1e4 and -1e4 (limits).
+_LIMITS = {
+    "identity": ((1e4, -1e4), (1.0, 1.0)),
+    "relu": ((1e4, 0.0), (1.0, 0.0)),
+    "leaky_relu": ((1e4, -1e4 * SLOPE), (1.0, SLOPE)),
+    "gelu": ((1e4, 0.0), (1.0, 0.0)),
+    "gelu_tanh": ((1e4, 0.0), (1.0, 0.0)),
+    "silu": ((1e4, 0.0), (1.0, 0.0)),
+    "sigmoid": ((1.0, 0.0), (0.0, 0.0)),
+    "tanh": ((1.0, -1.0), (0.0, 0.0)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_extreme_inputs_no_overflow(dtype, act):
+    # Check that |z| = 1e4 gives the limits with no overflow, invalid or divide-by-zero
+    # (underflow to 0 is the right answer there and numpy ignores it by default).
+    z = np.array([[1e4, -1e4] * 3], dtype)
+    (hp, hm), (dp, dm) = _LIMITS[act]
+    with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+        h = A.bias_act_forward(np.empty_like(z), z.copy(), None, act, SLOPE)
+        dz = A.act_backward(np.empty_like(z), np.ones_like(z), z, act, SLOPE)
+        dzh = A.act_backward(np.empty_like(z), np.ones_like(z), z, act, SLOPE, h=h)
+    for got in (h, dz, dzh):
+        assert np.isfinite(got).all()
+    np.testing.assert_allclose(h[0, ::2], hp, rtol=1e-6, atol=1e-30)
+    np.testing.assert_allclose(h[0, 1::2], hm, rtol=1e-6, atol=1e-30)
+    for d in (dz, dzh):
+        np.testing.assert_allclose(d[0, ::2], dp, rtol=1e-6, atol=1e-30)
+        np.testing.assert_allclose(d[0, 1::2], dm, rtol=1e-6, atol=1e-30)
+
+
+# ----------------------------------------------------------------------------- bad inputs
+def _arrays(shape=(4, 3), dtype=np.float32):
+    return np.zeros(shape, dtype), np.zeros(shape, dtype)
+
+
+@pytest.mark.parametrize("call, exc, name", [
+    (lambda h, z: A.bias_act_forward(h, z.astype(np.float16)), TypeError, "z"),
+    (lambda h, z: A.bias_act_forward(h, z.tolist()), TypeError, "z"),
+    (lambda h, z: A.bias_act_forward(h.astype(np.float64), z), TypeError, "h"),
+    (lambda h, z: A.bias_act_forward(h[:3], z), ValueError, "h"),
+    (lambda h, z: A.bias_act_forward(h.ravel(), z.ravel()), ValueError, "z"),
+    (lambda h, z: A.bias_act_forward(h[:, :2], np.zeros((4, 6), np.float32)[:, ::3]), ValueError, "z"),
+    (lambda h, z: A.bias_act_forward(h, z, np.zeros(4, np.float32)), ValueError, "bias"),
+    (lambda h, z: A.bias_act_forward(h, z, np.zeros(3, np.float64)), TypeError, "bias"),
+    (lambda h, z: A.bias_act_forward(h, z, z[0]), ValueError, "bias"),
+    (lambda h, z: A.bias_act_forward(h, z, act="swish"), ValueError, "act"),
+    (lambda h, z: A.bias_act_forward(h, z, act="leaky_relu", negative_slope="0.1"), TypeError,
+     "negative_slope"),
+    (lambda h, z: A.bias_act_forward(h, z, act="leaky_relu", negative_slope=float("nan")),
+     ValueError, "negative_slope"),
+    (lambda h, z: A.act_backward(h, z.astype(np.float64), z), TypeError, "dh"),
+    (lambda h, z: A.act_backward(h[:2], z, z), ValueError, "dz"),
+    (lambda h, z: A.act_backward(h, z, z, h=z[:, :2].copy()), ValueError, "h"),
+    (lambda h, z: A.act_backward(h, z, z, act="softmax"), ValueError, "act"),
+    (lambda h, z: A.bias_grad(np.zeros(4, np.float32), z), ValueError, "db"),
+    (lambda h, z: A.bias_grad(np.zeros(3, np.float64), z), TypeError, "db"),
+    (lambda h, z: A.bias_grad(np.zeros(3, np.float32), z[0]), ValueError, "dz"),
+])
+def test_bad_inputs_raise_naming_the_argument(call, exc, name):
+    # Check that each bad argument raises TypeError/ValueError whose message names it.
+    h, z = _arrays()
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        call(h, z)
+
+
+def test_partial_overlap_rejected():
+    # Check that an output overlapping an input without being it raises (exact aliasing is
+    # fine), naming the output.
+    big = np.zeros((5, 3), np.float32)
+    with pytest.raises(ValueError, match=r"^h\b"):
+        A.bias_act_forward(big[1:], big[:-1], None, "relu")
+    with pytest.raises(ValueError, match=r"^dz\b"):
+        A.act_backward(big[1:], big[:-1], np.zeros((4, 3), np.float32), "relu")
+    with pytest.raises(ValueError, match=r"^db\b"):
+        A.bias_grad(big[1], big[:-1])
+
+
+def test_unchecked_cores_match_checked():
+    # Check that the exported unchecked cores compute what the checked functions compute.
+    rng = np.random.default_rng(12)
+    z = rng.standard_normal((70, 33)).astype(np.float32)
+    bias = rng.standard_normal(33).astype(np.float32)
+    dh = rng.standard_normal(z.shape).astype(np.float32)
+    z1, z2 = z.copy(), z.copy()
+    h1 = A.bias_act_forward(np.empty_like(z), z1, bias, "gelu")
+    h2 = A.bias_act_forward_unchecked(np.empty_like(z), z2, bias, "gelu")
+    np.testing.assert_array_equal(h1, h2)
+    np.testing.assert_array_equal(z1, z2)
+    np.testing.assert_array_equal(A.act_backward(np.empty_like(z), dh, z1, "gelu"),
+                                  A.act_backward_unchecked(np.empty_like(z), dh, z2, "gelu"))
