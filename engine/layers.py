@@ -245,7 +245,8 @@ class Identity(_Activation):
 # ----------------------------------------------------------------------------- Sequential
 class Sequential(Module):
     """Chains modules: forward in order, backward in reverse. Children are named "0", "1",
-    ... so parameters read "0.W", "0.b", "2.W", ...; supports len, indexing and iteration."""
+    ... so parameters read "0.W", "0.b", "2.W", ...; supports len, indexing and iteration.
+    A module instance may appear only once: its cache holds one forward at a time."""
 
     def __init__(self, *modules):
         super().__init__()

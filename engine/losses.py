@@ -70,7 +70,8 @@ class MSELoss(_Loss):
     def forward(self, pred, target) -> float:
         _check_float("pred", pred, self.dtype)
         if pred.ndim == 0 or pred.size == 0:
-            raise ValueError(f"pred: expected a non-empty array of at least 1 dimension, got shape {pred.shape}")
+            raise ValueError(f"pred: expected a non-empty array of at least 1 dimension, "
+                             f"got shape {pred.shape}")
         _check_float("target", target, pred.dtype)
         if target.shape != pred.shape:
             raise ValueError(f"target: expected shape {pred.shape} (pred's), got {target.shape}")
