@@ -60,6 +60,20 @@ def test_ce_matches_reference(dtype, kind):
                      atol=TOL[dtype]["atol"] / n)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ce_unnormalized_targets_match_reference(dtype):
+    # Check that targets whose rows do not sum to 1 follow the definition -sum(y log p)
+    # (each row's weight counts), as the reference does.
+    rng = np.random.default_rng(16)
+    n, c = 2 * _rows_per_block(12, dtype) + 5, 12
+    logits = (2.0 * rng.standard_normal((n, c))).astype(dtype)
+    target = (rng.random((n, c)) * rng.random((n, 1)) * 3.0).astype(dtype)
+    loss, probs, dl, _ = _ce(losses, logits, target)
+    loss_r, _, dl_r, _ = _ce(reference, logits, target)
+    assert loss == pytest.approx(loss_r, rel=LOSS_RTOL[dtype])
+    assert_close(dl, dl_r, "dlogits", rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["atol"] / n)
+
+
 @pytest.mark.parametrize("kind", ["labels", "probs"])
 def test_ce_backward_matches_finite_differences(kind):
     # Check dlogits against central differences of the forward loss (float64).

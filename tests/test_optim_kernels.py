@@ -1,0 +1,267 @@
+"""kernels.optim: in-place AdamW and SGD against reference.py and a scalar transcription of
+PyTorch's documented AdamW; C- and Fortran-contiguous parameters; no full-size temporaries."""
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+from gradcheck import assert_close
+
+from kernels import optim, reference
+from kernels.optim import adamw_update, flat_view, sgd_update
+
+DTYPES = [np.float32, np.float64]
+TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-14)}
+
+
+def _shapes(dtype):
+    # 0-d, 1-d, 2-d, 3-d, and a flat length spanning several blocks with a remainder.
+    big = 2 * (optim._BLOCK_BYTES // np.dtype(dtype).itemsize) + 123
+    return [(), (1,), (7,), (33, 17), (3, 4, 5), (big,)]
+
+
+def _state(rng, shape, dtype, order="C"):
+    p = np.asarray(rng.standard_normal(shape), dtype=dtype, order=order)
+    return p, np.zeros_like(p), np.zeros_like(p)  # zeros_like keeps the memory order
+
+
+# ----------------------------------------------------------------------------- AdamW
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adamw_ten_steps_match_reference(dtype):
+    # Check 10 steps (fresh gradients each step, weight decay on) against the reference.
+    rng = np.random.default_rng(30)
+    for shape in _shapes(dtype):
+        p, m, v = _state(rng, shape, dtype)
+        p_r, m_r, v_r = p.copy(), m.copy(), v.copy()
+        for step in range(1, 11):
+            g = rng.standard_normal(shape).astype(dtype)
+            g_copy = g.copy()
+            res = adamw_update(p, g, m, v, step, 1e-2, 0.9, 0.999, 1e-8, 0.1)
+            reference.adamw_update(p_r, g, m_r, v_r, step, 1e-2, 0.9, 0.999, 1e-8, 0.1)
+            assert res is p
+            np.testing.assert_array_equal(g, g_copy)  # grad is only read
+        assert_close(p, p_r, f"param {shape}", **TOL[dtype])
+        assert_close(m, m_r, f"exp_avg {shape}", **TOL[dtype])
+        assert_close(v, v_r, f"exp_avg_sq {shape}", **TOL[dtype])
+
+
+def _torch_adamw_scalar(theta, grads, lr, beta1, beta2, eps, wd):
+    """PyTorch's documented AdamW algorithm, element by element in Python floats."""
+    theta = list(theta)
+    m = [0.0] * len(theta)
+    v = [0.0] * len(theta)
+    for t, g in enumerate(grads, start=1):
+        for i in range(len(theta)):
+            theta[i] = theta[i] - lr * wd * theta[i]
+            m[i] = beta1 * m[i] + (1 - beta1) * g[i]
+            v[i] = beta2 * v[i] + (1 - beta2) * g[i] ** 2
+            m_hat = m[i] / (1 - beta1 ** t)
+            v_hat = v[i] / (1 - beta2 ** t)
+            theta[i] = theta[i] - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return theta
+
+
+def test_adamw_matches_pytorch_algorithm_transcription():
+    # Check 10 steps against a scalar loop over PyTorch's documented AdamW (float64), with
+    # weight decay and non-default betas/eps so each hyper-parameter matters.
+    rng = np.random.default_rng(31)
+    shape = (4, 5)
+    p, m, v = _state(rng, shape, np.float64)
+    grads = [rng.standard_normal(shape) for _ in range(10)]
+    expected = _torch_adamw_scalar(p.ravel(), [g.ravel() for g in grads],
+                                   lr=3e-2, beta1=0.8, beta2=0.99, eps=1e-3, wd=0.05)
+    for step, g in enumerate(grads, start=1):
+        adamw_update(p, g, m, v, step, 3e-2, beta1=0.8, beta2=0.99, eps=1e-3, weight_decay=0.05)
+    assert_close(p.ravel(), expected, "param", rtol=1e-12, atol=1e-14)
+
+
+def test_adamw_first_step_size_is_lr():
+    # Check the bias correction by hand: at step 1 with eps=0 and no decay every element
+    # moves by exactly lr against the sign of its gradient.
+    p = np.array([1.0, -2.0, 0.5])
+    g = np.array([0.3, -4.0, 1e-3])
+    adamw_update(p, g, np.zeros(3), np.zeros(3), 1, 0.1, eps=0.0, weight_decay=0.0)
+    assert_close(p, [0.9, -1.9, 0.4], "param", rtol=1e-15, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adamw_fortran_contiguous_views_updated_in_place(dtype):
+    # Check that F-contiguous halves of one buffer (as the gMLP's W_gate / W_proj) are updated
+    # in place, match the reference, and leave the other half untouched.
+    rng = np.random.default_rng(32)
+    d_in, d_ffn = 24, 40
+    big = rng.standard_normal((2 * d_ffn, d_in)).astype(dtype)  # C-contiguous
+    big_before = big.copy()
+    W = big.T[:, :d_ffn]  # (d_in, d_ffn) Fortran-contiguous view
+    assert W.flags.f_contiguous and not W.flags.c_contiguous
+    g_big = rng.standard_normal((2 * d_ffn, d_in)).astype(dtype)
+    g = g_big.T[:, :d_ffn]
+    m = np.zeros((d_ffn, d_in), dtype).T
+    v = np.zeros((d_ffn, d_in), dtype).T
+    W_r, m_r, v_r = W.copy(order="F"), m.copy(order="F"), v.copy(order="F")
+    for step in range(1, 4):
+        res = adamw_update(W, g, m, v, step, 1e-2)
+        reference.adamw_update(W_r, g, m_r, v_r, step, 1e-2)
+    assert res is W and np.shares_memory(res, big)
+    assert_close(W, W_r, "W", **TOL[dtype])
+    assert_close(m, m_r, "exp_avg", **TOL[dtype])
+    np.testing.assert_array_equal(big[d_ffn:], big_before[d_ffn:])
+    assert not np.array_equal(big[:d_ffn], big_before[:d_ffn])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.zeros(()), lambda: np.zeros(5), lambda: np.zeros((3, 4)),
+    lambda: np.zeros((3, 4), order="F"), lambda: np.zeros((6, 4)).T[:, :3],
+    lambda: np.zeros((1, 5)), lambda: np.zeros((2, 3, 4), order="F"),
+])
+def test_flat_view_never_copies(make):
+    # Check that the flat view of a C- or F-contiguous array (any ndim) shares its memory
+    # and walks it in memory order.
+    a = make()
+    f = flat_view(a)
+    assert f.ndim == 1 and f.size == max(a.size, 1)
+    assert np.shares_memory(f, a)
+    f[...] = np.arange(f.size)
+    order = "C" if a.flags.c_contiguous else "F"
+    np.testing.assert_array_equal(a.ravel(order=order), np.arange(f.size))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adamw_and_sgd_make_no_parameter_sized_temporaries(dtype):
+    # Check that, after a warm-up call, an update allocates far less than one parameter
+    # (numpy reports its buffers to tracemalloc; the reference makes several full copies).
+    rng = np.random.default_rng(33)
+    p, m, v = _state(rng, (1 << 19,), dtype)
+    g = rng.standard_normal(p.shape).astype(dtype)
+    calls = [lambda s: adamw_update(p, g, m, v, s, 1e-3),
+             lambda s: sgd_update(p, g, m, 0.1, 0.9, 1e-4, 0.1, False, s == 1),
+             lambda s: sgd_update(p, g, m, 0.1, 0.9, 1e-4, 0.0, True, False),
+             lambda s: sgd_update(p, g, None, 0.1, 0.0, 1e-4)]
+    for call in calls:
+        call(1)
+        tracemalloc.start()
+        try:
+            call(2)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < p.nbytes // 16, f"peak {peak} bytes for a {p.nbytes}-byte parameter"
+
+
+# ----------------------------------------------------------------------------- SGD
+SGD_CASES = [
+    dict(momentum=0.0, weight_decay=0.0),
+    dict(momentum=0.0, weight_decay=0.01),
+    dict(momentum=0.9, weight_decay=0.0),
+    dict(momentum=0.9, weight_decay=0.01, dampening=0.1),
+    dict(momentum=0.9, weight_decay=0.01, nesterov=True),
+    dict(momentum=0.5, weight_decay=0.0, nesterov=True),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("opts", SGD_CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_sgd_five_steps_match_reference(dtype, opts):
+    # Check 5 steps (first_step on the first) against the reference, for every option mix,
+    # and that grad is never modified.
+    rng = np.random.default_rng(40)
+    for shape in _shapes(dtype):
+        p, buf, _ = _state(rng, shape, dtype)
+        buf_arg = buf if opts["momentum"] else None
+        p_r, buf_r = p.copy(), buf.copy()
+        for step in range(1, 6):
+            g = rng.standard_normal(shape).astype(dtype)
+            g_copy = g.copy()
+            res = sgd_update(p, g, buf_arg, 0.05, first_step=step == 1, **opts)
+            reference.sgd_update(p_r, g, buf_r if opts["momentum"] else None, 0.05,
+                                 first_step=step == 1, **opts)
+            assert res is p
+            np.testing.assert_array_equal(g, g_copy)
+        assert_close(p, p_r, f"param {shape}", **TOL[dtype])
+        if opts["momentum"]:
+            assert_close(buf, buf_r, f"momentum_buf {shape}", **TOL[dtype])
+
+
+def test_sgd_first_step_copies_gradient_into_buffer():
+    # Check PyTorch's first momentum step by hand: buf = grad + wd * param (no dampening),
+    # param -= lr * buf.
+    p = np.array([1.0, 2.0])
+    g = np.array([0.5, -1.0])
+    buf = np.full(2, 123.0)
+    sgd_update(p, g, buf, 0.1, momentum=0.9, weight_decay=0.5, dampening=0.3, first_step=True)
+    assert_close(buf, [1.0, 0.0], "momentum_buf", rtol=1e-15, atol=1e-15)
+    assert_close(p, [0.9, 2.0], "param", rtol=1e-15, atol=1e-15)
+
+
+def test_sgd_fortran_contiguous_in_place():
+    # Check that an F-contiguous parameter with momentum is updated in place like the reference.
+    rng = np.random.default_rng(41)
+    p = np.asfortranarray(rng.standard_normal((9, 13)))
+    g = np.asfortranarray(rng.standard_normal((9, 13)))
+    buf = np.zeros_like(p)
+    p_r, buf_r = p.copy(order="F"), buf.copy(order="F")
+    for step in (1, 2, 3):
+        res = sgd_update(p, g, buf, 0.1, 0.9, 0.01, 0.0, True, step == 1)
+        reference.sgd_update(p_r, g, buf_r, 0.1, 0.9, 0.01, 0.0, True, step == 1)
+    assert res is p and np.shares_memory(res, p)
+    assert_close(p, p_r, "param", **TOL[np.float64])
+
+
+# ----------------------------------------------------------------------------- bad input
+def _adamw_args():
+    return dict(param=np.zeros((3, 4)), grad=np.zeros((3, 4)), exp_avg=np.zeros((3, 4)),
+                exp_avg_sq=np.zeros((3, 4)), step=1, lr=1e-3)
+
+
+@pytest.mark.parametrize("name,bad,exc", [
+    ("param", np.zeros((3, 4), np.float16), TypeError),
+    ("param", np.zeros((3, 8))[:, ::2], ValueError),
+    ("param", [[0.0] * 4] * 3, TypeError),
+    ("grad", np.zeros((3, 4), np.float32), TypeError),
+    ("grad", np.zeros((4, 3)), ValueError),
+    ("grad", np.zeros((3, 4), order="F"), ValueError),
+    ("exp_avg", np.zeros(12), ValueError),
+    ("exp_avg_sq", None, TypeError),
+    ("step", 0, ValueError),
+    ("step", 1.0, TypeError),
+    ("lr", -1e-3, ValueError),
+    ("lr", "0.1", TypeError),
+    ("beta1", 1.0, ValueError),
+    ("beta2", -0.1, ValueError),
+    ("eps", -1e-8, ValueError),
+    ("weight_decay", -0.1, ValueError),
+])
+def test_adamw_rejects_bad_input_naming_it(name, bad, exc):
+    # Check that each bad argument raises TypeError/ValueError whose message names it.
+    args = _adamw_args()
+    args[name] = bad
+    with pytest.raises(exc, match=name):
+        adamw_update(**args)
+
+
+def test_adamw_rejects_read_only_param():
+    # Check that a read-only parameter is rejected before anything is written.
+    args = _adamw_args()
+    args["param"].flags.writeable = False
+    with pytest.raises(ValueError, match="param"):
+        adamw_update(**args)
+
+
+@pytest.mark.parametrize("name,bad,exc,extra", [
+    ("grad", np.zeros(5, np.float32), TypeError, {}),
+    ("grad", np.zeros(4), ValueError, {}),
+    ("momentum_buf", None, ValueError, dict(momentum=0.9)),
+    ("momentum_buf", np.zeros(4), ValueError, dict(momentum=0.9)),
+    ("momentum", -0.5, ValueError, {}),
+    ("dampening", 1.5, ValueError, {}),
+    ("nesterov", True, ValueError, dict(momentum=0.0)),
+    ("nesterov", True, ValueError, dict(momentum=0.9, dampening=0.1)),
+    ("lr", None, TypeError, {}),
+])
+def test_sgd_rejects_bad_input_naming_it(name, bad, exc, extra):
+    # Check that each bad argument raises TypeError/ValueError whose message names it.
+    args = dict(param=np.zeros(5), grad=np.zeros(5), momentum_buf=np.zeros(5), lr=0.1)
+    args.update(extra)
+    args[name] = bad
+    with pytest.raises(exc, match=name):
+        sgd_update(**args)
