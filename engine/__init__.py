@@ -13,3 +13,6 @@ from .losses import CrossEntropyLoss, MSELoss
 # --- optim (engine/optim.py) ---
 from .optim import SGD, AdamW, Optimizer, clip_grad_norm
 # --- training (engine/train.py, engine/checkpoint.py) ---
+from . import data
+from .checkpoint import CheckpointError, load, save
+from .train import History, NonFiniteLossError, evaluate, fit, predict

@@ -1,0 +1,345 @@
+"""The training loop: ``fit`` (mini-batches, shuffling, validation, progress, a stop on a
+non-finite loss), ``evaluate``, ``predict``, the per-epoch ``History``, and the regression
+metrics ``r2_score`` / ``mean_absolute_error``.
+
+Mini-batches are gathered into one preallocated buffer (``np.take(..., out=)``), so a steady
+epoch allocates no batch-sized arrays; the model's own work buffers do the rest.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .losses import CrossEntropyLoss
+from .module import make_rng
+
+__all__ = ["fit", "evaluate", "predict", "History", "NonFiniteLossError", "r2_score",
+           "mean_absolute_error"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite; ``epoch`` and ``step`` (both from 1) say where."""
+
+    def __init__(self, message: str, epoch: int, step: int, loss: float):
+        super().__init__(message)
+        self.epoch, self.step, self.loss = epoch, step, loss
+
+
+@dataclass
+class History:
+    """Per-epoch figures of a ``fit`` run (index i is epoch i + 1).
+
+    ``loss``: mean training loss over the epoch's samples, each batch's loss measured before
+    its update; ``accuracy``: the same batches' accuracy (classification only, else empty);
+    ``val_loss`` / ``val_accuracy``: on the validation set after the epoch, in eval mode.
+    """
+    loss: list = field(default_factory=list)
+    accuracy: list = field(default_factory=list)
+    val_loss: list = field(default_factory=list)
+    val_accuracy: list = field(default_factory=list)
+    steps: int = 0                 # optimizer steps taken
+    samples: int = 0               # training samples processed
+    epoch_time: list = field(default_factory=list, compare=False)  # wall seconds per epoch
+
+    def __len__(self) -> int:
+        return len(self.loss)
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(self.epoch_time))
+
+    @property
+    def samples_per_second(self) -> float:
+        s = self.seconds
+        return self.samples / s if s > 0 else float("nan")
+
+
+# ----------------------------------------------------------------------------- checks
+def _check_xy(X, Y, what: str = ""):
+    for name, a in ((what + "X", X), (what + "Y", Y)):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
+        if a.ndim == 0:
+            raise ValueError(f"{name}: expected an array with a sample axis, got a scalar")
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(f"{what}Y: expected {X.shape[0]} samples ({what}X has {X.shape[0]}), "
+                         f"got {Y.shape[0]} (shape {Y.shape})")
+    if X.shape[0] == 0:
+        raise ValueError(f"{what}X: expected at least one sample, got shape {X.shape}")
+
+
+def _check_int(name: str, v, low: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+        raise ValueError(f"{name}: expected an integer >= {low}, got {v!r}")
+    return int(v)
+
+
+def _batch_size(batch_size, n: int) -> int:
+    if batch_size is None:
+        return n
+    return min(_check_int("batch_size", batch_size, 1), n)
+
+
+# ----------------------------------------------------------------------------- accuracy
+class _Hits:
+    """Counts correct argmax predictions into reused buffers (no per-batch allocation)."""
+
+    def __init__(self):
+        self._pred = self._true = self._eq = None
+
+    def count(self, pred: np.ndarray, target: np.ndarray) -> int:
+        logits = pred.reshape(-1, pred.shape[-1])
+        rows = logits.shape[0]
+        if self._pred is None or self._pred.shape[0] < rows:
+            self._pred = np.empty(rows, np.intp)  # (rows,) predicted class
+            self._true = np.empty(rows, np.intp)  # (rows,) target class (probability targets)
+            self._eq = np.empty(rows, bool)       # (rows,) hit mask
+        p, eq = self._pred[:rows], self._eq[:rows]
+        np.argmax(logits, axis=1, out=p)
+        if np.issubdtype(target.dtype, np.integer):
+            t = target.reshape(rows)
+        else:
+            t = self._true[:rows]
+            np.argmax(target.reshape(rows, -1), axis=1, out=t)
+        np.equal(p, t, out=eq)
+        return int(np.count_nonzero(eq))
+
+
+def _rows_of(pred: np.ndarray) -> int:
+    """Positions scored by cross-entropy in ``pred`` (N for (N, C), B*T for (B, T, C))."""
+    return pred.size // pred.shape[-1]
+
+
+# ----------------------------------------------------------------------------- progress
+def _fmt_time(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class _Progress:
+    """``True``: one updating line on a terminal, else a plain line every ~10% of the epochs;
+    an int k: a plain line every k epochs (and the last); ``False``: nothing. Writes to stdout."""
+
+    def __init__(self, progress, epochs: int):
+        if isinstance(progress, bool) or progress is None:
+            every = max(1, epochs // 10) if progress else 0
+        else:
+            every = _check_int("progress", progress, 1)
+        self.file = sys.stdout
+        isatty = getattr(self.file, "isatty", None)
+        self.tty = progress is True and bool(isatty and isatty())
+        self.every, self.epochs = every, epochs
+        self.width = len(str(epochs))
+        self._last = 0.0
+        self._open = False
+
+    def update(self, epoch: int, h: History, elapsed: float) -> None:
+        if not self.every and not self.tty:
+            return
+        last = epoch == self.epochs
+        now = time.perf_counter()
+        if self.tty:
+            if not last and now - self._last < 0.1:  # redraw at most ~10 times a second
+                return
+        elif epoch % self.every and not last:
+            return
+        self._last = now
+        parts = [f"epoch {epoch:>{self.width}}/{self.epochs}", f"loss {h.loss[-1]:.6g}"]
+        if h.accuracy:
+            parts.append(f"acc {h.accuracy[-1]:.4f}")
+        if h.val_loss:
+            parts.append(f"val_loss {h.val_loss[-1]:.6g}")
+        if h.val_accuracy:
+            parts.append(f"val_acc {h.val_accuracy[-1]:.4f}")
+        rate = h.samples / elapsed if elapsed > 0 else float("inf")
+        parts.append(f"{rate:,.0f} samples/s")
+        if not last:
+            parts.append(f"ETA {_fmt_time(elapsed / epoch * (self.epochs - epoch))}")
+        line = "  ".join(parts)
+        if self.tty:
+            self.file.write("\r" + line + "\x1b[K")
+            self._open = True
+            if last:
+                self.close()
+        else:
+            self.file.write(line + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        if self._open:
+            self.file.write("\n")
+            self.file.flush()
+            self._open = False
+
+
+# ----------------------------------------------------------------------------- loops
+def evaluate(model, loss, X, Y, batch_size=None):
+    """``(mean loss, accuracy or None)`` of ``model`` on ``(X, Y)`` in eval mode (the model's
+    mode is restored afterwards). Accuracy is given for ``CrossEntropyLoss``."""
+    _check_xy(X, Y)
+    n = X.shape[0]
+    bs = _batch_size(batch_size, n)
+    was_training = model.training
+    model.eval()
+    classify = isinstance(loss, CrossEntropyLoss)
+    hits, total, hit, rows = _Hits(), 0.0, 0, 0
+    try:
+        for s in range(0, n, bs):  # row slices of C-contiguous arrays: views, no copies
+            xb, yb = X[s:s + bs], Y[s:s + bs]
+            pred = model.forward(xb)
+            total += loss.forward(pred, yb) * xb.shape[0]
+            if classify:
+                hit += hits.count(pred, yb)
+                rows += _rows_of(pred)
+    finally:
+        model.train(was_training)
+    return total / n, (hit / rows if classify else None)
+
+
+def predict(model, X, batch_size=None) -> np.ndarray:
+    """The model's outputs for ``X`` in eval mode, as a new array (the model's mode is
+    restored afterwards). ``batch_size`` bounds the work buffers (``None``: all at once)."""
+    if not isinstance(X, np.ndarray):
+        raise TypeError(f"X: expected a numpy.ndarray, got {type(X).__name__}")
+    if X.ndim == 0 or X.shape[0] == 0:
+        raise ValueError(f"X: expected at least one sample, got shape {X.shape}")
+    n = X.shape[0]
+    bs = _batch_size(batch_size, n)
+    was_training = model.training
+    model.eval()
+    out = None
+    try:
+        for s in range(0, n, bs):
+            y = model.forward(X[s:s + bs])  # a view of the model's work buffer
+            if out is None:
+                out = np.empty((n,) + y.shape[1:], y.dtype)  # (N, ...) the result
+            out[s:s + y.shape[0]] = y
+    finally:
+        model.train(was_training)
+    return out
+
+
+def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: bool = True,
+        rng=0, validation=None, progress=True) -> History:
+    """Train ``model`` on ``(X, Y)`` for ``epochs`` passes; return the ``History``.
+
+    Each step: forward, ``loss.forward``, a finiteness check, ``loss.backward``,
+    ``model.backward``, ``optimizer.step()``, ``model.zero_grad()``.
+
+    - ``batch_size``: rows per step (``None``: the full batch); the last batch keeps the
+      remainder (17 samples in batches of 5: 5, 5, 5, 2).
+    - ``shuffle``: a new order each epoch from ``rng`` (an int seed or a Generator). The full
+      batch is never shuffled (the gradient does not depend on the order).
+    - ``validation``: ``(X_val, Y_val)`` evaluated after each epoch in eval mode.
+    - ``progress``: see ``_Progress`` (True: auto, False: silent, int k: a line every k epochs).
+
+    A NaN/inf loss raises ``NonFiniteLossError`` naming the epoch and step before that
+    step's update, so the model keeps the parameters of the last good step. The model is
+    left in training mode.
+    """
+    _check_xy(X, Y)
+    epochs = _check_int("epochs", epochs, 0)
+    n = X.shape[0]
+    bs = _batch_size(batch_size, n)
+    for name in ("step", "zero_grad"):
+        if not callable(getattr(optimizer, name, None)):
+            raise TypeError(f"optimizer: expected an optimizer with step() and zero_grad(), "
+                            f"got {type(optimizer).__name__}")
+    if validation is not None:
+        if not isinstance(validation, (tuple, list)) or len(validation) != 2:
+            raise TypeError("validation: expected a pair (X_val, Y_val)")
+        _check_xy(*validation, what="validation ")
+    gen = make_rng(rng)
+    classify = isinstance(loss, CrossEntropyLoss)
+    bar = _Progress(progress, epochs)
+    steps_per_epoch = -(-n // bs)
+    full = bs == n
+    gather = shuffle and not full
+    if gather:
+        identity = np.arange(n)                               # (N,) 0..N-1
+        order = np.empty_like(identity)                       # (N,) this epoch's order
+        xbuf = np.empty((bs,) + X.shape[1:], X.dtype)         # (bs, ...) gathered batch
+        ybuf = np.empty((bs,) + Y.shape[1:], Y.dtype)         # (bs, ...) its targets
+    hits = _Hits()
+    h = History()
+    model.train()
+    model.zero_grad()
+    t_start = time.perf_counter()
+    try:
+        for epoch in range(1, epochs + 1):
+            t0 = time.perf_counter()
+            if gather:
+                # Shuffle a fresh 0..N-1 each epoch, so the order depends only on the
+                # Generator's state (a run resumed with that state continues identically).
+                np.copyto(order, identity)
+                gen.shuffle(order)
+            total, hit, rows = 0.0, 0, 0
+            for step in range(1, steps_per_epoch + 1):
+                s = (step - 1) * bs
+                if gather:
+                    idx = order[s:s + bs]
+                    m = idx.shape[0]
+                    # mode="clip" lets take write straight into out (mode="raise" buffers).
+                    xb = np.take(X, idx, axis=0, out=xbuf[:m], mode="clip")
+                    yb = np.take(Y, idx, axis=0, out=ybuf[:m], mode="clip")
+                elif full:
+                    xb, yb = X, Y
+                else:
+                    xb, yb = X[s:s + bs], Y[s:s + bs]
+                m = xb.shape[0]
+                pred = model.forward(xb)
+                value = loss.forward(pred, yb)
+                if not math.isfinite(value):
+                    raise NonFiniteLossError(
+                        f"non-finite loss ({value}) at epoch {epoch}/{epochs}, step "
+                        f"{step}/{steps_per_epoch} (optimizer step {h.steps + 1}); the model "
+                        f"keeps the parameters of the last good step. A lower learning rate, "
+                        f"gradient clipping or float64 may help.", epoch, step, value)
+                if classify:
+                    hit += hits.count(pred, yb)
+                    rows += _rows_of(pred)
+                model.backward(loss.backward())
+                optimizer.step()
+                model.zero_grad()
+                total += value * m
+                h.steps += 1
+                h.samples += m
+            h.loss.append(total / n)
+            if classify:
+                h.accuracy.append(hit / rows)
+            if validation is not None:
+                vl, va = evaluate(model, loss, validation[0], validation[1], batch_size)
+                h.val_loss.append(vl)
+                if va is not None:
+                    h.val_accuracy.append(va)
+            h.epoch_time.append(time.perf_counter() - t0)
+            bar.update(epoch, h, time.perf_counter() - t_start)
+    finally:
+        bar.close()
+    return h
+
+
+# ----------------------------------------------------------------------------- metrics
+def r2_score(y_true, y_pred) -> np.ndarray:
+    """Coefficient of determination per output column: 1 - SS_res / SS_tot (float64, (d,))."""
+    t = np.asarray(y_true, np.float64).reshape(len(y_true), -1)
+    p = np.asarray(y_pred, np.float64).reshape(len(y_pred), -1)
+    if t.shape != p.shape:
+        raise ValueError(f"y_pred: expected shape {t.shape} (y_true's), got {p.shape}")
+    ss_res = ((t - p) ** 2).sum(axis=0)
+    ss_tot = ((t - t.mean(axis=0)) ** 2).sum(axis=0)
+    return 1.0 - ss_res / ss_tot
+
+
+def mean_absolute_error(y_true, y_pred) -> np.ndarray:
+    """Mean absolute error per output column (float64, (d,))."""
+    t = np.asarray(y_true, np.float64).reshape(len(y_true), -1)
+    p = np.asarray(y_pred, np.float64).reshape(len(y_pred), -1)
+    if t.shape != p.shape:
+        raise ValueError(f"y_pred: expected shape {t.shape} (y_true's), got {p.shape}")
+    return np.abs(t - p).mean(axis=0)
