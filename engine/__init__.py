@@ -8,6 +8,7 @@ from .module import Module, Parameter, Workspace
 from .layers import (GELU, MLP, Identity, LeakyReLU, Linear, ReLU, Sequential, Sigmoid, SiLU,
                      Tanh)
 # --- blocks (engine/blocks.py) ---
+from .blocks import FFN, GMLP, AddNorm, Dropout, FFNSublayer, LayerNorm
 # --- losses (engine/losses.py) ---
 from .losses import CrossEntropyLoss, MSELoss
 # --- optim (engine/optim.py) ---
