@@ -113,3 +113,11 @@ def record_gemms():
 
 def mnk(gemms) -> list:
     return [(m, n, k) for m, n, k, *_ in gemms]
+
+
+def same_gemms(seen, gemms) -> bool:
+    """Whether the recorded (M, N, K) are the floor's GEMMs, up to transposing an output
+    (C^T = B^T A^T is the same product: a block may keep a buffer transposed)."""
+    def canon(ts):
+        return sorted((min(m, n), max(m, n), k) for m, n, k in ts)
+    return canon(seen) == canon(mnk(gemms))

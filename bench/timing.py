@@ -6,6 +6,7 @@ count comes from ``BLASNET_NUM_THREADS``, which the driver sets before Python st
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import kernels
@@ -20,11 +21,28 @@ def rounds_for(seconds_per_call: float) -> int:
     return int(min(MAX_ROUNDS, max(MIN_ROUNDS, TARGET_S / max(seconds_per_call, 1e-7))))
 
 
-def run_benchmark(benchmark, fn, **info):
+def paired_ratio(fn, ref, seconds_per_pair: float) -> float:
+    """Median over alternating pairs of time(fn) / time(ref). A shared machine drifts over
+    seconds; two calls back to back see the same conditions, so this ratio is steadier than
+    one of two medians taken at different times."""
+    clock = time.perf_counter
+    ratios = []
+    for i in range(rounds_for(seconds_per_pair)):
+        if i % 2:
+            t0 = clock(); ref(); t1 = clock(); fn(); t2 = clock()  # noqa: E702
+            ratios.append((t2 - t1) / (t1 - t0))
+        else:
+            t0 = clock(); fn(); t1 = clock(); ref(); t2 = clock()  # noqa: E702
+            ratios.append((t1 - t0) / (t2 - t1))
+    return statistics.median(ratios)
+
+
+def run_benchmark(benchmark, fn, floor=None, **info):
     """Time ``fn`` with pytest-benchmark: two untimed calls (the first allocates work
     buffers; they also size the round count), then ``rounds_for`` rounds of one call each,
     medians taken by the driver. ``info`` (block, shape, kind, flops, ...) goes into the
-    JSON's ``extra_info`` with the thread count."""
+    JSON's ``extra_info`` with the thread count. With ``floor``, the median ratio of
+    alternating fn/floor pairs is stored too (``paired_ratio``)."""
     t0 = time.perf_counter()
     fn()
     fn()
@@ -33,3 +51,6 @@ def run_benchmark(benchmark, fn, **info):
     benchmark.extra_info.update(info, threads=kernels.get_num_threads(), quick=QUICK)
     benchmark.pedantic(fn, rounds=rounds, iterations=1,
                        warmup_rounds=1 if per_call > 0.02 else 3)
+    if floor is not None:
+        floor()
+        benchmark.extra_info["paired_ratio"] = paired_ratio(fn, floor, 2 * per_call)
