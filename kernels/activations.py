@@ -21,16 +21,20 @@ __all__ = [
     "bias_act_forward_unchecked", "act_backward_unchecked", "bias_grad_unchecked",
 ]
 
-# Bytes per scratch buffer and per row block of each operand. Three scratch buffers plus the
-# block's inputs and outputs (~6 x 128 KiB) stay in L2; smaller blocks pay more Python
-# overhead per element (each ufunc call costs ~1 us), larger ones spill to L3/RAM.
+# Bytes per scratch buffer and per row block of each operand. The scratch (three chain
+# buffers, a bool mask, the tiled bias) plus the block's inputs and outputs (~7 x 128 KiB)
+# stay in L2; smaller blocks pay more Python overhead per element (each ufunc call costs
+# ~0.5-1 us), larger ones spill to L3/RAM.
 _BLOCK_BYTES = 128 * 1024
 
 # Ufuncs bound once (attribute lookups add up on small arrays). Outputs are passed
 # positionally (ufunc(a, b, out)): the hot loops below make tens of calls per block.
 _add, _sub, _mul, _div = np.add, np.subtract, np.multiply, np.divide
 _abs, _exp, _tanh, _max, _min = np.absolute, np.exp, np.tanh, np.maximum, np.minimum
-_gt, _ge = np.greater, np.greater_equal
+_gt, _ge, _copyto = np.greater, np.greater_equal, np.copyto
+# Comparisons write into a bool scratch and np.copyto casts that to 0.0/1.0: a float out=
+# on a comparison (or a bool operand in arithmetic) makes numpy allocate a cast buffer, and
+# so does a broadcast ufunc, hence the bias is tiled into a block-sized scratch once per call.
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _K = math.sqrt(2.0 / math.pi)           # gelu_tanh: u = _K * (z + 0.044715 z^3)
@@ -58,8 +62,9 @@ _tls = threading.local()  # per-thread scratch: the kernels are safe to call fro
 
 
 def _scratch(dtype, rows, d):
-    """Three (rows, d) scratch arrays of ``dtype`` (views of per-thread flat buffers that
-    are allocated once and grown only for rows wider than a block)."""
+    """Scratch for (rows, d) blocks: ``(a, b, c, m, tb)``, three float arrays for the chains,
+    a bool array for masks and a float array for the tiled bias. They are views of
+    per-thread flat buffers allocated once (grown only for rows wider than a block)."""
     cache = getattr(_tls, "views", None)
     if cache is None:
         cache = _tls.views = {}
@@ -71,10 +76,13 @@ def _scratch(dtype, rows, d):
         flat = _tls.flat.get(dtype.char)
         if flat is None or flat[0].size < n:
             size = max(n, _BLOCK_BYTES // dtype.itemsize)
-            flat = _tls.flat[dtype.char] = tuple(np.empty(size, dtype) for _ in range(3))
-            for k in [k for k in cache if k[0] == dtype.char]:  # views of the old buffers
-                del cache[k]
-        views = cache[key] = tuple(f[:n].reshape(rows, d) for f in flat)  # 3 x (rows, d)
+            flat = _tls.flat[dtype.char] = (np.empty(size, dtype), np.empty(size, dtype),
+                                            np.empty(size, dtype), np.empty(size, np.bool_),
+                                            np.empty(size, dtype))
+            cache.clear()  # drop views of the old buffers
+        if len(cache) > 64:  # many distinct small shapes: keep the dict bounded
+            cache.clear()
+        views = cache[key] = tuple(f[:n].reshape(rows, d) for f in flat)  # 5 x (rows, d)
     return views
 
 
@@ -95,7 +103,11 @@ def _t_poly(c, t):
 # Each takes (h, z, scratch, slope) for one row block, reads z only before its last call,
 # and writes h only in its last call, so h may be z itself.
 def _fwd_identity(h, z, sc, slope):
-    np.copyto(h, z)
+    _copyto(h, z)
+
+
+def _fwd_noop(h, z, sc, slope):
+    pass
 
 
 def _fwd_relu(h, z, sc, slope):
@@ -113,7 +125,7 @@ def _fwd_leaky(h, z, sc, slope):
 def _fwd_gelu32(h, z, sc, slope):
     # h = z*Phi(z) = relu(z) - |z| * Phi(-|z|): no select, and the left tail keeps its
     # relative accuracy (no 1 + erf cancellation). 26 passes.
-    a, b, c = sc
+    a, b, c = sc[0], sc[1], sc[2]
     _abs(z, a)                       # s = |z|
     _add(a, _TA, b)
     _div(_TA, b, b)                  # t = 1 / (1 + 0.29 s)
@@ -186,14 +198,16 @@ def _bwd_identity(dz, dh, z, h, sc, slope):
 
 
 def _bwd_relu(dz, dh, z, h, sc, slope):
-    a = sc[0]
-    _gt(z, 0.0, a)                   # 1.0 where z > 0 (0 for NaN, as the reference)
+    a, m = sc[0], sc[3]
+    _gt(z, 0.0, m)                   # z > 0 (False for NaN, as the reference)
+    _copyto(a, m)                    # 1.0 / 0.0
     _mul(dh, a, dz)
 
 
 def _bwd_leaky(dz, dh, z, h, sc, slope):
-    a = sc[0]
-    _gt(z, 0.0, a)                   # m = 1.0 where z > 0
+    a, m = sc[0], sc[3]
+    _gt(z, 0.0, m)
+    _copyto(a, m)                    # 1.0 where z > 0, else 0.0
     if 0.0 <= slope <= 1.0:
         _max(a, slope, out=a)            # max(m, slope): exactly 1 or slope
     else:
@@ -208,7 +222,7 @@ def _bwd_gelu32(dz, dh, z, h, sc, slope):
     # act' = Phi(z) + z phi(z). With w = Phi(-|z|) - |z| phi(z) = e(s) (T(t) - s/sqrt(2 pi)),
     # act' = w for z < 0 and 1 - w for z >= 0, taken as w + m (1 - 2w) with m = (z >= 0) so
     # the negative side is exact (no 0.5 + ... cancellation). 31 passes.
-    a, b, c = sc
+    a, b, c = sc[0], sc[1], sc[2]
     _abs(z, a)                       # s = |z|
     _add(a, _TA, b)
     _div(_TA, b, b)                  # t
@@ -219,7 +233,8 @@ def _bwd_gelu32(dz, dh, z, h, sc, slope):
     _mul(b, -0.5, b)
     _exp(b, b)
     _mul(c, b, c)                    # w
-    _ge(z, 0.0, a)                   # m
+    _ge(z, 0.0, sc[3])
+    _copyto(a, sc[3])                # m
     _mul(c, -2.0, b)
     _add(b, 1.0, b)
     _mul(b, a, b)
@@ -242,7 +257,7 @@ def _bwd_gelu64(dz, dh, z, h, sc, slope):
 def _bwd_gelu_tanh(dz, dh, z, h, sc, slope):
     # act' = 0.5 (1 + T) + 0.5 z (1 - T^2) u' = (1 + T) (0.5 + (z u'/2) (1 - T)),
     # T = tanh(u), u' = K (1 + 3*0.044715 z^2). 14 passes.
-    a, b, c = sc
+    a, b, c = sc[0], sc[1], sc[2]
     _mul(z, z, a)
     _mul(a, _KC, b)
     _add(b, _K, b)
@@ -321,23 +336,30 @@ def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01)
         return h
     fn = _FWD[z.dtype][act]
     if fn is _fwd_identity and _same(h, z):
-        if bias is not None:
-            _add(z, bias, z)
-        return h
+        if bias is None:
+            return h
+        fn = _fwd_noop               # only z += bias
     rows = _block_rows(d, z.itemsize)
     if n <= rows:  # one block: no loop machinery (small arrays are bound by call overhead)
+        sc = _scratch(z.dtype, n, d)
         if bias is not None:
-            _add(z, bias, z)
-        fn(h, z, _scratch(z.dtype, n, d), negative_slope)
+            tb = sc[4]
+            _copyto(tb, bias)        # (n, d) tiled bias: a plain add, not a broadcast one
+            _add(z, tb, z)
+        fn(h, z, sc, negative_slope)
         return h
     sc = _scratch(z.dtype, rows, d)
+    tb = sc[4]
+    if bias is not None:
+        _copyto(tb, bias)            # (rows, d) tiled once, reused by every block
     for i in range(0, n, rows):
         j = i + rows
         if j > n:  # remainder block: row slices of the scratch are contiguous
             sc = tuple(s[:n - i] for s in sc)
+            tb = sc[4]
         zb = z[i:j]
         if bias is not None:
-            _add(zb, bias, zb)
+            _add(zb, tb, zb)
         fn(h[i:j], zb, sc, negative_slope)
     return h
 
