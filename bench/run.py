@@ -238,8 +238,9 @@ def _fmt(v, spec):
     return format(v, spec)
 
 
-def table(headers, rows, left=1) -> str:
-    """Fixed-width table; the first ``left`` columns are left-aligned, the rest right."""
+def table(headers, rows, left=1, groups=()) -> str:
+    """Fixed-width table; the first ``left`` columns are left-aligned, the rest right.
+    ``groups``: (label, first column, last column) spans drawn above the header."""
     cells = [list(map(str, headers))] + [list(map(str, r)) for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
@@ -247,7 +248,15 @@ def table(headers, rows, left=1) -> str:
         return "  ".join(c.ljust(w) if i < left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(r, widths))).rstrip()
     sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
+    out = []
+    if groups:
+        starts = [sum(widths[:i]) + 2 * i for i in range(len(widths))]
+        top = ""
+        for label, a, b in groups:
+            span = starts[b] + widths[b] - starts[a]
+            top = top.ljust(starts[a]) + f" {label} ".center(span, "-")
+        out.append(top)
+    return "\n".join(out + [line(cells[0]), sep] + [line(r) for r in cells[1:]])
 
 
 def _shape_legend() -> str:
@@ -264,15 +273,14 @@ def _shape_legend() -> str:
 def format_report(rows, krows, scaling, memory, checks) -> str:
     out = []
     if rows:
-        out.append("BLOCKS (float32, medians). floor = the block's GEMMs alone (fwd 1x, bwd 2x) "
-                   "on the same shapes, in the same run;\nratio = time / floor, the median over "
-                   "alternating pairs of calls; x naive = naive whole-array\nstep time / time; "
-                   "GF/s = GEMM FLOPs / time. f+b = forward + backward; step = forward, loss, "
-                   "backward, AdamW, zero_grad.")
-        out.append("Shapes: " + _shape_legend() + ".")
+        out.append(
+            "BLOCKS (float32, medians). f+b = forward + backward; step = forward, loss, backward,\n"
+            "AdamW step, zero_grad. floor = the same GEMMs alone (forward 1x, backward 2x), same\n"
+            "shapes, same run. ratio = time / floor, median over alternating pairs of calls.\n"
+            "x naive = time of the naive whole-array step / time. GF/s = GEMM FLOPs / time.")
+        out.append("Shapes: " + _shape_legend().replace("; ", ";\n        ") + ".")
         hdr = ["block", "shape", "thr", "floor ms",
-               "f+b ms", "f+b ratio", "f+b x naive", "f+b GF/s",
-               "step ms", "step ratio", "step x naive", "step GF/s"]
+               "ms", "ratio", "x naive", "GF/s", "ms", "ratio", "x naive", "GF/s"]
         body = []
         for r in rows:
             body.append([r["block"], r["shape"], r["threads"], _fmt(r["floor_ms"], ".3f"),
@@ -280,7 +288,8 @@ def format_report(rows, krows, scaling, memory, checks) -> str:
                          _fmt(r["fwd_bwd_x_naive"], ".1f"), _fmt(r["fwd_bwd_gfs"], ".1f"),
                          _fmt(r["step_ms"], ".3f"), _fmt(r["step_ratio"], ".2f"),
                          _fmt(r["step_x_naive"], ".1f"), _fmt(r["step_gfs"], ".1f")])
-        out.append(table(hdr, body, left=2))
+        out.append(table(hdr, body, left=2,
+                         groups=[("forward + backward", 4, 7), ("full training step", 8, 11)]))
         bad = sorted({(r["block"], r["shape"], r["gemm_check"]) for r in rows
                       if r["gemm_check"] not in ("", "ok")})
         for block, shape, msg in bad:
@@ -288,8 +297,9 @@ def format_report(rows, krows, scaling, memory, checks) -> str:
     if scaling:
         out.append("")
         out.append("THREAD SCALING at the large shape (time at fewer threads / time at more):")
-        hdr = ["block", "threads", "step ms", "step ms", "step scaling", "f+b scaling",
-               "floor scaling"]
+        lo, hi = scaling[0]["lo"], scaling[0]["hi"]
+        hdr = ["block", "threads", f"step ms @{lo}", f"step ms @{hi}", "step scaling",
+               "f+b scaling", "floor scaling"]
         body = [[s["block"], f"{s['lo']}->{s['hi']}", _fmt(s["step_lo"], ".2f"),
                  _fmt(s["step_hi"], ".2f"), _fmt(s["step_scaling"], ".2f") + "x",
                  _fmt(s["fwd_bwd_scaling"], ".2f") + "x", _fmt(s["floor_scaling"], ".2f") + "x"]
@@ -297,8 +307,9 @@ def format_report(rows, krows, scaling, memory, checks) -> str:
         out.append(table(hdr, body, left=2))
     if krows:
         out.append("")
-        out.append("KERNELS (medians; baseline = np.matmul for gemm, kernels.reference "
-                   "otherwise; speed-up = baseline / fast):")
+        out.append("KERNELS (medians). baseline = np.matmul for gemm, kernels.reference "
+                   "otherwise;\nspeed-up = baseline / fast; checked = kernels.gemm with its "
+                   "argument checks.")
         hdr = ["kernel", "size", "thr", "fast ms", "checked ms", "baseline ms", "speed-up"]
         body = [[k["kernel"], k["size"], k["threads"], _fmt(k["fast_ms"], ".3f"),
                  _fmt(k["checked_ms"], ".3f"), _fmt(k["ref_ms"], ".3f"),
@@ -307,9 +318,10 @@ def format_report(rows, krows, scaling, memory, checks) -> str:
     if memory:
         out.append("")
         out.append("MEMORY of a training step (tracemalloc, MiB). state = params + grads + "
-                   "AdamW moments; buffers = cached activations\nand work buffers kept "
-                   "after the step; sum = state + buffers; step alloc = rise of a steady "
-                   "step above its start.")
+                   "AdamW moments;\nbuffers = cached activations and work buffers kept after "
+                   "the step; sum = state + buffers;\npeak = highest traced memory from "
+                   "construction through four steps; step alloc = rise of a\nsteady step "
+                   "above its start (Python objects included).")
         hdr = ["block", "shape", "params", "state", "buffers", "sum", "peak", "peak/sum",
                "step alloc KiB"]
         mib = 1 << 20
