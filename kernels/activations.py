@@ -354,8 +354,8 @@ def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01)
         _copyto(tb, bias)            # (rows, d) tiled once, reused by every block
     for i in range(0, n, rows):
         j = i + rows
-        if j > n:  # remainder block: row slices of the scratch are contiguous
-            sc = tuple(s[:n - i] for s in sc)
+        if j > n:  # remainder block: (cached) views of the same scratch, fewer rows
+            sc = _scratch(z.dtype, n - i, d)
             tb = sc[4]
         zb = z[i:j]
         if bias is not None:
@@ -383,7 +383,7 @@ def act_backward_unchecked(dz, dh, z, act="relu", negative_slope=0.01, h=None):
     for i in range(0, n, rows):
         j = i + rows
         if j > n:
-            sc = tuple(s[:n - i] for s in sc)
+            sc = _scratch(z.dtype, n - i, d)
         fn(dz[i:j], dh[i:j], z[i:j], None if h is None else h[i:j], sc, negative_slope)
     return dz
 

@@ -22,11 +22,21 @@ _BLOCK_BYTES = 256 * 1024
 _tls = threading.local()  # per-thread bool scratch for the keep test
 
 
-def _keep_scratch(n):
-    """A bool array of at least n elements (per thread, allocated once, grown if needed)."""
-    keep = getattr(_tls, "keep", None)
-    if keep is None or keep.size < n:
-        keep = _tls.keep = np.empty(n, np.bool_)
+def _keep_scratch(shape, n):
+    """A bool array of ``shape`` (n elements), a cached view of a per-thread flat buffer that
+    is allocated once (grown only if a block needs more)."""
+    views = getattr(_tls, "views", None)
+    if views is None:
+        views = _tls.views = {}
+        _tls.flat = np.empty(0, np.bool_)
+    keep = views.get(shape)
+    if keep is None:
+        if _tls.flat.size < n:
+            _tls.flat = np.empty(max(n, _BLOCK_BYTES // 4), np.bool_)
+            views.clear()
+        if len(views) > 64:
+            views.clear()
+        keep = views[shape] = _tls.flat[:n].reshape(shape)
     return keep
 
 
@@ -45,11 +55,19 @@ def dropout_forward_unchecked(out, mask, x, p, rng):
         return out
     dt = x.dtype
     scale = 1.0 / (1.0 - p)
-    xf, mf, of = x.reshape(-1), mask.reshape(-1), out.reshape(-1)  # views (C-contiguous)
-    n = xf.size
+    n = x.size
     step = max(1, _BLOCK_BYTES // dt.itemsize)
-    keep = _keep_scratch(min(n, step))
     ge, mul, copyto, random = np.greater_equal, np.multiply, np.copyto, rng.random
+    if n <= step:  # one block: no flattening or slicing (small arrays are call-bound)
+        keep = _keep_scratch(x.shape, n)
+        random(out=mask, dtype=dt)
+        ge(mask, p, out=keep)
+        copyto(mask, keep)
+        mul(mask, scale, out=mask)
+        mul(x, mask, out=out)
+        return out
+    keep = _keep_scratch((step,), step)
+    xf, mf, of = x.reshape(-1), mask.reshape(-1), out.reshape(-1)  # views (C-contiguous)
     for i in range(0, n, step):
         mb = mf[i:i + step]
         kb = keep[:mb.size]
