@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas as _blas
 
-from .gemm import check_array, gemv_colsum
+from .gemm import check_array
 
 __all__ = ["layernorm_forward", "layernorm_backward",
            "layernorm_forward_unchecked", "layernorm_backward_unchecked"]
@@ -20,13 +20,15 @@ _GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
 _BLOCK_BYTES = 256 * 1024
 _SCRATCH: dict = {}  # (dtype, d) -> (rows, A, B, r1, r2, ones_d, ones_r)
 
-# Where the time goes (measured, 64 x 512 float32 block, one thread): numpy's broadcast
-# ops against a per-row vector (x - mean[:, None], x * rstd[:, None]) cost ~3x a plain
-# elementwise pass, np.add.reduce(axis=1) ~4x a gemv. So row sums are gemvs, per-row
-# shifts are rank-1 gemm updates (K=1, beta=1), and the per-row-and-column scale
-# rstd_i * gamma_j is one K=1 gemm into scratch followed by a plain multiply. sger would do
-# the rank-1 updates too, but OpenBLAS threads it from ~9K elements and on a loaded
-# machine it took ~1 ms per call; gemm stays single-threaded below 262144 = M*N*K.
+# Where the time goes (measured, 64 x 512 float32 block, one thread): any broadcasting
+# ufunc (x - mean[:, None], x * gamma) runs through numpy's buffered iterator, allocating a
+# 32 KiB buffer per call and costing ~3x a plain elementwise pass; np.add.reduce(axis=1)
+# costs ~4x a gemv and einsum allocates ~1.4 KiB per call. So row sums are gemvs, per-row
+# shifts are rank-1 gemm updates (K=1, beta=1), and per-row or per-row-and-column scales
+# (rstd_i * gamma_j) are one K=1 gemm into scratch followed by a plain multiply: no call
+# here broadcasts. sger would do the rank-1 updates too, but OpenBLAS threads it from ~9K
+# elements and on a loaded machine it took ~1 ms per call; gemm stays single-threaded
+# below M*N*K = 262144.
 
 
 def _scratch(dtype, d):
@@ -34,16 +36,23 @@ def _scratch(dtype, d):
     s = _SCRATCH.get(key)
     if s is None:
         rows = max(1, _BLOCK_BYTES // (d * dtype.itemsize))
+        # Scratch is kept transposed, (d, rows) in Fortran order: the layout BLAS wants.
         s = _SCRATCH[key] = (
             rows,
-            np.empty((rows, d), dtype),  # A: (rows, d) x - mean (backward), scale (forward)
-            np.empty((rows, d), dtype),  # B: (rows, d) dout * (x - mean), then scale
-            np.empty(rows, dtype),       # r1: (rows,) per-row sums
-            np.empty(rows, dtype),       # r2: (rows,) per-row sums
-            np.ones((d, 1), dtype),      # ones_d: (d, 1) for row sums and row shifts
-            np.ones((1, rows), dtype),   # ones_r: (1, rows) to broadcast beta over rows
+            np.empty((d, rows), dtype, order="F"),  # A: squares, then scale (fwd); x - mean (bwd)
+            np.empty((d, rows), dtype, order="F"),  # B: dout * (x - mean), then scales (bwd)
+            np.empty(rows, dtype),                  # r1: (rows,) per-row sums
+            np.empty(rows, dtype),                  # r2: (rows,) per-row sums
+            np.ones((d, 1), dtype),                 # ones_d: (d, 1) row sums and row shifts
+            np.ones((1, rows), dtype),              # ones_r: (1, rows) column sums, beta
         )
     return s
+
+
+# Both passes walk transposed views: a C-contiguous (n, d) array is a Fortran (d, n) one
+# whose column block [:, i:j] is the row block i:j, Fortran-contiguous, ready for BLAS and
+# for numpy's elementwise loops (same layout everywhere). Scratch is sliced only for the
+# last, partial block: each view is ~100 bytes of Python object, and few stay alive.
 
 
 def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
@@ -52,29 +61,30 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
     n, d = x.shape
     if n == 0:
         return out
-    rows, S_all, _, _, r2, ones_d, ones_r = _scratch(x.dtype, d)
+    rows, S, _, _, var, ones_d, ones_r = _scratch(x.dtype, d)
     gemv, gemm = _GEMV[x.dtype], _GEMM[x.dtype]
     inv_d = 1.0 / d
-    ones_v = ones_d[:, 0]
-    gcol, bcol = gamma[:, None], beta[:, None]  # (d, 1) views
-    # All BLAS calls below act on transposed (Fortran) views of C-contiguous row blocks.
+    xT, oT = x.T, out.T                         # (d, n) Fortran views
+    mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views
+    gcol, bcol, ones_v = gamma[:, None], beta[:, None], ones_d[:, 0]
     for i in range(0, n, rows):
         j = min(i + rows, n)
-        r = j - i
-        xb, ob, mb, sb = x[i:j], out[i:j], mean[i:j], rstd[i:j]
-        S, var = S_all[:r], r2[:r]
-        gemv(inv_d, xb.T, ones_v, 0.0, mb, 0, 1, 0, 1, 1, 1)   # mean = x @ ones / d
+        if j - i < rows:
+            r = j - i
+            S, var, ones_r = S[:, :r], var[:r], ones_r[:, :r]
+        xb, ob, mb = xT[:, i:j], oT[:, i:j], mean[i:j]
+        gemv(inv_d, xb, ones_v, 0.0, mb, 0, 1, 0, 1, 1, 1)       # mean = x @ ones / d
         np.copyto(ob, xb)
-        gemm(-1.0, ones_d, mb[None, :], 1.0, ob.T, 0, 0, 1)   # out = x - mean
+        gemm(-1.0, ones_d, mrow[:, i:j], 1.0, ob, 0, 0, 1)      # out = x - mean
         # Two-pass variance from the centred rows: var = sum(t * t) / d.
-        np.einsum("ij,ij->i", ob, ob, out=var)
-        var *= inv_d
+        np.multiply(ob, ob, out=S)
+        gemv(inv_d, S, ones_v, 0.0, var, 0, 1, 0, 1, 1, 1)
         var += eps
         np.sqrt(var, out=var)
-        np.divide(1.0, var, out=sb)
-        gemm(1.0, gcol, sb[None, :], 0.0, S.T, 0, 0, 1)       # S[i, j] = rstd[i] * gamma[j]
+        np.divide(1.0, var, out=rstd[i:j])
+        gemm(1.0, gcol, srow[:, i:j], 0.0, S, 0, 0, 1)          # S[j, i] = gamma[j] * rstd[i]
         np.multiply(ob, S, out=ob)
-        gemm(1.0, bcol, ones_r[:, :r], 1.0, ob.T, 0, 0, 1)    # out += beta
+        gemm(1.0, bcol, ones_r, 1.0, ob, 0, 0, 1)               # out += beta
     return out
 
 
@@ -84,10 +94,13 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     n, d = x.shape
     if n == 0:
         return dx
-    rows, A, B, r1, r2, ones_d, _ = _scratch(x.dtype, d)
+    rows, t, P, c1, c2, ones_d, ones_r = _scratch(x.dtype, d)
     gemv, gemm = _GEMV[x.dtype], _GEMM[x.dtype]
     inv_d = 1.0 / d
-    gcol = gamma[:, None]  # (d, 1) view
+    xT, gT, dT = x.T, dout.T, dx.T              # (d, n) Fortran views
+    mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views
+    c1row, c2row = c1[None, :], c2[None, :]     # (1, rows) views
+    gcol, ones_v = gamma[:, None], ones_r[0]
     # With t = x - mean, xhat = rstd * t and g = dout * gamma:
     #   dgamma += sum_i rstd_i * (dout * t)_i      dbeta += sum_i dout_i
     #   c1 = mean_j(g) = (dout @ gamma) / d        c2' = ((dout * t) @ gamma) / d
@@ -95,26 +108,29 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     # with S[i, j] = rstd_i * gamma_j.
     for i in range(0, n, rows):
         j = min(i + rows, n)
-        r = j - i
-        xb, gb, db, mb, sb = x[i:j], dout[i:j], dx[i:j], mean[i:j], rstd[i:j]
-        t, P, c1, c2 = A[:r], B[:r], r1[:r], r2[:r]
-        np.copyto(t, xb)
-        gemm(-1.0, ones_d, mb[None, :], 1.0, t.T, 0, 0, 1)    # t = x - mean
+        if j - i < rows:
+            r = j - i
+            t, P, c1, c2, ones_v = t[:, :r], P[:, :r], c1[:r], c2[:r], ones_v[:r]
+            c1row, c2row = c1row[:, :r], c2row[:, :r]
+        gb, db, sb = gT[:, i:j], dT[:, i:j], rstd[i:j]
+        np.copyto(t, xT[:, i:j])
+        gemm(-1.0, ones_d, mrow[:, i:j], 1.0, t, 0, 0, 1)      # t = x - mean
         np.multiply(gb, t, out=P)                              # P = dout * t
         # Parameter gradients and row sums read dout before dx (maybe dout) is written.
-        gemv(1.0, P.T, sb, 1.0, dgamma, 0, 1, 0, 1, 0, 1)      # dgamma += P.T @ rstd
-        gemv_colsum(dbeta, gb)
-        gemv(inv_d, gb.T, gamma, 0.0, c1, 0, 1, 0, 1, 1, 1)    # c1 = dout @ gamma / d
-        gemv(inv_d, P.T, gamma, 0.0, c2, 0, 1, 0, 1, 1, 1)     # c2' = P @ gamma / d
+        gemv(1.0, P, sb, 1.0, dgamma, 0, 1, 0, 1, 0, 1)        # dgamma += P.T @ rstd
+        gemv(1.0, gb, ones_v, 1.0, dbeta, 0, 1, 0, 1, 0, 1)    # dbeta += column sums
+        gemv(inv_d, gb, gamma, 0.0, c1, 0, 1, 0, 1, 1, 1)      # c1 = dout @ gamma / d
+        gemv(inv_d, P, gamma, 0.0, c2, 0, 1, 0, 1, 1, 1)       # c2' = P @ gamma / d
         c1 *= sb
         c2 *= sb
         c2 *= sb
         c2 *= sb
-        gemm(1.0, gcol, sb[None, :], 0.0, P.T, 0, 0, 1)        # P = S
+        gemm(1.0, gcol, srow[:, i:j], 0.0, P, 0, 0, 1)         # P = S
         np.multiply(gb, P, out=db)
-        np.multiply(t, c2[:, None], out=t)
+        gemm(1.0, ones_d, c2row, 0.0, P, 0, 0, 1)              # P[:, i] = rstd^3 c2'
+        np.multiply(t, P, out=t)
         np.subtract(db, t, out=db)
-        gemm(-1.0, ones_d, c1[None, :], 1.0, db.T, 0, 0, 1)    # dx -= rstd * c1
+        gemm(-1.0, ones_d, c1row, 1.0, db, 0, 0, 1)            # dx -= rstd * c1
     return dx
 
 

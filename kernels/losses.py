@@ -22,14 +22,6 @@ _GEMV = {_F32: _blas.sgemv, _F64: _blas.dgemv}
 _GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
 _BLOCK_BYTES = 256 * 1024  # per block of rows (softmax) or of flat elements (MSE)
 _SCRATCH: dict = {}  # keyed by (kind, dtype, size); not shared across Python threads
-_ARANGE: dict = {}   # n -> np.arange(n) for label gathers
-
-
-def _arange(n):
-    a = _ARANGE.get(n)
-    if a is None:
-        a = _ARANGE[n] = np.arange(n)
-    return a
 
 
 def _rows_scratch(dtype, c):
@@ -39,10 +31,14 @@ def _rows_scratch(dtype, c):
         rows = max(1, _BLOCK_BYTES // (c * dtype.itemsize))
         s = _SCRATCH[key] = (
             rows,
-            np.empty(rows, dtype),     # mx: (rows,) row max, then log-sum-exp
-            np.empty(rows, dtype),     # ssum: (rows,) row sums of exp
-            np.empty(rows, dtype),     # dot: (rows,) sum(y * shifted) or target sums
-            np.ones((c, 1), dtype),    # ones_c: (C, 1) for row sums and row shifts
+            np.empty((c, rows), dtype, order="F"),  # W: (C, rows) y * shifted, 1/sum rows
+            np.empty(rows, dtype),                  # mx: (rows,) row max, then 1 / row sum
+            np.empty(rows, dtype),                  # ssum: (rows,) row sums of exp, then lse
+            np.empty(rows, dtype),                  # z: (rows,) target logit or sum(y * s)
+            np.empty(rows, np.intp),                # idx: (rows,) flat indices of the labels
+            np.arange(rows, dtype=np.intp) * c,     # offs: (rows,) flat offset of each row
+            np.ones((c, 1), dtype),                 # ones_c: (C, 1) row sums, row shifts
+            np.ones(rows, dtype),                   # ones_r: (rows,) sums of (rows,) vectors
         )
     return s
 
@@ -56,73 +52,103 @@ def _flat_scratch(dtype):
 
 
 # ----------------------------------------------------------------------------- softmax + CE
+# No call below broadcasts (numpy's broadcasting ufuncs allocate a 32 KiB iterator buffer
+# per call and run ~3x slower than plain passes): per-row shifts and scales are K=1 gemms,
+# row sums gemvs, label gathers np.take/np.put on flat indices. Blocks are walked as
+# Fortran (C, rows) views of the C-contiguous (rows, C) blocks.
+
+
+def _label_indices(idx, offs, labels, start):
+    """idx = flat indices of (row, label) for rows start.. of a C-contiguous (N, C) array."""
+    np.add(offs, labels, out=idx, casting="unsafe")  # uint64 labels go through float64
+    idx += start
+
+
 def softmax_cross_entropy_forward_unchecked(probs, logits, target):
-    """``softmax_cross_entropy_forward`` without checks (hot path). Labels must already be
-    in range: a negative label would silently index from the end. ``probs`` may be
-    ``logits``."""
+    """``softmax_cross_entropy_forward`` without checks (hot path). Labels must already be in
+    range (out-of-range labels are clipped, not reported). ``probs`` may be ``logits``."""
     n, c = logits.shape
     if n == 0:
         return math.nan
     dt = logits.dtype
-    rows, mx_all, ssum_all, dot_all, ones_c = _rows_scratch(dt, c)
+    rows, W, mx, ssum, z, idx, offs, ones_c, ones_r = _rows_scratch(dt, c)
     gemv, gemm = _GEMV[dt], _GEMM[dt]
-    ones_v = ones_c[:, 0]
+    ones_cv, mxrow = ones_c[:, 0], mx[None, :]
+    lT, pT = logits.T, probs.T  # (C, N) Fortran views
     labels = target.ndim == 1
-    total = 0.0
     if labels:
-        # Gather the target logits first: probs may be logits and is overwritten below.
-        picked = logits[_arange(n), target]  # (N,)
+        lflat = logits.reshape(-1)
+    else:
+        yT = target.T
+    total = 0.0
     # exp underflows to 0 for logits far below the row max: that is the right answer, so
-    # do not let a caller's np.seterr(under="raise") turn it into an error.
+    # a caller's np.seterr(under="raise") must not turn it into an error.
     with np.errstate(under="ignore"):
         for i in range(0, n, rows):
             j = min(i + rows, n)
-            r = j - i
-            lb, pb = logits[i:j], probs[i:j]
-            mx, ssum = mx_all[:r], ssum_all[:r]
-            np.maximum.reduce(lb, axis=1, out=mx)
+            if j - i < rows:
+                r = j - i
+                W, mx, ssum, z, idx, offs, ones_r = (W[:, :r], mx[:r], ssum[:r], z[:r],
+                                                     idx[:r], offs[:r], ones_r[:r])
+                mxrow = mxrow[:, :r]
+            lb, pb = lT[:, i:j], pT[:, i:j]
+            np.maximum.reduce(lb, axis=0, out=mx)
+            if labels:
+                # Gather the target logits before probs (maybe logits) is overwritten:
+                # -log softmax[t] = log(sum exp(l - max)) + max - l[t].
+                _label_indices(idx, offs, target[i:j], i * c)
+                np.take(lflat, idx, out=z, mode="clip")
+                np.subtract(z, mx, out=z)
+                total -= float(np.dot(z, ones_r))
             np.copyto(pb, lb)
-            gemm(-1.0, ones_c, mx[None, :], 1.0, pb.T, 0, 0, 1)  # shifted = logits - max
-            if labels:
-                # -log softmax[t] = lse - shifted[t] = log(ssum) + max - logits[t]
-                total -= float(np.add.reduce(picked[i:j] - mx))
-            else:
-                yb, dot = target[i:j], dot_all[:r]
-                np.einsum("ij,ij->i", yb, pb, out=dot)            # sum_j y * shifted
-                total -= float(np.add.reduce(dot))
-            np.exp(pb, out=pb)
-            gemv(1.0, pb.T, ones_v, 0.0, ssum, 0, 1, 0, 1, 1, 1)  # ssum = rowsum(exp)
-            np.divide(1.0, ssum, out=mx)
-            np.multiply(pb, mx[:, None], out=pb)                  # probs = exp / ssum
-            np.log(ssum, out=ssum)                                # lse of shifted logits
-            if labels:
-                total += float(np.add.reduce(ssum))
-            else:
+            gemm(-1.0, ones_c, mxrow, 1.0, pb, 0, 0, 1)        # shifted = logits - max
+            if not labels:
                 # -sum_j y (shifted - lse) = lse * sum_j y - sum_j y shifted
-                gemv(1.0, yb.T, ones_v, 0.0, dot, 0, 1, 0, 1, 1, 1)  # sum_j y
-                total += float(np.dot(ssum, dot))
+                yb = yT[:, i:j]
+                np.multiply(yb, pb, out=W)
+                gemv(1.0, W, ones_cv, 0.0, z, 0, 1, 0, 1, 1, 1)  # z = sum_j y * shifted
+                total -= float(np.dot(z, ones_r))
+            np.exp(pb, out=pb)
+            gemv(1.0, pb, ones_cv, 0.0, ssum, 0, 1, 0, 1, 1, 1)  # ssum = row sums of exp
+            np.divide(1.0, ssum, out=mx)
+            gemm(1.0, ones_c, mxrow, 0.0, W, 0, 0, 1)          # W[:, i] = 1 / ssum[i]
+            np.multiply(pb, W, out=pb)                          # probs = exp / ssum
+            np.log(ssum, out=ssum)                              # log-sum-exp of shifted
+            if labels:
+                total += float(np.dot(ssum, ones_r))
+            else:
+                gemv(1.0, yb, ones_cv, 0.0, z, 0, 1, 0, 1, 1, 1)  # z = sum_j y
+                total += float(np.dot(ssum, z))
     return total / n
 
 
 def softmax_cross_entropy_backward_unchecked(dlogits, probs, target):
     """``softmax_cross_entropy_backward`` without checks (hot path). ``dlogits`` may be
-    ``probs``."""
+    ``probs``; labels must be in range (they are clipped, not reported)."""
     n, c = probs.shape
     if n == 0:
         return dlogits
+    rows, _, _, _, z, idx, offs, _, _ = _rows_scratch(probs.dtype, c)
+    labels = target.ndim == 1
+    if labels:
+        pflat, dflat = probs.reshape(-1), dlogits.reshape(-1)
     with np.errstate(under="ignore"):  # tiny probabilities / N may underflow to 0
-        if target.ndim == 1:
-            ar = _arange(n)
-            picked = probs[ar, target]  # (N,) read before dlogits (maybe probs) is written
-            picked -= 1.0
-            picked /= n
-            np.divide(probs, n, out=dlogits)  # one pass, nothing to fuse it with
-            dlogits[ar, target] = picked
-        else:
-            rows = max(1, _BLOCK_BYTES // (c * probs.dtype.itemsize))
-            for i in range(0, n, rows):
-                j = min(i + rows, n)
-                db = dlogits[i:j]
+        for i in range(0, n, rows):
+            j = min(i + rows, n)
+            if j - i < rows:
+                r = j - i
+                z, idx, offs = z[:r], idx[:r], offs[:r]
+            db = dlogits[i:j]
+            if labels:
+                # (p - 1) / N at the labels, p / N elsewhere; read p before dlogits (maybe
+                # probs) is written.
+                _label_indices(idx, offs, target[i:j], i * c)
+                np.take(pflat, idx, out=z, mode="clip")
+                z -= 1.0
+                z /= n
+                np.divide(probs[i:j], n, out=db)
+                np.put(dflat, idx, z, mode="clip")
+            else:
                 np.subtract(probs[i:j], target[i:j], out=db)
                 np.divide(db, n, out=db)
     return dlogits

@@ -23,6 +23,7 @@ def _shapes(dtype):
     # remainder (including a row wider than a whole block).
     big_d = ln._BLOCK_BYTES // np.dtype(dtype).itemsize + 5
     return [(1, 1), (3, 5), (17, 64), (2 * _rows_per_block(48, dtype) + 3, 48),
+            (2 * _rows_per_block(48, dtype) - 1, 48),
             (2 * _rows_per_block(520, dtype) + 7, 520), (3, big_d)]
 
 
@@ -183,10 +184,11 @@ def test_empty_batch():
 
 
 def test_no_whole_array_temporaries():
-    # Check that after a warm-up call neither pass allocates anything near the size of x
-    # (numpy reports its buffers to tracemalloc; the reference allocates several x-sized).
+    # Check that after a warm-up call neither pass allocates a batch-sized or block-sized
+    # temporary (numpy reports its buffers, including the 32 KiB buffer of a broadcasting
+    # ufunc, to tracemalloc; what remains is a few KiB of short-lived view objects).
     rng = np.random.default_rng(8)
-    n, d = 2048, 256
+    n, d = 4096, 256  # an (N,) float32 temporary is 16 KiB, a row block 256 KiB
     x, gamma, beta, dout = _problem(rng, n, d, np.float32)
     out, mean, rstd = np.empty_like(x), np.empty(n, np.float32), np.empty(n, np.float32)
     dx, dg, db = np.empty_like(x), np.zeros(d, np.float32), np.zeros(d, np.float32)
@@ -194,12 +196,13 @@ def test_no_whole_array_temporaries():
     layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
     tracemalloc.start()
     try:
+        base = tracemalloc.get_traced_memory()[0]
         layernorm_forward(out, mean, rstd, x, gamma, beta)
         layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
-        peak = tracemalloc.get_traced_memory()[1]
+        peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
-    assert peak < x.nbytes // 8, f"peak {peak} bytes for x of {x.nbytes} bytes"
+    assert peak < 12 * 1024, f"peak {peak} bytes"
 
 
 def _args(dtype=np.float64, n=4, d=3):

@@ -128,8 +128,8 @@ def test_flat_view_never_copies(make):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_adamw_and_sgd_make_no_parameter_sized_temporaries(dtype):
-    # Check that, after a warm-up call, an update allocates far less than one parameter
-    # (numpy reports its buffers to tracemalloc; the reference makes several full copies).
+    # Check that, after a warm-up call, an update allocates no parameter- or block-sized
+    # temporary (numpy reports its buffers to tracemalloc; the reference makes full copies).
     rng = np.random.default_rng(33)
     p, m, v = _state(rng, (1 << 19,), dtype)
     g = rng.standard_normal(p.shape).astype(dtype)
@@ -141,11 +141,13 @@ def test_adamw_and_sgd_make_no_parameter_sized_temporaries(dtype):
         call(1)
         tracemalloc.start()
         try:
+            base = tracemalloc.get_traced_memory()[0]
             call(2)
-            peak = tracemalloc.get_traced_memory()[1]
+            peak = tracemalloc.get_traced_memory()[1] - base
         finally:
             tracemalloc.stop()
-        assert peak < p.nbytes // 16, f"peak {peak} bytes for a {p.nbytes}-byte parameter"
+        # A block-sized temporary would be 256 KiB; what remains is view objects.
+        assert peak < 12 * 1024, f"peak {peak} bytes for a {p.nbytes}-byte parameter"
 
 
 # ----------------------------------------------------------------------------- SGD
