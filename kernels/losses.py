@@ -196,6 +196,8 @@ def softmax_cross_entropy_backward(dlogits, probs, target):
     """dlogits = (probs - y) / N, with y the one-hot labels or the probability targets and
     ``probs`` the softmax written by the forward. ``dlogits`` may be ``probs``."""
     check_array("probs", probs, ndim=2)
+    if probs.shape[1] == 0:
+        raise ValueError(f"probs: expected at least one class, got shape {probs.shape}")
     check_array("dlogits", dlogits, ndim=2, dtype=probs.dtype, shape=probs.shape)
     _check_target(target, probs)
     return softmax_cross_entropy_backward_unchecked(dlogits, probs, target)

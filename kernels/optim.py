@@ -2,8 +2,8 @@
 
 Parameters and their state are walked as flat views (C- or Fortran-contiguous, never
 copied) in blocks of ~256 KiB through one small reused scratch buffer, so no temporary the
-size of a parameter is ever made. AdamW over 2.1M float32 parameters is DRAM-bound: ~7
-array streams per step; the reference's whole-array expressions add ~10 more."""
+size of a parameter is ever made (the reference's whole-array AdamW makes 12). Blocks
+stay in L2 across the 13 elementwise passes of an AdamW step, so DRAM sees each array once."""
 from __future__ import annotations
 
 import math

@@ -226,6 +226,7 @@ def test_ce_rejects_out_of_range_labels(label):
     ("target", [0, 1, 2], TypeError),
     ("logits", np.zeros((3, 3), np.float16), TypeError),
     ("logits", np.zeros((3, 6))[:, ::2], ValueError),
+    ("logits", np.zeros((3, 0)), ValueError),
     ("probs", np.empty((3, 3), np.float32), TypeError),
     ("probs", np.empty((3, 2)), ValueError),
 ])
@@ -241,6 +242,7 @@ def test_ce_forward_rejects_bad_input_naming_it(name, bad, exc):
     ("dlogits", np.empty((3, 3), np.float32), TypeError),
     ("dlogits", np.empty((2, 3)), ValueError),
     ("probs", np.full((3, 6), 1 / 3)[:, ::2], ValueError),
+    ("probs", np.empty((3, 0)), ValueError),
     ("target", np.array([0, 1]), ValueError),
 ])
 def test_ce_backward_rejects_bad_input_naming_it(name, bad, exc):
