@@ -185,9 +185,9 @@ def softmax_cross_entropy_forward(probs, logits, target):
     probabilities of the logits' dtype. Stable for any finite logits (the row max is
     subtracted before exp). N == 0 gives nan, like the mean of nothing."""
     check_array("logits", logits, ndim=2)
-    check_array("probs", probs, ndim=2, dtype=logits.dtype, shape=logits.shape)
     if logits.shape[1] == 0:
         raise ValueError(f"logits: expected at least one class, got shape {logits.shape}")
+    check_array("probs", probs, ndim=2, dtype=logits.dtype, shape=logits.shape)
     _check_target(target, logits)
     return softmax_cross_entropy_forward_unchecked(probs, logits, target)
 
