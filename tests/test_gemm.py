@@ -114,6 +114,17 @@ def test_gemv_colsum_accumulates(dtype):
     np.testing.assert_allclose(out, x.astype(np.float64).sum(0), **TOL[dtype])
 
 
+@pytest.mark.parametrize("shape", [(0, 4), (5, 0), (0, 0)])
+def test_gemv_colsum_empty(shape):
+    # Check that empty inputs give the right sums (scipy's gemv raises on them).
+    x = np.ones(shape, np.float64)
+    out = np.full(shape[1], 2.0)
+    gemv_colsum(out, x)
+    np.testing.assert_array_equal(out, np.full(shape[1], 2.0))
+    gemv_colsum(out, x, beta=0.0)
+    np.testing.assert_array_equal(out, np.zeros(shape[1]))
+
+
 # ------------------------------------------------------------------ bad input
 def _ok():
     return (np.zeros((3, 5), np.float32), np.zeros((3, 4), np.float32), np.zeros((4, 5), np.float32))
