@@ -372,30 +372,29 @@ class FFN(_Block):
 
 # ----------------------------------------------------------------------------- GMLP
 def _gate_forward(a, g, p, blk):
-    """g = sigmoid(g) in place; a = g * p. Flat 1-D arrays, run in blocks of ``blk`` elements."""
+    """(g, p) = (Zg/2, P/2) -> g = S = 1 + tanh(Zg/2) = 2 sigmoid(Zg) in place and
+    a = S * P/2 = sigmoid(Zg) * P. Flat 1-D arrays, in blocks of ``blk`` elements: 3 passes."""
     for i in range(0, g.shape[0], blk):
         j = i + blk
         gb = g[i:j]
-        # sigmoid(z) = 0.5 * tanh(z / 2) + 0.5: SIMD tanh, no overflow for large |z|.
-        np.multiply(gb, 0.5, out=gb)
-        np.tanh(gb, out=gb)
-        np.multiply(gb, 0.5, out=gb)
-        np.add(gb, 0.5, out=gb)
+        np.tanh(gb, out=gb)  # SIMD tanh; no overflow for any |z| (unlike exp)
+        np.add(gb, 1.0, out=gb)
         np.multiply(gb, p[i:j], out=a[i:j])
 
 
 def _gate_backward(g, p, da, t, blk):
-    """In place (g, p) = (G, P) -> (dZg, dP): dP = dA * G, dZg = dA * P * G * (1 - G).
-    Flat 1-D arrays in blocks of ``blk`` elements; ``t`` is a scratch of ``blk`` elements."""
+    """In place (g, p) = (S, P/2) -> (2 dZg, 2 dP) with dP = dA * G = dA * S/2 and
+    dZg = dA * P * G (1 - G) = dA * (P/2) * S (2 - S) / 2; the GEMMs that read them take
+    alpha = 0.5. Flat 1-D arrays in blocks of ``blk`` elements; ``t`` is a scratch: 5 passes."""
     for i in range(0, g.shape[0], blk):
         j = i + blk
         gb, pb, db = g[i:j], p[i:j], da[i:j]
         tb = t[:gb.shape[0]]
-        np.multiply(gb, gb, out=tb)
-        np.subtract(gb, tb, out=tb)  # G (1 - G)
-        np.multiply(tb, pb, out=tb)  # P G (1 - G); P is dead after this
-        np.multiply(db, gb, out=pb)  # dP
-        np.multiply(tb, db, out=gb)  # dZg
+        np.subtract(2.0, gb, out=tb)
+        np.multiply(tb, gb, out=tb)  # S (2 - S) = 4 G (1 - G)
+        np.multiply(tb, pb, out=tb)  # P/2 is dead after this
+        np.multiply(db, gb, out=pb)  # 2 dP
+        np.multiply(tb, db, out=gb)  # 2 dZg
 
 
 class GMLP(_Block):
@@ -407,6 +406,8 @@ class GMLP(_Block):
     and both halves are F-contiguous views (their grads are views of one combined grad too).
     The gating runs on the transposed products [Zg; P]^T = Wgp_T Z^T (2*d_ffn, N), whose halves
     are contiguous: elementwise passes over them are flat and need no NumPy iterator buffers.
+    That GEMM computes half the products (alpha=0.5): with sigmoid(z) = (1 + tanh(z/2)) / 2,
+    A = (1 + tanh(Zg/2)) * (P/2) takes 3 passes; backward's factors of 2 go to GEMM alphas.
     Init: He for ``W_in`` (GELU follows it), Xavier for ``W_gate``, ``W_proj`` and ``W_out``
     (linear maps into a sigmoid gate, a product and the output).
     """
@@ -439,7 +440,7 @@ class GMLP(_Block):
     def _make_views(self, n):
         ws, dh, f = self._ws, self.d_hidden, self.d_ffn
         # Transposed buffers are flat so that (rows, n) views stay contiguous for any n.
-        gpt = ws.get("gpt", 2 * f * n)  # (2f*n,) [Zg; P]^T -> [G; P]^T -> [dZg; dP]^T
+        gpt = ws.get("gpt", 2 * f * n)  # (2f*n,) [Zg; P]^T/2 -> [2G; P/2]^T -> 2 [dZg; dP]^T
         at = ws.get("at", f * n)        # (f*n,) A^T; dA^T in backward
         return SimpleNamespace(
             u=ws.get("u", n, dh),             # (n, d_hidden) X W_in, for GELU backward
@@ -459,7 +460,7 @@ class GMLP(_Block):
         if n:
             _gemm(v.u, x2, self.W_in.data)
             _bias_act(v.z, v.u, None, "gelu")
-            _gemm(v.gpt, self.Wgp_T, v.z, False, True)      # (2f, n) = Wgp_T Z^T
+            _gemm(v.gpt, self.Wgp_T, v.z, False, True, 0.5)  # (2f, n) = Wgp_T Z^T / 2
             _gate_forward(v.at, v.g, v.p, self._blk)
             _gemm(v.y, v.atm, self.W_out.data, True, False)  # Y = A W_out
         return _out(v.y, self._s.yshape)
@@ -472,9 +473,9 @@ class GMLP(_Block):
             at, z = v.atm, v.z
             _gemm(self.W_out.grad, at, dy2, False, False, 1.0, 1.0)  # A^T dY
             _gemm(at, self.W_out.data, dy2, False, True)              # dA^T = W_out dY^T
-            _gate_backward(v.g, v.p, v.at, v.t, self._blk)            # dGP^T over GP^T
-            _gemm(self.dWgp_T, v.gpt, z, False, False, 1.0, 1.0)     # both halves, one GEMM
-            _gemm(z, v.gpt, self.Wgp_T, True, False)                 # dZ = dGP Wgp_T over Z
+            _gate_backward(v.g, v.p, v.at, v.t, self._blk)            # 2 dGP^T over GP^T
+            _gemm(self.dWgp_T, v.gpt, z, False, False, 0.5, 1.0)     # both halves, one GEMM
+            _gemm(z, v.gpt, self.Wgp_T, True, False, 0.5)            # dZ = dGP Wgp_T over Z
             _act_bwd(z, z, v.u, "gelu")                              # dU in place
             _gemm(self.W_in.grad, self._s.x, z, True, False, 1.0, 1.0)
             _gemm(v.dx, z, self.W_in.data, False, True)
