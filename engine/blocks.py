@@ -503,7 +503,7 @@ class AddNorm(_Block):
 
     def _make_views(self, n):
         ws, d = self._ws, self.d_model
-        v = SimpleNamespace(s=ws.get("s", n, d),       # (n, d) x + dropout(sub)
+        v = SimpleNamespace(s=None,                     # (n, d) x + dropout(sub), on first use
                             y=ws.get("y", n, d),       # (n, d) output
                             mean=ws.get("mean", n),    # (n,) cached for backward
                             rstd=ws.get("rstd", n),    # (n,) cached for backward
@@ -522,6 +522,8 @@ class AddNorm(_Block):
 
     def _fwd(self, x2, sub2):
         v = self._views(x2.shape[0])
+        if v.s is None:  # not allocated when FFNSublayer hands in the sum itself
+            v.s = self._ws.get("s", *x2.shape)
         self._s.dropped = dropped = self.training and self.p > 0.0
         if dropped:
             _drop_fwd(v.s, v.mask, sub2, self.p, self._rng)
