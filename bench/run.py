@@ -112,6 +112,8 @@ def block_rows(benchmarks) -> list:
         g[b["kind"]] = b["median"]
         if "paired_ratio" in b:
             g[b["kind"] + "_paired"] = b["paired_ratio"]
+        if "paired_scaling" in b:
+            g[b["kind"] + "_scaling"] = b["paired_scaling"]
         if "block_gemms" in b:
             g["block_gemms"], g["floor_gemms"] = b["block_gemms"], b["floor_gemms"]
     order = {c: i for i, c in enumerate(cases.CASES)}
@@ -130,6 +132,8 @@ def block_rows(benchmarks) -> list:
             row[kind + "_x_naive"] = _div(naive, t)
             row[kind + "_gfs"] = _div(g["flops"] / 1e9, t)
             row["naive_" + kind + "_ms"] = _ms(naive)
+        row["step_scaling_paired"] = g.get("step_scaling")
+        row["floor_scaling_paired"] = g.get("floor_scaling")
         row["gemm_check"] = _gemm_check(g)
         rows.append(row)
     return rows
@@ -165,22 +169,29 @@ def kernel_rows(benchmarks) -> list:
 
 
 def scaling_rows(rows, shape="large") -> list:
-    """Full step and floor at the ``shape``: time at 1 thread / time at the most threads."""
+    """Thread scaling of the full step (and of its floor) at ``shape``: time at one thread /
+    time at the most threads. ``step_scaling`` is the in-process paired measurement when
+    the run has it (steady on a busy machine), else the ratio of the two runs' medians."""
     by = {(r["block"], r["shape"], r["threads"]): r for r in rows}
     threads = sorted({r["threads"] for r in rows})
-    if len(threads) < 2:
+    if not threads or threads[-1] < 2:
         return []
-    lo, hi = threads[0], threads[-1]
+    lo, hi = 1, threads[-1]
     out = []
     for block in cases.TRANSFORMER_BLOCKS:
         a, b = by.get((block, shape, lo)), by.get((block, shape, hi))
-        if a is None or b is None:
+        if b is None:
+            continue
+        medians = _div(a and a["step_ms"], b["step_ms"])
+        paired = b.get("step_scaling_paired")
+        if medians is None and paired is None:
             continue
         out.append(dict(block=block, shape=shape, lo=lo, hi=hi,
-                        step_lo=a["step_ms"], step_hi=b["step_ms"],
-                        step_scaling=_div(a["step_ms"], b["step_ms"]),
-                        floor_scaling=_div(a["floor_ms"], b["floor_ms"]),
-                        fwd_bwd_scaling=_div(a["fwd_bwd_ms"], b["fwd_bwd_ms"])))
+                        step_lo=a and a["step_ms"], step_hi=b["step_ms"],
+                        step_scaling_medians=medians, step_scaling_paired=paired,
+                        step_scaling=paired if paired is not None else medians,
+                        floor_scaling=b.get("floor_scaling_paired",
+                                            _div(a and a["floor_ms"], b["floor_ms"]))))
     return out
 
 
@@ -296,15 +307,17 @@ def format_report(rows, krows, scaling, memory, checks) -> str:
             out.append(f"note: {block} {shape}: GEMMs {msg}")
     if scaling:
         out.append("")
-        out.append("THREAD SCALING at the large shape (time at fewer threads / time at more):")
         lo, hi = scaling[0]["lo"], scaling[0]["hi"]
-        hdr = ["block", "threads", f"step ms @{lo}", f"step ms @{hi}", "step scaling",
-               "f+b scaling", "floor scaling"]
-        body = [[s["block"], f"{s['lo']}->{s['hi']}", _fmt(s["step_lo"], ".2f"),
-                 _fmt(s["step_hi"], ".2f"), _fmt(s["step_scaling"], ".2f") + "x",
-                 _fmt(s["fwd_bwd_scaling"], ".2f") + "x", _fmt(s["floor_scaling"], ".2f") + "x"]
-                for s in scaling]
-        out.append(table(hdr, body, left=2))
+        out.append(f"THREAD SCALING of the full step at the large shape, {lo} -> {hi} threads "
+                   f"(time at {lo} / time at {hi}).\npaired = alternating {lo}- and {hi}-thread "
+                   f"steps in the {hi}-thread run (the headline);\nmedians = ratio of the "
+                   f"step medians of the two runs; floor = the GEMMs alone, paired.")
+        hdr = ["block", f"step ms @{lo}", f"step ms @{hi}", "scaling paired",
+               "scaling medians", "floor scaling"]
+        body = [[s["block"], _fmt(s["step_lo"], ".2f"), _fmt(s["step_hi"], ".2f"),
+                 _fmt(s["step_scaling_paired"], ".2f"), _fmt(s["step_scaling_medians"], ".2f"),
+                 _fmt(s["floor_scaling"], ".2f")] for s in scaling]
+        out.append(table(hdr, body, left=1))
     if krows:
         out.append("")
         out.append("KERNELS (medians). baseline = np.matmul for gemm, kernels.reference "
@@ -349,17 +362,34 @@ def report(result_dir: Path, threads=(1, 2)) -> tuple:
     mem_path = result_dir / "memory.json"
     memory = json.loads(mem_path.read_text()) if mem_path.exists() else []
     checks = target_checks(rows, krows, scaling, memory)
-    data = dict(blocks=rows, kernels=krows, scaling=scaling, memory=memory,
+    m_path = result_dir / "machine.json"
+    machine = json.loads(m_path.read_text()) if m_path.exists() else None
+    text = format_report(rows, krows, scaling, memory, checks)
+    if machine:
+        text = _machine_line(machine) + "\n\n" + text
+    data = dict(machine=machine, blocks=rows, kernels=krows, scaling=scaling, memory=memory,
                 targets=[dict(target=w, measured=v, op=o, limit=lim, met=ok)
                          for w, v, o, lim, ok in checks])
-    return format_report(rows, krows, scaling, memory, checks), data
+    return text, data
+
+
+def _machine_line(m) -> str:
+    """CPU count and the 1-minute load average around the runs: on a shared machine the
+    load says how far to trust the times (the paired ratios suffer least)."""
+    loads = m.get("load_1min") or []
+    line = (f"Machine: {m.get('cpus')} CPUs; 1-min load average before/after the runs: "
+            + ", ".join(f"{x:.2f}" for x in loads))
+    if loads and max(loads) > 0.5 * (m.get("cpus") or 1):
+        line += "\n(a busy machine: other processes shared the cores, times are noisy)"
+    return line
 
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Run blasnet's benchmarks and print the table.")
     ap.add_argument("--quick", action="store_true",
-                    help="fewer rounds; no naive reference at the large shape on one thread")
+                    help="fewer rounds; the large shape only at more than one thread (its "
+                         "scaling measured in-process) and without the naive reference")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (1,2)")
     ap.add_argument("-k", dest="select", default=None, help="pytest -k selection of benchmarks")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
@@ -375,8 +405,12 @@ def main(argv=None) -> int:
     if not args.report_only:
         print(f"blasnet bench{' (quick)' if args.quick else ''}: threads {threads}, "
               f"results in {result_dir}", flush=True)
+        loads = [os.getloadavg()[0]]
         for t in threads:
             rc |= run_pytest(t, args.quick, result_dir / f"threads{t}.json", args.select)
+            loads.append(os.getloadavg()[0])
+        (result_dir / "machine.json").write_text(json.dumps(dict(
+            cpus=os.cpu_count(), load_1min=loads, quick=args.quick, threads=threads)))
         mem = result_dir / "memory.json"
         if args.no_memory:
             if mem.exists():

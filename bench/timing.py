@@ -13,8 +13,8 @@ import kernels
 
 QUICK = os.environ.get("BLASNET_BENCH_QUICK", "") not in ("", "0")
 # Seconds of timed rounds per benchmark, and the bounds on the round count.
-TARGET_S = 0.25 if QUICK else 1.0
-MIN_ROUNDS, MAX_ROUNDS = (3, 60) if QUICK else (7, 400)
+TARGET_S = 0.15 if QUICK else 1.0
+MIN_ROUNDS, MAX_ROUNDS = (3, 40) if QUICK else (7, 400)
 
 
 def rounds_for(seconds_per_call: float) -> int:
@@ -37,12 +37,23 @@ def paired_ratio(fn, ref, seconds_per_pair: float) -> float:
     return statistics.median(ratios)
 
 
-def run_benchmark(benchmark, fn, floor=None, **info):
+def on_one_thread(fn):
+    """``fn`` run with every BLAS pool limited to one thread (the limit is restored after
+    each call; switching costs ~10 us)."""
+    def run():
+        with kernels.num_threads(1):
+            fn()
+    return run
+
+
+def run_benchmark(benchmark, fn, floor=None, scaling=False, **info):
     """Time ``fn`` with pytest-benchmark: two untimed calls (the first allocates work
     buffers; they also size the round count), then ``rounds_for`` rounds of one call each,
     medians taken by the driver. ``info`` (block, shape, kind, flops, ...) goes into the
     JSON's ``extra_info`` with the thread count. With ``floor``, the median ratio of
-    alternating fn/floor pairs is stored too (``paired_ratio``)."""
+    alternating fn/floor pairs is stored too (``paired_ratio``); with ``scaling`` (and more
+    than one thread), the median ratio of alternating one-thread/this-many-threads pairs
+    (``paired_scaling``), the thread scaling measured side by side in one process."""
     t0 = time.perf_counter()
     fn()
     fn()
@@ -54,3 +65,7 @@ def run_benchmark(benchmark, fn, floor=None, **info):
     if floor is not None:
         floor()
         benchmark.extra_info["paired_ratio"] = paired_ratio(fn, floor, 2 * per_call)
+    threads = benchmark.extra_info["threads"]
+    if scaling and threads > 1:
+        benchmark.extra_info["paired_scaling"] = paired_ratio(
+            on_one_thread(fn), fn, (1 + threads) * per_call)
