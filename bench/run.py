@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ if str(ROOT) not in sys.path:  # run as a script: make the "bench" package impor
 from bench import cases, floors  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+_SUMMARY = re.compile(r"\d+ (passed|failed|error|skipped)")
 BENCH_FILES = ("bench/test_bench_blocks.py", "bench/test_bench_kernels.py")
 
 # Targets of issue 5 (medians, float32, at the highest thread count run).
@@ -54,16 +56,16 @@ def run_pytest(threads: int, quick: bool, out_json: Path, select: str | None = N
            "--rootdir", str(ROOT), f"--benchmark-json={out_json}", "--benchmark-columns=median"]
     if select:
         cmd += ["-k", select]
+    out_json.unlink(missing_ok=True)  # never report a previous run's numbers as this one's
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(threads, quick),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        s = line.rstrip()
-        if s.endswith("%]") or " passed" in s or " failed" in s or " error" in s:
-            if not s.startswith(("-", "=")) or "passed" in s or "failed" in s:
-                echo(f"  [threads={threads}] {s.strip()}")
+        s = line.strip()
+        if s.endswith("%]") or _SUMMARY.search(s):  # progress dots and the final count
+            echo(f"  [threads={threads}] {s}")
     rc = proc.wait()
     echo(f"  [threads={threads}] pytest exit {rc} after {time.perf_counter() - t0:.0f} s")
     if rc != 0:
@@ -72,6 +74,8 @@ def run_pytest(threads: int, quick: bool, out_json: Path, select: str | None = N
 
 
 def run_memory(out_json: Path, which=None, echo=print) -> int:
+    """The tracemalloc pass (bench/memory.py) in its own process."""
+    out_json.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.memory", "--out", str(out_json)]
     for block, shape in which or ():
         cmd += ["--case", f"{block}:{shape}"]
