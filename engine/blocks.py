@@ -306,19 +306,15 @@ class FFN(_Block):
         if n == 0:
             return v.y
         z, h, y = v.z, v.h, v.y
-        # Biases go in before their GEMM, which accumulates (beta=1): a broadcasting ufunc
-        # add (z += b1, also inside the kernels) allocates NumPy iterator buffers per call.
+        _gemm(z, x2, self.W_in.data)
         b1 = self.b1
-        if b1 is None:
-            _gemm(z, x2, self.W_in.data)
-        else:
-            np.copyto(z, b1.data)
-            _gemm(z, x2, self.W_in.data, False, False, 1.0, 1.0)
-        _bias_act(h, z, None, self.activation)
+        _bias_act(h, z, None if b1 is None else b1.data, self.activation)  # z += b1 fused
         if dropped:
             # In place: sign(h * mask) still tells relu-like acts where z > 0 wherever the
             # mask is non-zero, and where it is zero the gradient is zero anyway.
             _drop_fwd(h, v.mask, h, self.p, self._rng)
+        # b2 (and the residual) fill y before the GEMM, which accumulates (beta=1): a
+        # broadcasting ufunc (y += b2) would allocate NumPy iterator buffers on every call.
         b2 = self.b2
         if b2 is None and res is None:
             _gemm(y, h, self.W_out.data)
