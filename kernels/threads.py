@@ -13,7 +13,8 @@ import os
 import scipy.linalg.blas  # noqa: F401  (load scipy's OpenBLAS so the controller sees it)
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["ENV_VAR", "set_num_threads", "get_num_threads", "num_threads", "blas_info"]
+__all__ = ["ENV_VAR", "set_num_threads", "get_num_threads", "num_threads", "blas_info",
+           "elementwise_threads"]
 
 ENV_VAR = "BLASNET_NUM_THREADS"
 
@@ -42,9 +43,26 @@ def _blas_libs():
     return [lib for lib in _controller.lib_controllers if lib.user_api == "blas"]
 
 
+# Threads for blasnet's own row-parallel elementwise passes (kernels.parallel); follows
+# every change made through this module. Set from the BLAS pools' count below.
+_elementwise = 1
+
+
+def elementwise_threads() -> int:
+    """Threads the elementwise kernels split large arrays over (the blasnet setting)."""
+    return _elementwise
+
+
+def _apply(n: int) -> None:
+    global _elementwise
+    _controller.limit(limits=n)
+    _elementwise = n
+
+
 def set_num_threads(n: int) -> None:
-    """Limit every loaded BLAS (and OpenMP) thread pool to ``n`` threads."""
-    _controller.limit(limits=_check_count(n, "n"))
+    """Limit every loaded BLAS (and OpenMP) thread pool, and blasnet's own elementwise
+    passes, to ``n`` threads."""
+    _apply(_check_count(n, "n"))
 
 
 def get_num_threads() -> int:
@@ -60,11 +78,16 @@ def get_num_threads() -> int:
 def num_threads(n: int):
     """Context manager: run the block with ``n`` BLAS threads, then restore every pool's
     previous limit (even if the block raises)."""
-    limiter = _controller.limit(limits=_check_count(n, "n"))
+    global _elementwise
+    n = _check_count(n, "n")
+    previous = _elementwise
+    limiter = _controller.limit(limits=n)
+    _elementwise = n
     try:
         yield
     finally:
         limiter.restore_original_limits()
+        _elementwise = previous
 
 
 def blas_info() -> list[dict]:
@@ -79,3 +102,5 @@ def blas_info() -> list[dict]:
 _env = os.environ.get(ENV_VAR)
 if _env is not None and _env.strip() != "":
     set_num_threads(_check_count(_env, ENV_VAR))
+else:  # OpenBLAS's own count (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / the cores)
+    _elementwise = max(1, get_num_threads())
