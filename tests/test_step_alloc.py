@@ -6,7 +6,8 @@ before the step; its rise above the memory traced at the start bounds every allo
 step, transient ones included (a temporary freed before the step ends still raised the peak).
 Python objects count too, so each block is measured at two sizes (every dimension doubled):
 the objects are the same, every array grows, and the difference of the rises exposes any
-array of more than 1 KiB. A ufunc that casts (a comparison written into a float array, a
+array of more than 1 KiB. Both sizes must take the same code paths, so the blocks run on
+one thread, and again on two threads at sizes where every elementwise pass is split. A ufunc that casts (a comparison written into a float array, a
 float times a bool array) allocates a buffer of up to 8192 elements per call; that is a hot
 path allocation too, and is caught. When a step fails, the message gives the rise per phase.
 """
@@ -49,11 +50,11 @@ def _data(rng, n, d_in, d_out, labels=False):
 # Each maker builds (module, x, target, loss) at size factor k: every dimension, the row
 # count included, is k times the base one. Base: 64 rows, d 32, d_ff 96: a (64, 32) float32
 # array is 8 KiB.
-def _ffn(act, dropout=0.0):
+def _ffn(act, dropout=0.0, n=64, d=32, f=96):
     def make(rng, k):
         from engine.blocks import FFN
-        m = FFN(32 * k, 96 * k, activation=act, dropout=dropout, rng=0)
-        return m, *_data(rng, 64 * k, 32 * k, 32 * k), _mse()
+        m = FFN(d * k, f * k, activation=act, dropout=dropout, rng=0)
+        return m, *_data(rng, n * k, d * k, d * k), _mse()
     return make
 
 
@@ -62,11 +63,11 @@ def _gmlp(rng, k):
     return GMLP(32 * k, 48 * k, 64 * k, 24 * k, rng=0), *_data(rng, 64 * k, 32 * k, 24 * k), _mse()
 
 
-def _sublayer(norm, dropout=0.0):
+def _sublayer(norm, dropout=0.0, n=64, d=32, f=96):
     def make(rng, k):
         from engine.blocks import FFNSublayer
-        m = FFNSublayer(32 * k, 96 * k, activation="gelu", dropout=dropout, norm=norm, rng=0)
-        return m, *_data(rng, 64 * k, 32 * k, 32 * k), _mse()
+        m = FFNSublayer(d * k, f * k, activation="gelu", dropout=dropout, norm=norm, rng=0)
+        return m, *_data(rng, n * k, d * k, d * k), _mse()
     return make
 
 
@@ -91,6 +92,19 @@ BLOCKS = {
     "FFNSublayer-pre-dropout": _sublayer("pre", 0.1),
     "MLP-784-256-128-10": _mlp,
     "Sequential-Linear-GELU-Linear": _sequential,
+}
+
+# The elementwise kernels split arrays of >= 512 Ki elements over two threads
+# (kernels.parallel), which adds the pool's Python objects (futures, closures) to a step.
+# These sizes put every weight, activation and LayerNorm input over that line at both sizes,
+# so both sizes take the same paths: 1024 rows, d 512, d_ff 1024.
+# The pool's objects (futures, closures, per-thread state) vary by up to ~0.7 KiB from run
+# to run and add ~4 KiB: looser bounds there. At these sizes the smallest array that grows
+# with the problem, a per-row (1024,) float32 vector, still adds 4 KiB to the difference.
+PARALLEL_LIMIT, PARALLEL_PY_OBJECTS = 2 * 1024, 16 * 1024
+PARALLEL_BLOCKS = {
+    "FFN-gelu": _ffn("gelu", n=1024, d=512, f=1024),
+    "FFNSublayer-post": _sublayer("post", n=1024, d=512, f=1024),
 }
 
 
@@ -121,8 +135,14 @@ def _rise(fns) -> int:
     return tracemalloc.get_traced_memory()[1] - start
 
 
-def _step_rise(make, k):
-    """(rise of a steady step, {phase: rise}) at size factor ``k``."""
+def _step_rise(make, k, threads):
+    """(rise of a steady step, {phase: rise}) at size factor ``k`` and ``threads`` threads."""
+    from kernels import num_threads
+    with num_threads(threads):
+        return _step_rise_here(make, k)
+
+
+def _step_rise_here(make, k):
     from engine.optim import AdamW
     module, x, target, loss = make(np.random.default_rng(0), k)
     opt = AdamW(module.parameters(), lr=1e-3)
@@ -140,22 +160,35 @@ def _step_rise(make, k):
     return rise, per_phase
 
 
-@pytest.mark.parametrize("name", list(BLOCKS))
-def test_training_step_allocates_no_array_over_1kib(name):
-    # Check that a steady training step (after three warm-ups) allocates nothing over 1 KiB.
+def _check_two_sizes(name, make, threads, limit=LIMIT, py_objects=PY_OBJECTS):
     # Python objects are the same at both sizes, so the difference of the two rises is what
     # arrays growing with the problem cost: each temporary of the base size adds at least its
     # own bytes to it. The base rise itself bounds anything of fixed size.
-    rise1, phases1 = _step_rise(BLOCKS[name], 1)
-    rise2, phases2 = _step_rise(BLOCKS[name], 2)
+    rise1, phases1 = _step_rise(make, 1, threads)
+    rise2, phases2 = _step_rise(make, 2, threads)
     detail = f"per phase at base size: {phases1}; at double size: {phases2}"
-    assert rise2 - rise1 <= LIMIT, (
+    assert rise2 - rise1 <= limit, (
         f"{name}: doubling every dimension raised a step's traced peak by {rise2 - rise1} "
-        f"more bytes (limit {LIMIT}): arrays (or ufunc casting buffers) are allocated in the "
+        f"more bytes (limit {limit}): arrays (or ufunc casting buffers) are allocated in the "
         f"step; {detail}")
-    assert rise1 <= PY_OBJECTS, (
+    assert rise1 <= py_objects, (
         f"{name}: a step raised traced memory by {rise1} bytes (allowance for Python objects "
-        f"{PY_OBJECTS}); {detail}")
+        f"{py_objects}); {detail}")
+
+
+@pytest.mark.parametrize("name", list(BLOCKS))
+def test_training_step_allocates_no_array_over_1kib(name):
+    # Check that a steady training step (after three warm-ups, one thread) allocates nothing
+    # over 1 KiB.
+    _check_two_sizes(name, BLOCKS[name], threads=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PARALLEL_BLOCKS))
+def test_training_step_allocates_no_array_over_1kib_with_split_passes(name):
+    # Check that with two threads, where elementwise passes are split over a thread pool, a
+    # steady training step still allocates nothing over 1 KiB.
+    _check_two_sizes(name, PARALLEL_BLOCKS[name], 2, PARALLEL_LIMIT, PARALLEL_PY_OBJECTS)
 
 
 def test_the_check_sees_a_transient_temporary():
