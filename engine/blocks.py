@@ -31,6 +31,7 @@ def _core(mod, name):
 
 _bias_act = _core(_act_mod, "bias_act_forward")
 _act_bwd = _core(_act_mod, "act_backward")
+_act_cached = _core(_act_mod, "act_backward_cached")
 _drop_fwd = _core(_drop_mod, "dropout_forward")
 _drop_bwd = _core(_drop_mod, "dropout_backward")
 _ln_fwd = _core(_ln_mod, "layernorm_forward")
@@ -39,6 +40,8 @@ _ln_bwd = _core(_ln_mod, "layernorm_backward")
 INITS = ("he", "xavier", "normal", "zeros")
 # Activations whose derivative can be read off the output (sign(h) == sign(z)), so the
 # activation runs in place on the pre-activation buffer and one (N, d_ff) buffer is saved.
+# Every other activation caches act'(z) over z in the forward pass (computed there from
+# what act(z) needs anyway), so backward is one multiply instead of recomputing act'.
 _INPLACE_ACTS = ("relu", "leaky_relu", "identity")
 # Bytes per operand block in the gMLP gating chain: small enough that the ~4 operands of a
 # block stay in L2 while the ufunc chain runs over them.
@@ -285,7 +288,7 @@ class FFN(_Block):
 
     def _make_views(self, n):
         ws, d, f = self._ws, self.d_model, self.d_ff
-        z = ws.get("z", n, f)  # (n, d_ff) x W_in + b1; act(z) in place for relu-like acts
+        z = ws.get("z", n, f)  # (n, d_ff) x W_in + b1, then act(z) (relu-like) or act'(z)
         v = SimpleNamespace(z=z, y=ws.get("y", n, d))  # (n, d_model) output
         if self._inplace:
             v.h = z
@@ -308,7 +311,9 @@ class FFN(_Block):
         z, h, y = v.z, v.h, v.y
         _gemm(z, x2, self.W_in.data)
         b1 = self.b1
-        _bias_act(h, z, None if b1 is None else b1.data, self.activation)  # z += b1 fused
+        # z += b1 fused; non-relu-like acts cache act'(z) over z (grad=z) for backward.
+        _bias_act(h, z, None if b1 is None else b1.data, self.activation, 0.01,
+                  None if self._inplace else z)
         if dropped:
             # In place: sign(h * mask) still tells relu-like acts where z > 0 wherever the
             # mask is non-zero, and where it is zero the gradient is zero anyway.
@@ -343,7 +348,10 @@ class FFN(_Block):
         _gemm(dh, dy2, self.W_out.data, False, True)  # may overwrite h (not needed any more)
         if self._s.dropped:
             _drop_bwd(dh, dh, v.mask)
-        _act_bwd(dh, dh, v.z, self.activation)  # relu-like: v.z is act(z), same sign as z
+        if self._inplace:
+            _act_bwd(dh, dh, v.z, self.activation)  # v.z is act(z), same sign as z
+        else:
+            _act_cached(dh, dh, v.z)                # v.z is act'(z)
         if self.b1 is not None:
             _colsum(self.b1.grad, dh)
         _gemm(self.W_in.grad, self._s.x, dh, True, False, 1.0, 1.0)
@@ -439,7 +447,7 @@ class GMLP(_Block):
         gpt = ws.get("gpt", 2 * f * n)  # (2f*n,) [Zg; P]^T/2 -> [2G; P/2]^T -> 2 [dZg; dP]^T
         at = ws.get("at", f * n)        # (f*n,) A^T; dA^T in backward
         return SimpleNamespace(
-            u=ws.get("u", n, dh),             # (n, d_hidden) X W_in, for GELU backward
+            u=ws.get("u", n, dh),             # (n, d_hidden) X W_in, then GELU'(X W_in)
             z=ws.get("z", n, dh),             # (n, d_hidden) Z; dZ, dU in backward
             gpt=gpt.reshape(2 * f, n),        # (2f, n)
             g=gpt[:f * n], p=gpt[f * n:],     # (f*n,) flat halves
@@ -455,7 +463,7 @@ class GMLP(_Block):
         self._s.x, self._s.yshape = x2, x.shape[:-1] + (self.d_out,)
         if n:
             _gemm(v.u, x2, self.W_in.data)
-            _bias_act(v.z, v.u, None, "gelu")
+            _bias_act(v.z, v.u, None, "gelu", 0.01, v.u)    # GELU' cached over u
             _gemm(v.gpt, self.Wgp_T, v.z, False, True, 0.5)  # (2f, n) = Wgp_T Z^T / 2
             _gate_forward(v.at, v.g, v.p, self._blk)
             _gemm(v.y, v.atm, self.W_out.data, True, False)  # Y = A W_out
@@ -472,7 +480,7 @@ class GMLP(_Block):
             _gate_backward(v.g, v.p, v.at, v.t, self._blk)            # 2 dGP^T over GP^T
             _gemm(self.dWgp_T, v.gpt, z, False, False, 0.5, 1.0)     # both halves, one GEMM
             _gemm(z, v.gpt, self.Wgp_T, True, False, 0.5)            # dZ = dGP Wgp_T over Z
-            _act_bwd(z, z, v.u, "gelu")                              # dU in place
+            _act_cached(z, z, v.u)                                   # dU in place
             _gemm(self.W_in.grad, self._s.x, z, True, False, 1.0, 1.0)
             _gemm(v.dx, z, self.W_in.data, False, True)
         self._s.x = None

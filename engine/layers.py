@@ -22,6 +22,11 @@ __all__ = ["INITS", "Linear", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "T
 # checked functions (same positional signature) while only the stub is installed.
 _bias_act = getattr(_kact, "bias_act_forward_unchecked", _kact.bias_act_forward)
 _act_bwd = getattr(_kact, "act_backward_unchecked", _kact.act_backward)
+_act_cached = _kact.act_backward_cached_unchecked
+# relu-like activations read their derivative off z in backward (one cheap pass); every other
+# activation caches act'(z) over z in the forward pass (where it costs a few passes of the
+# ones act(z) needs anyway), so backward is one multiply.
+_FROM_Z = ("relu", "leaky_relu")
 
 INITS = ("he", "xavier", "normal", "zeros")
 
@@ -329,9 +334,11 @@ class MLP(Module):
         self._acts = tuple(None if a in (None, "identity") else a for a in activations)
         self._ws = Workspace(self.dtype)
         self._keys = tuple((f"z{i}", f"h{i}", f"dz{i}", f"dh{i}") for i in range(n_layers))
+        # Per layer: True when forward caches act'(z) over z (see _FROM_Z).
+        self._cache = tuple(a is not None and a not in _FROM_Z for a in self._acts)
         # Per-layer caches for backward (references into the workspace or the input).
         self._ins = [None] * n_layers  # input of layer i, (N, sizes[i])
-        self._zs = [None] * n_layers  # pre-activation of layer i, (N, sizes[i+1])
+        self._zs = [None] * n_layers  # pre-activation of layer i or its act', (N, sizes[i+1])
         self._outs = [None] * n_layers  # output of layer i, (N, sizes[i+1])
         self._lead = None
 
@@ -355,8 +362,8 @@ class MLP(Module):
                     _gemm(z, h, lin.W.data, False, False, 1.0, 1.0)
                 else:
                     _gemm(z, h, lin.W.data, False, False, 1.0, 0.0)
-                if act is not None:
-                    _bias_act(out, z, None, act, slope)  # out = act(z), one blocked pass
+                if act is not None:  # out = act(z) (and z = act'(z)), one blocked pass
+                    _bias_act(out, z, None, act, slope, z if self._cache[i] else None)
             ins[i], zs[i], outs[i] = h, z, out
             h = out
         self._lead = lead
@@ -382,7 +389,10 @@ class MLP(Module):
                     # dh is our own buffer below the top layer: overwrite it in place; the
                     # caller's dy (top layer) is never written.
                     dz = dh if i < top else ws.get(kdz, n, lin.d_out)  # (N, d_out)
-                    _act_bwd(dz, dh, self._zs[i], act, slope, self._outs[i])
+                    if self._cache[i]:
+                        _act_cached(dz, dh, self._zs[i])  # zs[i] holds act'(z)
+                    else:
+                        _act_bwd(dz, dh, self._zs[i], act, slope, self._outs[i])
                 _gemm(lin.W.grad, self._ins[i], dz, True, False, 1.0, 1.0)  # dW += h^T dz
                 if lin.b is not None:
                     _colsum(lin.b.grad, dz, 1.0)  # db += dz.sum(0)

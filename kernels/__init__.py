@@ -7,7 +7,8 @@ options) and allocates nothing on the hot path. Each checked public function has
 baseline for benchmarks.
 """
 from . import reference
-from .activations import (ACTIVATIONS, act_backward, act_backward_unchecked, bias_act_forward,
+from .activations import (ACTIVATIONS, act_backward, act_backward_cached,
+                          act_backward_cached_unchecked, act_backward_unchecked, bias_act_forward,
                           bias_act_forward_unchecked, bias_grad, bias_grad_unchecked)
 from .dropout import (dropout_backward, dropout_backward_unchecked, dropout_forward,
                       dropout_forward_unchecked)

@@ -14,11 +14,15 @@ import numpy as np
 from scipy.special import ndtr as _ndtr
 
 from .gemm import check_array, gemv_colsum
+from .parallel import MIN_ELEMENTS_PER_THREAD
+from .parallel import chunks as _chunks
+from .parallel import parallel_for as _parallel_for
 from .reference import ACTIVATIONS
 
 __all__ = [
-    "ACTIVATIONS", "bias_act_forward", "act_backward", "bias_grad",
-    "bias_act_forward_unchecked", "act_backward_unchecked", "bias_grad_unchecked",
+    "ACTIVATIONS", "bias_act_forward", "act_backward", "act_backward_cached", "bias_grad",
+    "bias_act_forward_unchecked", "act_backward_unchecked", "act_backward_cached_unchecked",
+    "bias_grad_unchecked",
 ]
 
 # Bytes per scratch buffer and per row block of each operand. The scratch (three chain
@@ -26,6 +30,10 @@ __all__ = [
 # stay in L2; smaller blocks pay more Python overhead per element (each ufunc call costs
 # ~0.5-1 us), larger ones spill to L3/RAM.
 _BLOCK_BYTES = 128 * 1024
+# Blocks of a pass split over threads (see the row runners), and the smallest array split.
+_SPLIT_BLOCK_BYTES = 512 * 1024
+_SPLIT_MIN_ELEMENTS = 2 * MIN_ELEMENTS_PER_THREAD
+_ALIGN = 64  # bytes: scratch buffers start on a cache line (see _aligned)
 
 # Ufuncs bound once (attribute lookups add up on small arrays). Outputs are passed
 # positionally (ufunc(a, b, out)): the hot loops below make tens of calls per block.
@@ -59,27 +67,60 @@ _T_HORNER = _T_COEF[-2::-1]  # c_7 .. c_0, after starting from c_8 * t
 
 
 # ----------------------------------------------------------------------------- scratch
-_tls = threading.local()  # per-thread scratch: the kernels are safe to call from threads
+# Scratch belongs to the calling thread (the kernels are safe to call from threads): a list
+# of stores, one per slice of a split pass. Slice i of a split pass uses its caller's store
+# i whichever pool thread runs it, so the scratch allocated in warm-up is the scratch used
+# later (per-pool-thread scratch would grow with every idle worker that picks up a slice).
+_tls = threading.local()
 
 
-def _scratch(dtype, rows, d):
+class _Store:
+    __slots__ = ("views", "flat")
+
+    def __init__(self):
+        self.views = {}  # (dtype char, rows, d) -> 5 views (see _scratch)
+        self.flat = {}   # dtype char -> 5 flat buffers
+
+
+def _stores(k=1):
+    """The calling thread's scratch stores, at least ``k`` of them."""
+    st = getattr(_tls, "stores", None)
+    if st is None:
+        st = _tls.stores = [_Store()]
+    while len(st) < k:
+        st.append(_Store())
+    return st
+
+
+def _aligned(size, dtype):
+    """An uninitialised (size,) array starting on a 64-byte boundary. NumPy's buffers start
+    16 bytes past one; an array-array ufunc writing to such an out runs ~2x slower (0.19 vs
+    0.10 ns/element here, AVX-512 stores split over cache lines)."""
+    dtype = np.dtype(dtype)
+    buf = np.empty(size + _ALIGN // dtype.itemsize, dtype)
+    start = (-buf.ctypes.data % _ALIGN) // dtype.itemsize
+    return buf[start:start + size]
+
+
+def _scratch(dtype, rows, d, store=None):
     """Scratch for (rows, d) blocks: ``(a, b, c, m, tb)``, three float arrays for the chains,
-    a bool array for masks and a float array for the tiled bias. They are views of
-    per-thread flat buffers allocated once (grown only for rows wider than a block)."""
-    cache = getattr(_tls, "views", None)
-    if cache is None:
-        cache = _tls.views = {}
-        _tls.flat = {}
+    a bool array for masks and a float array for the tiled bias. They are views of flat
+    buffers of ``store`` (default: the calling thread's first) allocated once (grown only
+    for blocks larger than _BLOCK_BYTES)."""
+    if store is None:
+        st = getattr(_tls, "stores", None)
+        store = (st or _stores())[0]
+    cache = store.views
     key = (dtype.char, rows, d)
     views = cache.get(key)
     if views is None:
         n = rows * d
-        flat = _tls.flat.get(dtype.char)
+        flat = store.flat.get(dtype.char)
         if flat is None or flat[0].size < n:
             size = max(n, _BLOCK_BYTES // dtype.itemsize)
-            flat = _tls.flat[dtype.char] = (np.empty(size, dtype), np.empty(size, dtype),
-                                            np.empty(size, dtype), np.empty(size, np.bool_),
-                                            np.empty(size, dtype))
+            flat = store.flat[dtype.char] = (_aligned(size, dtype), _aligned(size, dtype),
+                                             _aligned(size, dtype), _aligned(size, np.bool_),
+                                             _aligned(size, dtype))
             cache.clear()  # drop views of the old buffers
         if len(cache) > 64:  # many distinct small shapes: keep the dict bounded
             cache.clear()
@@ -89,6 +130,10 @@ def _scratch(dtype, rows, d):
 
 def _block_rows(d, itemsize):
     return max(1, _BLOCK_BYTES // (d * itemsize))
+
+
+def _split_rows(d, itemsize):
+    return max(1, _SPLIT_BLOCK_BYTES // (d * itemsize))
 
 
 def _t_poly(c, t):
@@ -101,21 +146,21 @@ def _t_poly(c, t):
 
 
 # ----------------------------------------------------------------------------- forward blocks
-# Each takes (h, z, scratch, slope) for one row block, reads z only before its last call,
-# and writes h only in its last call, so h may be z itself.
-def _fwd_identity(h, z, sc, slope):
+# Each takes (h, z, g, scratch, slope) for one row block (g is None: forward only), reads z
+# only before its last call, and writes h only in its last call, so h may be z itself.
+def _fwd_identity(h, z, g, sc, slope):
     _copyto(h, z)
 
 
-def _fwd_noop(h, z, sc, slope):
+def _fwd_noop(h, z, g, sc, slope):
     pass
 
 
-def _fwd_relu(h, z, sc, slope):
+def _fwd_relu(h, z, g, sc, slope):
     _max(z, 0.0, out=h)
 
 
-def _fwd_leaky(h, z, sc, slope):
+def _fwd_leaky(h, z, g, sc, slope):
     a = sc[0]
     _mul(z, slope, a)
     # For slope <= 1, max(z, slope*z) is z where z > 0 and slope*z elsewhere; for slope > 1
@@ -123,7 +168,7 @@ def _fwd_leaky(h, z, sc, slope):
     (_max if slope <= 1.0 else _min)(z, a, out=h)
 
 
-def _fwd_gelu32(h, z, sc, slope):
+def _fwd_gelu32(h, z, g, sc, slope):
     # h = z*Phi(z) = relu(z) - |z| * Phi(-|z|): no select, and the left tail keeps its
     # relative accuracy (no 1 + erf cancellation). 26 passes.
     a, b, c = sc[0], sc[1], sc[2]
@@ -140,13 +185,13 @@ def _fwd_gelu32(h, z, sc, slope):
     _sub(a, c, h)
 
 
-def _fwd_gelu64(h, z, sc, slope):
+def _fwd_gelu64(h, z, g, sc, slope):
     a = sc[0]
     _ndtr(z, a)                      # Phi(z), ~10 ns/element: the cost of this pass
     _mul(z, a, h)
 
 
-def _fwd_gelu_tanh(h, z, sc, slope):
+def _fwd_gelu_tanh(h, z, g, sc, slope):
     # Same formula as the reference: 0.5 z (1 + tanh(K (z + 0.044715 z^3))). 8 passes.
     a = sc[0]
     _mul(z, z, a)
@@ -166,21 +211,21 @@ def _neg_exp_clamped(a, z):
     _exp(a, a)
 
 
-def _fwd_silu(h, z, sc, slope):
+def _fwd_silu(h, z, g, sc, slope):
     a = sc[0]
     _neg_exp_clamped(a, z)
     _add(a, 1.0, a)
     _div(z, a, h)                    # z / (1 + exp(-z)); 5 passes, ~3x faster than scipy's expit
 
 
-def _fwd_sigmoid(h, z, sc, slope):
+def _fwd_sigmoid(h, z, g, sc, slope):
     a = sc[0]
     _neg_exp_clamped(a, z)
     _add(a, 1.0, a)
     _div(1.0, a, h)
 
 
-def _fwd_tanh(h, z, sc, slope):
+def _fwd_tanh(h, z, g, sc, slope):
     _tanh(z, h)
 
 
@@ -189,6 +234,132 @@ _FWD32 = {"identity": _fwd_identity, "relu": _fwd_relu, "leaky_relu": _fwd_leaky
           "sigmoid": _fwd_sigmoid, "tanh": _fwd_tanh}
 _FWD64 = dict(_FWD32, gelu=_fwd_gelu64)
 _FWD = {np.dtype(np.float32): _FWD32, np.dtype(np.float64): _FWD64}
+
+
+# ----------------------------------------------------------------------------- forward + derivative
+# Each takes (h, z, g, scratch, slope) for one row block and writes h = act(z) and
+# g = act'(z), the derivative cached for a backward of one multiply (act_backward_cached).
+# They read z before writing h or g, and write g last, so g may be z itself (or h may be z).
+_SIGN = np.uint32(0x80000000)
+_and, _xor = np.bitwise_and, np.bitwise_xor
+
+
+def _fwdg_relu(h, z, g, sc, slope):
+    m = sc[3]
+    _gt(z, 0.0, m)                   # z > 0 (False for NaN, as the reference)
+    _max(z, 0.0, out=h)
+    _copyto(g, m)
+
+
+def _fwdg_leaky(h, z, g, sc, slope):
+    m = sc[3]
+    _gt(z, 0.0, m)
+    _fwd_leaky(h, z, None, sc, slope)
+    _copyto(g, m)                    # 1.0 where z > 0, else 0.0
+    if 0.0 <= slope <= 1.0:
+        _max(g, slope, out=g)        # exactly 1 or slope
+    else:
+        b = sc[1]
+        _sub(1.0, g, b)
+        _mul(b, slope, b)
+        _add(g, b, g)
+
+
+def _fwdg_gelu32(h, z, g, sc, slope):
+    # With s = |z|, P = Phi(-s) = e(s) T(t) as in _fwd_gelu32 and Phi(z) = 1 - P (z >= 0) or
+    # P (z < 0): h = z Phi(z) and act' = Phi(z) + z phi(z), phi(z) = e / sqrt(2 pi). The
+    # select is sign-bit arithmetic, Phi(z) = H(z) - copysign(P, z), exact on the negative
+    # side (no 0.5 + ... cancellation); z's sign bit decides both terms, so -0.0 counts as
+    # negative in both. A masked ufunc (where=) would cost ~5 ns/element on a random mask.
+    # 33 passes (the forward alone takes 26, recomputing act' in backward 32).
+    a, b, c, m = sc[0], sc[1], sc[2], sc[3]
+    zu, cu, bu = z.view(np.uint32), c.view(np.uint32), b.view(np.uint32)
+    _abs(z, a)                       # s
+    _add(a, _TA, b)
+    _div(_TA, b, b)                  # t
+    _t_poly(c, b)                    # T(t)
+    _mul(z, -0.5, a)                 # -z/2
+    _mul(a, z, b)
+    _exp(b, b)                       # e = exp(-z^2/2)
+    _mul(c, b, c)                    # P
+    _mul(a, b, a)                    # -z e / 2
+    _mul(a, -2.0 * _INV_SQRT_2PI, a)  # z phi(z)
+    _and(zu, _SIGN, bu)              # z's sign bit
+    _xor(cu, bu, cu)                 # copysign(P, z) (P >= 0)
+    _ge(z.view(np.int32), 0, m)      # sign bit clear: H(z) = 1
+    _copyto(b, m)
+    _sub(b, c, c)                    # Phi(z)
+    _mul(z, c, h)                    # h: z read for the last time
+    _add(c, a, g)
+
+
+def _fwdg_gelu64(h, z, g, sc, slope):
+    a, b = sc[0], sc[1]
+    _ndtr(z, a)                      # Phi(z): the expensive pass
+    _mul(z, -0.5, b)
+    _mul(b, z, b)
+    _exp(b, b)
+    _mul(b, z, b)
+    _mul(b, _INV_SQRT_2PI, b)        # z phi(z)
+    _mul(z, a, h)
+    _add(a, b, g)
+
+
+def _fwdg_gelu_tanh(h, z, g, sc, slope):
+    # h = 0.5 z (1 + T), act' = (1 + T) (0.5 + (z u'/2) (1 - T)) as in _bwd_gelu_tanh.
+    # 16 passes (8 + 14 separately).
+    a, b, c = sc[0], sc[1], sc[2]
+    _mul(z, z, a)
+    _mul(a, _KC, b)
+    _add(b, _K, b)
+    _mul(b, z, b)
+    _tanh(b, b)                      # T
+    _add(b, 1.0, c)                  # 1 + T
+    _sub(1.0, b, b)                  # 1 - T
+    _mul(a, 1.5 * _KC, a)
+    _add(a, 0.5 * _K, a)
+    _mul(a, z, a)                    # z u' / 2
+    _mul(a, b, a)
+    _add(a, 0.5, a)
+    _mul(c, z, b)
+    _mul(b, 0.5, h)                  # h: z is dead from here
+    _mul(a, c, g)
+
+
+def _fwdg_silu(h, z, g, sc, slope):
+    # h = z s, act' = s (1 + z E s) with E = exp(-z), s = 1/(1+E). 10 passes (5 + 10).
+    a, b = sc[0], sc[1]
+    _neg_exp_clamped(a, z)           # E
+    _add(a, 1.0, b)
+    _div(1.0, b, b)                  # s
+    _mul(a, b, a)                    # 1 - s
+    _mul(a, z, a)
+    _mul(z, b, h)                    # h: z is dead from here
+    _add(a, 1.0, a)
+    _mul(a, b, g)
+
+
+def _fwdg_sigmoid(h, z, g, sc, slope):
+    a = sc[0]
+    _neg_exp_clamped(a, z)           # E; z is dead from here
+    _add(a, 1.0, h)
+    _div(1.0, h, h)                  # s
+    _mul(a, h, a)                    # E s = 1 - s
+    _mul(a, h, g)
+
+
+def _fwdg_tanh(h, z, g, sc, slope):
+    a = sc[0]
+    _tanh(z, h)                      # z is dead from here
+    _mul(h, h, a)
+    _sub(1.0, a, g)
+
+
+_FWDG32 = {"relu": _fwdg_relu, "leaky_relu": _fwdg_leaky, "gelu": _fwdg_gelu32,
+           "gelu_tanh": _fwdg_gelu_tanh, "silu": _fwdg_silu, "sigmoid": _fwdg_sigmoid,
+           "tanh": _fwdg_tanh}  # identity: a copy and a fill, done whole-array
+_FWDG64 = dict(_FWDG32, gelu=_fwdg_gelu64)
+_FWDG = {np.dtype(np.float32): _FWDG32, np.dtype(np.float64): _FWDG64}
 
 
 # ----------------------------------------------------------------------------- backward blocks
@@ -327,19 +498,83 @@ def _same(a, b):
     return a is b or a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
+# ----------------------------------------------------------------------------- row runners
+# A pass over rows [i0, i1) in blocks of ``rows`` rows, on the calling thread's scratch.
+# Large arrays are split into one such slice per thread (kernels.parallel): NumPy releases
+# the GIL inside each ufunc loop, but every call takes it back, so split passes use blocks
+# of _SPLIT_BLOCK_BYTES (4x fewer calls per element than _BLOCK_BYTES): with 128 KiB blocks
+# two threads ran GELU no faster than one, waiting on each other for the GIL.
+def _fwd_rows(h, z, bias, g, fn, slope, i0, i1, rows, store=None):
+    d = z.shape[1]
+    dt = z.dtype
+    sc = _scratch(dt, min(rows, i1 - i0), d, store)
+    tb = sc[4]
+    if bias is not None:
+        _copyto(tb, bias)            # tiled once per slice, reused by every block
+    for i in range(i0, i1, rows):
+        j = i + rows
+        if j > i1:  # remainder block: (cached) views of the same scratch, fewer rows
+            j = i1
+            sc = _scratch(dt, j - i, d, store)
+            tb = sc[4]
+        zb = z[i:j]
+        if bias is not None:
+            _add(zb, tb, zb)
+        fn(h[i:j], zb, None if g is None else g[i:j], sc, slope)
+
+
+def _bwd_rows(dz, dh, z, h, fn, slope, i0, i1, rows, store=None):
+    d = z.shape[1]
+    dt = z.dtype
+    sc = _scratch(dt, min(rows, i1 - i0), d, store)
+    for i in range(i0, i1, rows):
+        j = i + rows
+        if j > i1:
+            j = i1
+            sc = _scratch(dt, j - i, d, store)
+        fn(dz[i:j], dh[i:j], z[i:j], None if h is None else h[i:j], sc, slope)
+
+
+def _split(n, d):
+    """Threads to split an (n, d) pass over (1: run inline, no pool call)."""
+    if n * d < _SPLIT_MIN_ELEMENTS:
+        return 1
+    return _chunks(n, d)
+
+
+def _slice_store(stores, i, n, k):
+    """The store of the slice starting at row i: parallel_for's slice s starts at n*s//k, and
+    ceil(i*k/n) recovers s (k <= n)."""
+    return stores[-(-i * k // n)]
+
+
 # ----------------------------------------------------------------------------- unchecked cores
-def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01):
+def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01, grad=None):
     """``bias_act_forward`` without argument checks (hot path): the caller guarantees 2-D
-    C-contiguous ``h``, ``z`` of one shape and dtype (float32/float64), ``bias`` of shape
-    (d,) or None, a known ``act`` and a Python float ``negative_slope``."""
+    C-contiguous ``h``, ``z`` (and ``grad``, or None) of one shape and dtype (float32/float64),
+    ``bias`` of shape (d,) or None, a known ``act`` and a Python float ``negative_slope``."""
     n, d = z.shape
     if n == 0 or d == 0:
         return h
-    fn = _FWD[z.dtype][act]
+    if grad is None:
+        fn = _FWD[z.dtype][act]
+    else:
+        fn = _FWDG[z.dtype].get(act)
+        if fn is None:  # identity: h = z + bias, act' = 1
+            bias_act_forward_unchecked(h, z, bias, act, negative_slope)
+            _copyto(grad, 1.0)
+            return h
     if fn is _fwd_identity and _same(h, z):
         if bias is None:
             return h
         fn = _fwd_noop               # only z += bias
+    k = _split(n, d)
+    if k > 1:
+        rows = _split_rows(d, z.itemsize)
+        st = _stores(k)
+        _parallel_for(lambda i, j: _fwd_rows(h, z, bias, grad, fn, negative_slope, i, j, rows,
+                                             _slice_store(st, i, n, k)), n, k)
+        return h
     rows = _block_rows(d, z.itemsize)
     if n <= rows:  # one block: no loop machinery (small arrays are bound by call overhead)
         sc = _scratch(z.dtype, n, d)
@@ -347,21 +582,9 @@ def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01)
             tb = sc[4]
             _copyto(tb, bias)        # (n, d) tiled bias: a plain add, not a broadcast one
             _add(z, tb, z)
-        fn(h, z, sc, negative_slope)
+        fn(h, z, grad, sc, negative_slope)
         return h
-    sc = _scratch(z.dtype, rows, d)
-    tb = sc[4]
-    if bias is not None:
-        _copyto(tb, bias)            # (rows, d) tiled once, reused by every block
-    for i in range(0, n, rows):
-        j = i + rows
-        if j > n:  # remainder block: (cached) views of the same scratch, fewer rows
-            sc = _scratch(z.dtype, n - i, d)
-            tb = sc[4]
-        zb = z[i:j]
-        if bias is not None:
-            _add(zb, tb, zb)
-        fn(h[i:j], zb, sc, negative_slope)
+    _fwd_rows(h, z, bias, grad, fn, negative_slope, 0, n, rows)
     return h
 
 
@@ -376,16 +599,30 @@ def act_backward_unchecked(dz, dh, z, act="relu", negative_slope=0.01, h=None):
         if not _same(dz, dh):
             np.copyto(dz, dh)
         return dz
+    k = _split(n, d)
+    if k > 1:
+        rows = _split_rows(d, z.itemsize)
+        st = _stores(k)
+        _parallel_for(lambda i, j: _bwd_rows(dz, dh, z, h, fn, negative_slope, i, j, rows,
+                                             _slice_store(st, i, n, k)), n, k)
+        return dz
     rows = _block_rows(d, z.itemsize)
     if n <= rows:
         fn(dz, dh, z, h, _scratch(z.dtype, n, d), negative_slope)
         return dz
-    sc = _scratch(z.dtype, rows, d)
-    for i in range(0, n, rows):
-        j = i + rows
-        if j > n:
-            sc = _scratch(z.dtype, n - i, d)
-        fn(dz[i:j], dh[i:j], z[i:j], None if h is None else h[i:j], sc, negative_slope)
+    _bwd_rows(dz, dh, z, h, fn, negative_slope, 0, n, rows)
+    return dz
+
+
+def act_backward_cached_unchecked(dz, dh, grad):
+    """``act_backward_cached`` without argument checks: ``dz = dh * grad`` for C-contiguous
+    arrays of one shape and dtype (``dz`` may be ``dh`` or ``grad``). One pass, no scratch."""
+    n, d = dh.shape
+    k = _split(n, d)
+    if k > 1:
+        _parallel_for(lambda i, j: _mul(dh[i:j], grad[i:j], dz[i:j]), n, k)
+    else:
+        _mul(dh, grad, dz)
     return dz
 
 
@@ -417,28 +654,41 @@ def _check_alias(out_name, out, in_name, x):
         raise ValueError(f"{out_name}: must be {in_name} itself or not overlap it")
 
 
-def bias_act_forward(h, z, bias=None, act="relu", negative_slope=0.01):
-    """``z += bias`` (in place, when ``bias`` is given), then ``h = act(z)``; returns ``h``.
+def bias_act_forward(h, z, bias=None, act="relu", negative_slope=0.01, grad=None):
+    """``z += bias`` (in place, when ``bias`` is given), then ``h = act(z)`` and, when ``grad``
+    is given, ``grad = act'(z)``; returns ``h``.
 
     ``z`` and ``h`` are C-contiguous (N, d) float32/float64 arrays of one dtype, ``bias`` is
     (d,) or None. ``h`` may be ``z`` itself: then z is overwritten by act(z) (fine when the
-    backward gets ``h`` instead of needing ``z``, e.g. for sigmoid/tanh). ``act`` is one of
-    ``ACTIVATIONS``; ``negative_slope`` is leaky_relu's slope. float32 ``gelu`` evaluates
+    backward gets ``h`` instead of needing ``z``, e.g. for sigmoid/tanh). ``grad`` (an array
+    like ``z``, or None) receives the derivative for ``act_backward_cached``, computed in the
+    same pass from what act(z) needs anyway; it may be ``z`` itself (z is not needed once its
+    derivative is cached) but not ``h``. ``act`` is one of ``ACTIVATIONS``;
+    ``negative_slope`` is leaky_relu's slope. float32 ``gelu`` evaluates
     the normal CDF through a polynomial erfc (within 1.5e-6 relative of the exact GELU for
     |z| < 5, 1e-5 out to the underflow: a few float32 ulps); float64 ``gelu`` uses scipy's
     ndtr. sigmoid/silu clamp exp's argument, so act(z) for z < -88 (float32) / -708 (float64)
     is a tiny positive (sigmoid) or negative (silu) number instead of an underflowed 0.
+    Large arrays are split over the blasnet thread count (kernels.parallel); the result does
+    not depend on the split.
     """
     check_array("z", z, ndim=2)
     check_array("h", h, dtype=z.dtype, shape=z.shape)
+    if grad is not None:
+        check_array("grad", grad, dtype=z.dtype, shape=z.shape)
     if bias is not None:
         check_array("bias", bias, dtype=z.dtype, shape=(z.shape[1],))
-        if np.may_share_memory(bias, z) or np.may_share_memory(bias, h):
-            raise ValueError("bias: must not overlap z or h (z += bias would change it)")
+        if (np.may_share_memory(bias, z) or np.may_share_memory(bias, h)
+                or grad is not None and np.may_share_memory(bias, grad)):
+            raise ValueError("bias: must not overlap z, h or grad (z += bias would change it)")
     _check_act(act)
     slope = _check_slope(negative_slope)
     _check_alias("h", h, "z", z)
-    return bias_act_forward_unchecked(h, z, bias, act, slope)
+    if grad is not None:
+        _check_alias("grad", grad, "z", z)
+        if np.may_share_memory(grad, h):
+            raise ValueError("grad: must not overlap h")
+    return bias_act_forward_unchecked(h, z, bias, act, slope, grad)
 
 
 def act_backward(dz, dh, z, act="relu", negative_slope=0.01, h=None):
@@ -458,6 +708,19 @@ def act_backward(dz, dh, z, act="relu", negative_slope=0.01, h=None):
     _check_alias("dz", dz, "dh", dh)
     _check_alias("dz", dz, "z", z)
     return act_backward_unchecked(dz, dh, z, act, slope, h)
+
+
+def act_backward_cached(dz, dh, grad):
+    """``dz = dh * grad``, with ``grad = act'(z)`` cached by ``bias_act_forward(..., grad=)``;
+    returns ``dz``. ``dz`` may be ``dh`` or ``grad`` itself. Arrays as in ``act_backward``."""
+    check_array("grad", grad, ndim=2)
+    check_array("dh", dh, dtype=grad.dtype, shape=grad.shape)
+    check_array("dz", dz, dtype=grad.dtype, shape=grad.shape)
+    _check_alias("dz", dz, "dh", dh)
+    _check_alias("dz", dz, "grad", grad)
+    if grad.size == 0:
+        return dz
+    return act_backward_cached_unchecked(dz, dh, grad)
 
 
 def bias_grad(db, dz):

@@ -83,17 +83,28 @@ def activation_grad(z, act="relu", negative_slope=0.01):
     raise ValueError(f"act: expected one of {ACTIVATIONS}, got {act!r}")
 
 
-def bias_act_forward(h, z, bias=None, act="relu", negative_slope=0.01):
-    """z += bias (in place, if bias is given); h = act(z)."""
+def bias_act_forward(h, z, bias=None, act="relu", negative_slope=0.01, grad=None):
+    """z += bias (in place, if bias is given); h = act(z); grad = act'(z) if grad is given
+    (both are computed before either is written, so h or grad may be z itself)."""
     if bias is not None:
         z += bias
-    h[...] = activation(z, act, negative_slope)
+    hv = activation(z, act, negative_slope)
+    gv = None if grad is None else activation_grad(z, act, negative_slope)
+    h[...] = hv
+    if grad is not None:
+        grad[...] = gv
     return h
 
 
 def act_backward(dz, dh, z, act="relu", negative_slope=0.01, h=None):
     """dz = dh * act'(z)."""
     dz[...] = dh * activation_grad(z, act, negative_slope)
+    return dz
+
+
+def act_backward_cached(dz, dh, grad):
+    """dz = dh * grad, with grad = act'(z) from bias_act_forward."""
+    dz[...] = dh * grad
     return dz
 
 

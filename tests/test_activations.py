@@ -11,6 +11,7 @@ import pytest
 from scipy.special import ndtr
 
 from kernels import activations as A
+from kernels import num_threads, parallel
 from kernels import reference as R
 from gradcheck import numeric_grad
 
@@ -254,13 +255,14 @@ def test_no_allocation_after_warm_up(dtype, act):
         A.act_backward(dz, h, z, act, SLOPE)
         A.act_backward(dz, h, z, act, SLOPE, h=h)
 
-    step()
-    tracemalloc.start()
-    try:
+    with num_threads(1):  # the inline path (split passes: test_split_passes_allocate_no_arrays)
         step()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+        tracemalloc.start()
+        try:
+            step()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
     assert peak < 4096, peak
 
 
@@ -385,3 +387,269 @@ def test_unchecked_cores_match_checked():
     np.testing.assert_array_equal(z1, z2)
     np.testing.assert_array_equal(A.act_backward(np.empty_like(z), dh, z1, "gelu"),
                                   A.act_backward_unchecked(np.empty_like(z), dh, z2, "gelu"))
+
+
+# ----------------------------------------------------------------------------- cached derivative
+def _ref_forward_grad(z, bias, act, slope=SLOPE):
+    zr = z.copy()
+    hr, gr = np.empty_like(z), np.empty_like(z)
+    R.bias_act_forward(hr, zr, bias, act, slope, grad=gr)
+    return hr, gr
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("grad_is_z", [False, True])
+def test_forward_grad_matches_reference(dtype, act, grad_is_z):
+    # Check that bias_act_forward(..., grad=) writes h = act(z + bias) and grad = act'(z + bias)
+    # as the reference does, with grad a separate array or z itself, over one element to
+    # several row blocks plus a remainder.
+    rng = np.random.default_rng(13)
+    for shape in _shapes(dtype):
+        z = _z(rng, shape, dtype)
+        bias = rng.standard_normal(shape[1]).astype(dtype)
+        hr, gr = _ref_forward_grad(z, bias, act)
+        h = np.empty_like(z)
+        g = z if grad_is_z else np.empty_like(z)
+        assert A.bias_act_forward(h, z, bias, act, SLOPE, grad=g) is h
+        np.testing.assert_allclose(h, hr, **TOL[dtype], err_msg=f"h {shape}")
+        np.testing.assert_allclose(g, gr, **TOL[dtype], err_msg=f"grad {shape}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_forward_grad_with_h_is_z(dtype, act):
+    # Check that h may be z itself while grad is a separate array.
+    rng = np.random.default_rng(14)
+    z = _z(rng, _multi_block_shape(300, dtype), dtype)
+    bias = rng.standard_normal(300).astype(dtype)
+    hr, gr = _ref_forward_grad(z, bias, act)
+    g = np.empty_like(z)
+    A.bias_act_forward(z, z, bias, act, SLOPE, grad=g)
+    np.testing.assert_allclose(z, hr, **TOL[dtype])
+    np.testing.assert_allclose(g, gr, **TOL[dtype])
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_forward_grad_matches_finite_differences(act):
+    # Check that the cached grad times dh is the gradient of L = sum(act(z) * R) (float64).
+    rng = np.random.default_rng(15)
+    z = _fd_z(rng, (4, 7))
+    Rw = rng.standard_normal(z.shape)
+    h = np.empty_like(z)
+
+    def loss():
+        return float(np.sum(A.bias_act_forward(h, z.copy(), None, act, SLOPE) * Rw))
+
+    g = np.empty_like(z)
+    A.bias_act_forward(h, z.copy(), None, act, SLOPE, grad=g)
+    dz = A.act_backward_cached(np.empty_like(z), Rw, g)
+    np.testing.assert_allclose(dz, numeric_grad(loss, z), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_act_backward_cached_matches_reference(dtype):
+    # Check that act_backward_cached writes dz = dh * grad, into a new array or over dh.
+    rng = np.random.default_rng(16)
+    for shape in _shapes(dtype):
+        g = rng.standard_normal(shape).astype(dtype)
+        dh = rng.standard_normal(shape).astype(dtype)
+        dzr = R.act_backward_cached(np.empty_like(dh), dh, g)
+        dz = np.empty_like(dh)
+        assert A.act_backward_cached(dz, dh, g) is dz
+        np.testing.assert_array_equal(dz, dzr)
+        assert np.shares_memory(A.act_backward_cached(dh, dh, g), dh)
+        np.testing.assert_array_equal(dh, dzr)
+
+
+def test_gelu_float32_cached_grad_close_to_exact():
+    # Check that the float32 GELU computed with its cached derivative keeps the accuracy of the
+    # forward-only pass (a few ulps of the exact GELU from scipy's ndtr) and that the derivative
+    # is within 5e-7 of the exact one, and relatively accurate in the left tail too.
+    z = np.linspace(-13.0, 13.0, 200_001).astype(np.float32)[None, :]
+    z64 = z.astype(np.float64)
+    phi = np.exp(-0.5 * z64 * z64) / math.sqrt(2.0 * math.pi)
+    h_exact, d_exact = z64 * ndtr(z64), ndtr(z64) + z64 * phi
+    h, g = np.empty_like(z), np.empty_like(z)
+    A.bias_act_forward(h, z.copy(), None, "gelu", grad=g)
+    rel = np.abs(h - h_exact) / np.maximum(np.abs(h_exact), 1e-37)
+    bulk = np.abs(z64) < 5
+    assert rel[bulk].max() < 1.5e-6, rel[bulk].max()
+    assert rel.max() < 1e-5, rel.max()
+    assert np.abs(g - d_exact).max() < 5e-7
+    tail = (z64 < -3) & (np.abs(d_exact) > 1e-30)
+    grel = np.abs(g - d_exact)[tail] / np.abs(d_exact[tail])
+    assert grel.max() < 1e-5, grel.max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_forward_grad_extreme_inputs(dtype, act):
+    # Check that |z| = 1e4 gives the limits of act and act' with the cached derivative too,
+    # with no overflow, invalid or divide-by-zero.
+    z = np.array([[1e4, -1e4] * 3], dtype)
+    (hp, hm), (dp, dm) = _LIMITS[act]
+    h, g = np.empty_like(z), np.empty_like(z)
+    with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+        A.bias_act_forward(h, z, None, act, SLOPE, grad=z)
+    np.testing.assert_allclose(h[0], [hp, hm] * 3, rtol=1e-6, atol=1e-30)
+    np.testing.assert_allclose(z[0], [dp, dm] * 3, rtol=1e-6, atol=1e-30)
+
+
+def test_gelu_signed_zero():
+    # Check that GELU at -0.0 and +0.0 gives h = 0 and act' = 1/2 (the sign-bit select treats
+    # -0.0 as negative in both of its terms).
+    for dtype in DTYPES:
+        z = np.array([[0.0, -0.0]], dtype)
+        h, g = np.empty_like(z), np.empty_like(z)
+        A.bias_act_forward(h, z, None, "gelu", grad=g)
+        np.testing.assert_array_equal(h, [[0.0, 0.0]])
+        np.testing.assert_allclose(g, [[0.5, 0.5]], rtol=1e-7)
+
+
+@pytest.mark.parametrize("call, exc, name", [
+    (lambda h, z: A.bias_act_forward(h, z, grad=z[:2]), ValueError, "grad"),
+    (lambda h, z: A.bias_act_forward(h, z, grad=z.astype(np.float64)), TypeError, "grad"),
+    (lambda h, z: A.bias_act_forward(h, z, grad=h), ValueError, "grad"),
+    (lambda h, z: A.bias_act_forward(z, z, grad=z), ValueError, "grad"),
+    (lambda h, z: A.act_backward_cached(h, z, z.astype(np.float64)), TypeError, "dh"),
+    (lambda h, z: A.act_backward_cached(h[:2], z, z), ValueError, "dz"),
+    (lambda h, z: A.act_backward_cached(h, z, z.tolist()), TypeError, "grad"),
+])
+def test_cached_bad_inputs_raise_naming_the_argument(call, exc, name):
+    # Check that bad grad / dz / dh arguments raise naming the argument.
+    h, z = _arrays()
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        call(h, z)
+
+
+def test_grad_partial_overlap_rejected():
+    # Check that a grad overlapping z without being it raises, naming grad.
+    big = np.zeros((5, 3), np.float32)
+    with pytest.raises(ValueError, match=r"^grad\b"):
+        A.bias_act_forward(np.zeros((4, 3), np.float32), big[:-1], None, "gelu", grad=big[1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_cached_no_allocation_after_warm_up(dtype, act):
+    # Check that forward with a cached derivative (grad = z) and the cached backward allocate
+    # no arrays after the scratch exists.
+    rng = np.random.default_rng(17)
+    z = rng.standard_normal((1000, 1000)).astype(dtype)
+    bias = rng.standard_normal(1000).astype(dtype)
+    h, dz = np.empty_like(z), np.empty_like(z)
+
+    def step():
+        A.bias_act_forward(h, z, bias, act, SLOPE, grad=z)
+        A.act_backward_cached(dz, h, z)
+
+    with num_threads(1):
+        step()
+        tracemalloc.start()
+        try:
+            step()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 4096, peak
+
+
+# ----------------------------------------------------------------------------- threads
+def _split_shape(dtype):
+    """An array big enough to be split over two threads, with a remainder block per slice."""
+    rows = 2 * A._SPLIT_MIN_ELEMENTS // 777 + 3
+    return (rows, 777)
+
+
+def test_large_arrays_split_over_threads(monkeypatch):
+    # Check that at 2 threads a large pass is split (2 slices) and at 1 thread it is not.
+    seen = []
+    real = A._parallel_for
+
+    def spy(fn, n, k):
+        seen.append(k)
+        return real(fn, n, k)
+
+    monkeypatch.setattr(A, "_parallel_for", spy)
+    z = np.zeros(_split_shape(np.float32), np.float32)
+    h = np.empty_like(z)
+    with num_threads(2):
+        A.bias_act_forward(h, z, None, "gelu", grad=z)
+        A.act_backward_cached(h, h, z)
+        A.act_backward(h, h, z, "relu")
+    assert seen == [2, 2, 2]
+    with num_threads(1):
+        A.bias_act_forward(h, z, None, "gelu", grad=z)
+    assert seen == [2, 2, 2]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_results_do_not_depend_on_thread_count(dtype, act):
+    # Check that forward (with and without the cached derivative), backward and the cached
+    # backward are bit-identical at 1 and 2 threads on an array large enough to be split.
+    rng = np.random.default_rng(18)
+    shape = _split_shape(dtype)
+    z0 = _z(rng, shape, dtype)
+    bias = rng.standard_normal(shape[1]).astype(dtype)
+    dh = rng.standard_normal(shape).astype(dtype)
+    results = []
+    for n in (1, 2):
+        with num_threads(n):
+            z, zg = z0.copy(), z0.copy()
+            h, hg, dz, dzc = (np.empty_like(z0) for _ in range(4))
+            A.bias_act_forward(h, z, bias, act, SLOPE)
+            A.bias_act_forward(hg, zg, bias, act, SLOPE, grad=zg)
+            A.act_backward(dz, dh, z, act, SLOPE)
+            A.act_backward_cached(dzc, dh, zg)
+            results.append((h, z, hg, zg, dz, dzc))
+    for a, b, name in zip(*results, ("h", "z", "h (grad)", "grad", "dz", "dz cached")):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", "silu"])
+def test_split_passes_allocate_no_arrays(act):
+    # Check that passes split over 2 threads allocate no arrays after warm-up, even when the
+    # pool has idle workers that never ran a slice before (scratch belongs to the caller's
+    # slices, not to pool threads): the traced peak of every step (the pool's futures and
+    # closures, a few KiB) is the same when every dimension of the arrays doubles.
+    parallel.parallel_for(lambda i, j: None, 8, 5)  # a pool of 4 workers
+    peaks = []
+    for k in (1, 2):
+        shape = (_split_shape(np.float32)[0] * k, 777 * k)
+        z = np.ones(shape, np.float32)
+        bias = np.zeros(shape[1], np.float32)
+        h, dz = np.empty_like(z), np.empty_like(z)
+
+        def step():
+            A.bias_act_forward(h, z, bias, act, SLOPE)
+            A.act_backward(dz, h, z, act, SLOPE)
+            A.bias_act_forward(h, z, bias, act, SLOPE, grad=z)
+            A.act_backward_cached(dz, h, z)
+
+        with num_threads(2):
+            for _ in range(3):  # warm-up: scratch on the pool thread too
+                step()
+            worst = 0
+            tracemalloc.start()
+            try:
+                for _ in range(8):
+                    tracemalloc.reset_peak()
+                    base = tracemalloc.get_traced_memory()[0]
+                    step()
+                    worst = max(worst, tracemalloc.get_traced_memory()[1] - base)
+            finally:
+                tracemalloc.stop()
+            peaks.append(worst)
+    assert peaks[0] < 16 * 1024, peaks
+    assert abs(peaks[1] - peaks[0]) < 1024, peaks
+
+
+def test_scratch_is_cache_line_aligned():
+    # Check that every scratch buffer starts on a 64-byte boundary (array-array ufuncs with a
+    # misaligned out run ~2x slower), for both dtypes and odd row widths.
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        for rows, d in ((3, 5), (40, 777)):
+            for buf in A._scratch(dtype, rows, d):
+                assert buf.ctypes.data % 64 == 0
