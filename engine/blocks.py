@@ -17,6 +17,9 @@ from kernels import layernorm as _ln_mod
 from kernels.activations import ACTIVATIONS
 from kernels.gemm import gemm_unchecked as _gemm
 from kernels.gemm import gemv_colsum as _colsum
+from kernels.parallel import MIN_ELEMENTS_PER_THREAD as _MIN_PER_THREAD
+from kernels.parallel import chunks as _chunks
+from kernels.parallel import parallel_for as _parallel_for
 
 from .module import Module, Parameter, Workspace, as_rows, check_dtype, make_rng
 
@@ -44,8 +47,13 @@ INITS = ("he", "xavier", "normal", "zeros")
 # what act(z) needs anyway), so backward is one multiply instead of recomputing act'.
 _INPLACE_ACTS = ("relu", "leaky_relu", "identity")
 # Bytes per operand block in the gMLP gating chain: small enough that the ~4 operands of a
-# block stay in L2 while the ufunc chain runs over them.
+# block stay in L2 while the ufunc chain runs over them. When the chain is split over threads
+# (kernels.parallel), each ufunc call takes the GIL back, so the blocks are 4x larger.
 _GATE_BLOCK_BYTES = 128 * 1024
+_GATE_SPLIT_BLOCK_BYTES = 512 * 1024
+# Work buffers start on a cache line: NumPy's own start 16 bytes past one, and an array-array
+# ufunc writing a misaligned out ran up to 2x slower here (AVX-512 stores split over lines).
+_ALIGN = 64
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -121,7 +129,7 @@ class _Block(Module):
     def __init__(self, dtype):
         super().__init__()
         self.dtype = check_dtype(dtype)
-        self._ws = Workspace(self.dtype)
+        self._ws = _Workspace(self.dtype)
         self._s = _State()  # per-call state, a plain object (Module.__setattr__ costs ~0.5 us)
 
     def _views(self, key):
@@ -163,6 +171,32 @@ class _Block(Module):
 
 def _out(a, shape):
     return a.reshape(shape) if len(shape) == 3 else a
+
+
+class _Workspace(Workspace):
+    """``Workspace`` whose buffers start on a 64-byte boundary (see _ALIGN)."""
+
+    def get(self, key: str, n: int, *cols: int) -> np.ndarray:
+        buf = self._bufs.get(key)
+        if buf is None or buf.shape[0] < n or buf.shape[1:] != cols:
+            size = n * math.prod(cols)
+            raw = np.empty(size + _ALIGN // self.dtype.itemsize, self.dtype)
+            start = (-raw.ctypes.data % _ALIGN) // self.dtype.itemsize
+            buf = self._bufs[key] = raw[start:start + size].reshape(n, *cols)
+        return buf[:n]
+
+
+def _split_rows(fn, n_rows, row_len, arrays, blk_bytes, split_blk_bytes, itemsize):
+    """``fn(*flat_slices, blk)`` over flat arrays of ``n_rows`` rows of ``row_len`` elements,
+    split over threads by rows when large (kernels.parallel), inline otherwise."""
+    k = 1
+    if n_rows * row_len >= 2 * _MIN_PER_THREAD:
+        k = _chunks(n_rows, row_len)
+    if k == 1:
+        fn(*arrays, blk_bytes // itemsize)
+        return
+    blk = split_blk_bytes // itemsize
+    _parallel_for(lambda i, j: fn(*[a[i * row_len:j * row_len] for a in arrays], blk), n_rows, k)
 
 
 # ----------------------------------------------------------------------------- Dropout
@@ -386,19 +420,18 @@ def _gate_forward(a, g, p, blk):
         np.multiply(gb, p[i:j], out=a[i:j])
 
 
-def _gate_backward(g, p, da, t, blk):
-    """In place (g, p) = (S, P/2) -> (2 dZg, 2 dP) with dP = dA * G = dA * S/2 and
-    dZg = dA * P * G (1 - G) = dA * (P/2) * S (2 - S) / 2; the GEMMs that read them take
-    alpha = 0.5. Flat 1-D arrays in blocks of ``blk`` elements; ``t`` is a scratch: 5 passes."""
+def _gate_backward(g, p, da, blk):
+    """In place (g, p, da) = (S, P/2, dA) -> (2 dZg, 2 dP, dead) with dP = dA * G = dA * S/2
+    and dZg = dA * P * G (1 - G) = dA * S * (P/2) * (2 - S) / 2; the GEMMs that read them take
+    alpha = 0.5. Flat 1-D arrays in blocks of ``blk`` elements, no scratch: 5 passes."""
     for i in range(0, g.shape[0], blk):
         j = i + blk
         gb, pb, db = g[i:j], p[i:j], da[i:j]
-        tb = t[:gb.shape[0]]
-        np.subtract(2.0, gb, out=tb)
-        np.multiply(tb, gb, out=tb)  # S (2 - S) = 4 G (1 - G)
-        np.multiply(tb, pb, out=tb)  # P/2 is dead after this
-        np.multiply(db, gb, out=pb)  # 2 dP
-        np.multiply(tb, db, out=gb)  # 2 dZg
+        np.multiply(db, gb, out=db)  # 2 dP = dA S
+        np.multiply(pb, db, out=pb)  # (P/2) dA S
+        np.subtract(2.0, gb, out=gb)
+        np.multiply(gb, pb, out=gb)  # 2 dZg
+        np.copyto(pb, db)            # 2 dP
 
 
 class GMLP(_Block):
@@ -435,7 +468,7 @@ class GMLP(_Block):
         self.W_gate = Parameter(wgp_t[:f].T, grad=dwgp_t[:f].T)
         self.W_proj = Parameter(wgp_t[f:].T, grad=dwgp_t[f:].T)
         self.W_out = Parameter(_init_weight(rng, f, self.d_out, "xavier", dt))
-        self._blk = _GATE_BLOCK_BYTES // dt.itemsize
+        self._itemsize = dt.itemsize
 
     def extra_repr(self):
         return (f"d_in={self.d_in}, d_hidden={self.d_hidden}, d_ffn={self.d_ffn}, "
@@ -453,8 +486,7 @@ class GMLP(_Block):
             g=gpt[:f * n], p=gpt[f * n:],     # (f*n,) flat halves
             at=at, atm=at.reshape(f, n),      # flat and (f, n) views
             y=ws.get("y", n, self.d_out),     # (n, d_out) output
-            dx=ws.get("dx", n, self.d_in),    # (n, d_in) input gradient
-            t=ws.get("t", min(self._blk, f * n)))  # gating scratch
+            dx=ws.get("dx", n, self.d_in))    # (n, d_in) input gradient
 
     def forward(self, x):
         x2, _ = as_rows(x, self.d_in, self.dtype)
@@ -465,7 +497,8 @@ class GMLP(_Block):
             _gemm(v.u, x2, self.W_in.data)
             _bias_act(v.z, v.u, None, "gelu", 0.01, v.u)    # GELU' cached over u
             _gemm(v.gpt, self.Wgp_T, v.z, False, True, 0.5)  # (2f, n) = Wgp_T Z^T / 2
-            _gate_forward(v.at, v.g, v.p, self._blk)
+            _split_rows(_gate_forward, self.d_ffn, n, (v.at, v.g, v.p), _GATE_BLOCK_BYTES,
+                        _GATE_SPLIT_BLOCK_BYTES, self._itemsize)
             _gemm(v.y, v.atm, self.W_out.data, True, False)  # Y = A W_out
         return _out(v.y, self._s.yshape)
 
@@ -477,7 +510,8 @@ class GMLP(_Block):
             at, z = v.atm, v.z
             _gemm(self.W_out.grad, at, dy2, False, False, 1.0, 1.0)  # A^T dY
             _gemm(at, self.W_out.data, dy2, False, True)              # dA^T = W_out dY^T
-            _gate_backward(v.g, v.p, v.at, v.t, self._blk)            # 2 dGP^T over GP^T
+            _split_rows(_gate_backward, self.d_ffn, n, (v.g, v.p, v.at),  # 2 dGP^T over GP^T
+                        _GATE_BLOCK_BYTES, _GATE_SPLIT_BLOCK_BYTES, self._itemsize)
             _gemm(self.dWgp_T, v.gpt, z, False, False, 0.5, 1.0)     # both halves, one GEMM
             _gemm(z, v.gpt, self.Wgp_T, True, False, 0.5)            # dZ = dGP Wgp_T over Z
             _act_cached(z, z, v.u)                                   # dU in place
