@@ -1,15 +1,20 @@
 """In-place optimizer updates: AdamW and SGD with PyTorch's semantics.
 
 Parameters and their state are walked as flat views (C- or Fortran-contiguous, never
-copied) in blocks of ~256 KiB through one small reused scratch buffer, so no temporary the
-size of a parameter is ever made (the reference's whole-array AdamW makes 12). Blocks
-stay in L2 across the 13 elementwise passes of an AdamW step, so DRAM sees each array once."""
+copied) in blocks of ~256 KiB through small per-thread scratch buffers, so no temporary the
+size of a parameter is ever made (the reference's whole-array AdamW makes 12). Updates run
+on the calling thread: splitting them over blasnet's threads is implemented (``_SPLIT``)
+but off, because in a training step it was slower (see ``_SPLIT``)."""
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
+import threading
 
 import numpy as np
+
+from . import parallel as _par
 
 __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_unchecked",
            "flat_view"]
@@ -18,17 +23,68 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 # Block size in bytes per array: 64 Ki float32 / 32 Ki float64 elements. Measured on AdamW
 # (2.1M float32): 8 Ki elements 11.1 ms, 16 Ki 9.6, 32 Ki 7.1, 64 Ki 6.4 (reference 20 ms).
 # BLAS axpy would save a pass but OpenBLAS threads it above 10000 elements, which on a
-# loaded machine cost ~10x; the numpy ufuncs used here never spawn threads.
+# loaded machine cost ~10x (measured again: 36 ms instead of 5), and its fused multiply-add
+# would round differently from the ufunc chain, so results would depend on the thread count.
 _BLOCK_BYTES = 256 * 1024
-_SCRATCH: dict = {}  # dtype -> (block,) scratch buffers; not shared across Python threads
+# Splitting an update over blasnet's threads (kernels.parallel; results are the same bits
+# either way). Off: on this 2-vCPU VM it paid only in a tight loop of updates and lost in a
+# training step. AdamW over the large FFN's 2.1M parameters, 2 threads, medians in ms:
+#                      update alone, back to back    right after forward+backward
+#     inline                    5.4                         5.4
+#     split                     3.6                         6.4  (GMLP's 3.4M: 10.4 vs 8.7)
+# After a threaded GEMM OpenBLAS's idle worker spins on the second core for ~0.1 s
+# (OPENBLAS_THREAD_TIMEOUT, read at load: with 4 the split took 3.95 ms in the step), and
+# a Python thread waiting for the GIL sleeps, a wake-up taking 10-50 us here (tail to ms):
+# the pool thread joined ~1.5-3 ms late and its GIL requests stalled the caller. Right
+# after a GEMM the split lost at every size tried (1M-8M elements: 2.2 vs 1.9 ms, 22.4 vs
+# 20.2 ms). Blocks must also be larger when split: shorter ufunc calls than the wake-up
+# just queue on the GIL (64 Ki-element blocks 1.3x, 128 Ki 1.5x, back to back).
+_SPLIT = False
+_PAR_BLOCK_BYTES = 512 * 1024
+
+_tls = threading.local()  # per-thread scratch: pool threads run the same kernel at once
 
 
-def _scratch(dtype, k):
-    bufs = _SCRATCH.get(dtype)
-    if bufs is None:
-        n = _BLOCK_BYTES // dtype.itemsize
-        bufs = _SCRATCH[dtype] = (np.empty(n, dtype), np.empty(n, dtype))  # 2 x (block,)
-    return bufs[:k]
+def _scratch(dtype, nbytes):
+    """Two flat scratch buffers of ``nbytes`` for this thread and dtype (allocated once)."""
+    try:
+        return _tls.bufs[dtype, nbytes]
+    except AttributeError:
+        _tls.bufs = {}
+    except KeyError:
+        pass
+    n = nbytes // dtype.itemsize
+    s = _tls.bufs[dtype, nbytes] = (np.empty(n, dtype), np.empty(n, dtype))  # 2 x (block,)
+    return s
+
+
+def _serial(n):
+    """True when an update over ``n`` elements runs inline on the calling thread."""
+    return not _SPLIT or n < _par.MIN_ELEMENTS_PER_THREAD or _par.chunks(n, 1) == 1
+
+
+def _split(chain, arrays, consts):
+    """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over ~512 KiB blocks,
+    run by blasnet's threads, which take blocks from a shared counter until none is left:
+    a thread that starts late (the pool thread must wake up; after a GEMM it shares its
+    core with OpenBLAS's spinning worker) takes fewer blocks, and the caller never waits
+    for more than the block another thread is finishing. Block boundaries do not change
+    any result: every element goes through the same ufuncs."""
+    n, dtype = arrays[0].size, arrays[0].dtype
+    k = _par.chunks(n, 1)
+    blk = _PAR_BLOCK_BYTES // dtype.itemsize
+    nblk = -(-n // blk)
+    counter = itertools.count()  # next() is atomic under the GIL
+
+    def worker(_lo, _hi):
+        ta, tb = _scratch(dtype, _PAR_BLOCK_BYTES)
+        for b in counter:
+            if b >= nblk:
+                return
+            i = b * blk
+            j = min(i + blk, n)
+            chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
+    _par.parallel_for(worker, k, k)
 
 
 def flat_view(a):
@@ -37,82 +93,109 @@ def flat_view(a):
     return a.reshape(-1) if a.flags.c_contiguous else a.T.reshape(-1)
 
 
+def _adamw_chain(pb, gb, mb, vb, tb, _, decay, beta1, a1, beta2, a2, eps_hat, step_size):
+    """One AdamW block: 13 passes (12 without decay), each a plain ufunc on blocks that stay
+    in L2, so DRAM sees each array once. Binary ufuncs cannot do it in fewer: m needs two
+    scalings and an add, v a square, two scalings and an add, the update a sqrt, +eps, a
+    divide, a scaling and a subtract."""
+    if decay != 1.0:
+        pb *= decay                            # decoupled weight decay, first
+    mb *= beta1                                # m = b1 m + (1 - b1) g
+    np.multiply(gb, a1, tb)
+    mb += tb
+    vb *= beta2                                # v = b2 v + (1 - b2) g g
+    np.multiply(gb, a2, tb)
+    tb *= gb
+    vb += tb
+    np.sqrt(vb, tb)                            # p -= step_size * m / (sqrt(v) + eps_hat)
+    tb += eps_hat
+    np.divide(mb, tb, tb)
+    tb *= step_size
+    pb -= tb
+
+
 def adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9,
                            beta2=0.999, eps=1e-8, weight_decay=1e-2):
     """``adamw_update`` without argument checks (hot path): four distinct arrays of one
     shape, dtype and memory order (all C- or all Fortran-contiguous)."""
     p, g, m, v = flat_view(param), flat_view(grad), flat_view(exp_avg), flat_view(exp_avg_sq)
     n = p.size
-    (t,) = _scratch(p.dtype, 1)
-    blk = t.size
-    decay = 1.0 - lr * weight_decay
     bc1 = 1.0 - beta1 ** step
     sbc2 = math.sqrt(1.0 - beta2 ** step)
     # lr/bc1 * m / (sqrt(v)/sbc2 + eps) == (lr/bc1 * sbc2) * m / (sqrt(v) + eps*sbc2):
     # one multiply fewer per element, and no division by lr (which may be 0).
-    step_size = lr / bc1 * sbc2
-    eps_hat = eps * sbc2
-    a1, a2 = 1.0 - beta1, 1.0 - beta2
+    consts = (1.0 - lr * weight_decay, beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps * sbc2,
+              lr / bc1 * sbc2)
+    if not _serial(n):
+        _split(_adamw_chain, (p, g, m, v), consts)
+        return param
+    t = _scratch(p.dtype, _BLOCK_BYTES)[0]
+    blk = t.size
+    if n <= blk:  # one block: no slicing (small parameters are bound by call overhead)
+        _adamw_chain(p, g, m, v, t[:n], None, *consts)
+        return param
     for i in range(0, n, blk):
         j = min(i + blk, n)
-        pb, gb, mb, vb, tb = p[i:j], g[i:j], m[i:j], v[i:j], t[:j - i]
-        if decay != 1.0:
-            pb *= decay                        # decoupled weight decay, first
-        mb *= beta1                            # m = b1 m + (1 - b1) g
-        np.multiply(gb, a1, out=tb)
-        mb += tb
-        vb *= beta2                            # v = b2 v + (1 - b2) g g
-        np.multiply(gb, a2, out=tb)
-        tb *= gb
-        vb += tb
-        np.sqrt(vb, out=tb)                    # p -= step_size * m / (sqrt(v) + eps_hat)
-        tb += eps_hat
-        np.divide(mb, tb, out=tb)
-        tb *= step_size
-        pb -= tb
+        _adamw_chain(p[i:j], g[i:j], m[i:j], v[i:j], t[:j - i], None, *consts)
     return param
+
+
+def _sgd_chain(pb, gb, bb, t1, t2, lr, momentum, weight_decay, a, nesterov, first_step):
+    """One SGD block; ``bb`` is None without momentum."""
+    if weight_decay != 0.0:                    # d = grad + wd * param (grad left intact)
+        d = t1
+        np.multiply(pb, weight_decay, d)
+        d += gb
+    else:
+        d = gb
+    u = t2                                     # the update, times lr
+    if bb is None:
+        np.multiply(d, lr, u)
+    else:
+        if first_step:
+            np.copyto(bb, d)
+        else:                                  # buf = momentum buf + (1 - dampening) d
+            bb *= momentum
+            if a == 1.0:
+                bb += d
+            else:
+                np.multiply(d, a, u)
+                bb += u
+        if nesterov:                           # d + momentum buf
+            np.multiply(bb, momentum, u)
+            u += d
+            u *= lr
+        else:
+            np.multiply(bb, lr, u)
+    pb -= u
+
+
+def _sgd_chain_no_buf(pb, gb, t1, t2, *consts):
+    _sgd_chain(pb, gb, None, t1, t2, *consts)
 
 
 def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
                          dampening=0.0, nesterov=False, first_step=False):
     """``sgd_update`` without argument checks (hot path); ``grad`` is only read."""
     p, g = flat_view(param), flat_view(grad)
-    buf = flat_view(momentum_buf) if momentum != 0.0 else None
     n = p.size
-    t1, t2 = _scratch(p.dtype, 2)
+    consts = (lr, momentum, weight_decay, 1.0 - dampening, nesterov, first_step)
+    buf = flat_view(momentum_buf) if momentum != 0.0 else None
+    if not _serial(n):
+        if buf is None:
+            _split(_sgd_chain_no_buf, (p, g), consts)
+        else:
+            _split(_sgd_chain, (p, g, buf), consts)
+        return param
+    t1, t2 = _scratch(p.dtype, _BLOCK_BYTES)
     blk = t1.size
-    a = 1.0 - dampening
+    if n <= blk:  # one block: no slicing
+        _sgd_chain(p, g, buf, t1[:n], t2[:n], *consts)
+        return param
     for i in range(0, n, blk):
         j = min(i + blk, n)
-        k = j - i
-        pb, gb = p[i:j], g[i:j]
-        if weight_decay != 0.0:                # d = grad + wd * param (grad left intact)
-            d = t1[:k]
-            np.multiply(pb, weight_decay, out=d)
-            d += gb
-        else:
-            d = gb
-        u = t2[:k]                             # the update, times lr
-        if buf is None:
-            np.multiply(d, lr, out=u)
-        else:
-            bb = buf[i:j]
-            if first_step:
-                np.copyto(bb, d)
-            else:                              # buf = momentum buf + (1 - dampening) d
-                bb *= momentum
-                if a == 1.0:
-                    bb += d
-                else:
-                    np.multiply(d, a, out=u)
-                    bb += u
-            if nesterov:                       # d + momentum buf
-                np.multiply(bb, momentum, out=u)
-                u += d
-                u *= lr
-            else:
-                np.multiply(bb, lr, out=u)
-        pb -= u
+        _sgd_chain(p[i:j], g[i:j], None if buf is None else buf[i:j], t1[:j - i], t2[:j - i],
+                   *consts)
     return param
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gradcheck import assert_close
 
-from kernels import optim, reference
+from kernels import num_threads, optim, parallel, reference
 from kernels.optim import adamw_update, flat_view, sgd_update
 
 DTYPES = [np.float32, np.float64]
@@ -148,6 +148,110 @@ def test_adamw_and_sgd_make_no_parameter_sized_temporaries(dtype):
             tracemalloc.stop()
         # A block-sized temporary would be 256 KiB; what remains is view objects.
         assert peak < 12 * 1024, f"peak {peak} bytes for a {p.nbytes}-byte parameter"
+
+
+@pytest.fixture
+def split_on(monkeypatch):
+    """Turn on the (by default off) split of large updates over blasnet's threads and count
+    the updates that take it."""
+    monkeypatch.setattr(optim, "_SPLIT", True)
+    calls = []
+    real = optim._split
+
+    def counting(*args):
+        calls.append(args[0].__name__)
+        return real(*args)
+    monkeypatch.setattr(optim, "_split", counting)
+    return calls
+
+
+def _split_size():
+    """A length that kernels.parallel splits over two threads, with a ragged tail."""
+    n = 2 * parallel.MIN_ELEMENTS_PER_THREAD + 4099
+    with num_threads(2):
+        assert parallel.chunks(n, 1) == 2
+    return n
+
+
+def _run_threads(nthreads, update, arrays, steps):
+    arrays = [a.copy(order="A") for a in arrays]
+    with num_threads(nthreads):
+        for step in range(1, steps + 1):
+            update(step, *arrays)
+    return arrays
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_adamw_split_over_threads_is_bit_identical(split_on, dtype, order):
+    # Check that AdamW on a parameter split over two threads gives the same bits (param and
+    # both moments) as on one thread, and matches the reference.
+    rng = np.random.default_rng(34)
+    shape = (_split_size() // 7, 7)
+    p = np.asarray(rng.standard_normal(shape), dtype, order=order)
+    g = np.asarray(rng.standard_normal(shape), dtype, order=order)
+    m = np.asarray(0.1 * rng.standard_normal(shape), dtype, order=order)
+    v = np.asarray(rng.random(shape), dtype, order=order)
+
+    def update(step, p, m, v):
+        adamw_update(p, g, m, v, step, 1e-2, 0.9, 0.999, 1e-8, 0.1)
+    one = _run_threads(1, update, (p, m, v), 3)
+    assert split_on == []
+    two = _run_threads(2, update, (p, m, v), 3)
+    assert split_on == ["_adamw_chain"] * 3  # the two-thread run did take the split
+    for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), one, two):
+        np.testing.assert_array_equal(b, a, err_msg=name)
+    p_r, m_r, v_r = p.copy(order="A"), m.copy(order="A"), v.copy(order="A")
+    for step in (1, 2, 3):
+        reference.adamw_update(p_r, g, m_r, v_r, step, 1e-2, 0.9, 0.999, 1e-8, 0.1)
+    for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), two, (p_r, m_r, v_r)):
+        assert_close(a, b, name, **TOL[dtype])
+
+
+@pytest.mark.parametrize("opts", [dict(momentum=0.0, weight_decay=0.01),
+                                  dict(momentum=0.9, weight_decay=0.01, nesterov=True),
+                                  dict(momentum=0.9, dampening=0.1)])
+def test_sgd_split_over_threads_is_bit_identical(split_on, opts):
+    # Check that SGD split over two threads gives the same bits as on one thread (param and
+    # momentum buffer), and matches the reference.
+    rng = np.random.default_rng(35)
+    n = _split_size()
+    p = rng.standard_normal(n).astype(np.float32)
+    g = rng.standard_normal(n).astype(np.float32)
+    buf = np.zeros(n, np.float32)
+
+    def update(step, p, buf):
+        sgd_update(p, g, buf if opts["momentum"] else None, 0.05, first_step=step == 1, **opts)
+    one = _run_threads(1, update, (p, buf), 3)
+    two = _run_threads(2, update, (p, buf), 3)
+    assert len(split_on) == 3
+    np.testing.assert_array_equal(two[0], one[0], err_msg="param")
+    np.testing.assert_array_equal(two[1], one[1], err_msg="momentum_buf")
+    p_r, buf_r = p.copy(), buf.copy()
+    for step in (1, 2, 3):
+        reference.sgd_update(p_r, g, buf_r if opts["momentum"] else None, 0.05,
+                             first_step=step == 1, **opts)
+    assert_close(two[0], p_r, "param", **TOL[np.float32])
+
+
+def test_adamw_split_over_threads_allocates_nothing_after_warm_up(split_on):
+    # Check that a split update (pool thread included: tracemalloc sees every thread) makes
+    # no block- or parameter-sized allocation once each thread has its scratch.
+    rng = np.random.default_rng(36)
+    n = _split_size()
+    p, m, v = _state(rng, (n,), np.float32)
+    g = rng.standard_normal(n).astype(np.float32)
+    with num_threads(2):
+        adamw_update(p, g, m, v, 1, 1e-3)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            adamw_update(p, g, m, v, 2, 1e-3)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+    assert split_on == ["_adamw_chain"] * 2
+    assert peak < 16 * 1024, f"peak {peak} bytes for a {p.nbytes}-byte parameter"
 
 
 # ----------------------------------------------------------------------------- SGD
