@@ -6,6 +6,7 @@ options) and allocates nothing on the hot path. Each checked public function has
 ``kernels.reference`` holds a naive NumPy version of each one: the oracle for tests and the
 baseline for benchmarks.
 """
+from . import threads  # noqa: F401  (first: sets OpenBLAS's thread timeout before it loads)
 from . import reference
 from .activations import (ACTIVATIONS, act_backward, act_backward_cached,
                           act_backward_cached_unchecked, act_backward_unchecked, bias_act_forward,

@@ -4,14 +4,23 @@
 ``threadpoolctl.ThreadpoolController`` (a fresh ``threadpool_limits`` would rescan the loaded
 libraries, ~0.6 ms, on every call). ``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS`` are read by
 OpenBLAS itself when it loads, before any of this runs.
+
+After each parallel call OpenBLAS's worker threads spin for 2^OPENBLAS_THREAD_TIMEOUT cycles
+(default 2^28, ~0.1 s) before they sleep: between the GEMMs of a step they would keep the
+other cores busy while blasnet's elementwise passes run there (measured: GELU forward at
+2 threads 18.5 ms after a GEMM, 11.2 ms with the timeout at its minimum). So this module,
+imported first by ``kernels``, sets ``OPENBLAS_THREAD_TIMEOUT=4`` (2^4 cycles; GEMM times
+unchanged) unless it is set already; it only acts if scipy's OpenBLAS is not loaded yet.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 
-import scipy.linalg.blas  # noqa: F401  (load scipy's OpenBLAS so the controller sees it)
-from threadpoolctl import ThreadpoolController
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+import scipy.linalg.blas  # noqa: E402,F401  (load scipy's OpenBLAS so the controller sees it)
+from threadpoolctl import ThreadpoolController  # noqa: E402
 
 __all__ = ["ENV_VAR", "set_num_threads", "get_num_threads", "num_threads", "blas_info",
            "elementwise_threads"]
