@@ -47,21 +47,25 @@ def on_one_thread(fn):
 
 
 def run_benchmark(benchmark, fn, floor=None, scaling=False, **info):
-    """Time ``fn`` with pytest-benchmark: two untimed calls (the first allocates work
-    buffers; they also size the round count), then ``rounds_for`` rounds of one call each,
-    medians taken by the driver. ``info`` (block, shape, kind, flops, ...) goes into the
-    JSON's ``extra_info`` with the thread count. With ``floor``, the median ratio of
-    alternating fn/floor pairs is stored too (``paired_ratio``); with ``scaling`` (and more
-    than one thread), the median ratio of alternating one-thread/this-many-threads pairs
-    (``paired_scaling``), the thread scaling measured side by side in one process."""
+    """Time ``fn`` with pytest-benchmark: untimed calls (the first allocates work buffers,
+    the second sizes the round count; quick mode makes only the first and no warm-up
+    rounds), then ``rounds_for`` rounds of one call each, medians taken by the driver.
+    ``info`` (block, shape, kind, flops, ...) goes into the JSON's ``extra_info`` with the
+    thread count. With ``floor``, the median ratio of alternating fn/floor pairs is stored
+    too (``paired_ratio``); with ``scaling`` (and more than one thread), the median ratio of
+    alternating one-thread/this-many-threads pairs (``paired_scaling``): the thread scaling
+    measured side by side in one process."""
     t0 = time.perf_counter()
-    fn()
-    fn()
-    per_call = (time.perf_counter() - t0) / 2
+    fn()  # the first call allocates the work buffers
+    per_call = time.perf_counter() - t0
+    if not QUICK:  # a steady call sizes the round count (quick: the first one's bound will do)
+        t0 = time.perf_counter()
+        fn()
+        per_call = time.perf_counter() - t0
     rounds = rounds_for(per_call)
     benchmark.extra_info.update(info, threads=kernels.get_num_threads(), quick=QUICK)
-    benchmark.pedantic(fn, rounds=rounds, iterations=1,
-                       warmup_rounds=1 if per_call > 0.02 else 3)
+    warmup = 0 if QUICK else (1 if per_call > 0.02 else 3)
+    benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=warmup)
     if floor is not None:
         floor()
         benchmark.extra_info["paired_ratio"] = paired_ratio(fn, floor, 2 * per_call)
