@@ -1,8 +1,10 @@
 """LayerNorm over the last axis of an (N, d) array: forward caching mean and rstd, backward
 writing dx and accumulating dgamma/dbeta. Rows run in blocks of ~256 KiB so the chain of
-passes stays in L2, through reused module-level scratch buffers (not safe to call from
-several Python threads at once). Reductions and broadcasts go through BLAS (see below)."""
+passes stays in L2, through reused per-thread scratch buffers. Reductions and broadcasts go
+through BLAS (see below). It runs on the calling thread (see _SCRATCH for why)."""
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 from scipy.linalg import blas as _blas
@@ -18,7 +20,13 @@ _GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
 # Per (rows, d) scratch buffer. Measured fwd+bwd on (2048, 512) and (4096, 1024): 32 KiB
 # blocks ~1.4x slower (Python overhead), 64-512 KiB within noise, 256 KiB marginally best.
 _BLOCK_BYTES = 256 * 1024
-_SCRATCH: dict = {}  # (dtype, d) -> (rows, A, B, r1, r2, ones_d, ones_r)
+# Per-thread scratch, (dtype, d) -> (rows, A, B, r1, r2, ones_d, ones_r), so that threads may
+# call these kernels at once. The kernels themselves are not split over blasnet's threads:
+# half of each block's work is gemv/gemm calls, which hold the GIL (scipy's wrapper), so
+# the threads serialise on them. Measured fwd+bwd at (2048, 512) float32, 2 threads, rows
+# split over two pool slices with per-slice dgamma/dbeta: inline 2.9-3.0 ms, split 4.4
+# (256 KiB blocks), 4.1 (512 KiB), 3.6 (1 MiB, where inline took 3.9); reference ~10 ms.
+_SCRATCH = threading.local()
 
 # Where the time goes (measured, 64 x 512 float32 block, one thread): any broadcasting
 # ufunc (x - mean[:, None], x * gamma) runs through numpy's buffered iterator, allocating a
@@ -32,20 +40,23 @@ _SCRATCH: dict = {}  # (dtype, d) -> (rows, A, B, r1, r2, ones_d, ones_r)
 
 
 def _scratch(dtype, d):
-    key = (dtype, d)
-    s = _SCRATCH.get(key)
-    if s is None:
-        rows = max(1, _BLOCK_BYTES // (d * dtype.itemsize))
-        # Scratch is kept transposed, (d, rows) in Fortran order: the layout BLAS wants.
-        s = _SCRATCH[key] = (
-            rows,
-            np.empty((d, rows), dtype, order="F"),  # A: squares, then scale (fwd); x - mean (bwd)
-            np.empty((d, rows), dtype, order="F"),  # B: dout * (x - mean), then scales (bwd)
-            np.empty(rows, dtype),                  # r1: (rows,) per-row sums
-            np.empty(rows, dtype),                  # r2: (rows,) per-row sums
-            np.ones((d, 1), dtype),                 # ones_d: (d, 1) row sums and row shifts
-            np.ones((1, rows), dtype),              # ones_r: (1, rows) column sums, beta
-        )
+    try:
+        return _SCRATCH.bufs[dtype, d]
+    except AttributeError:
+        _SCRATCH.bufs = {}
+    except KeyError:
+        pass
+    rows = max(1, _BLOCK_BYTES // (d * dtype.itemsize))
+    # Scratch is kept transposed, (d, rows) in Fortran order: the layout BLAS wants.
+    s = _SCRATCH.bufs[dtype, d] = (
+        rows,
+        np.empty((d, rows), dtype, order="F"),  # A: squares, then scale (fwd); x - mean (bwd)
+        np.empty((d, rows), dtype, order="F"),  # B: dout * (x - mean), then scales (bwd)
+        np.empty(rows, dtype),                  # r1: (rows,) per-row sums
+        np.empty(rows, dtype),                  # r2: (rows,) per-row sums
+        np.ones((d, 1), dtype),                 # ones_d: (d, 1) row sums and row shifts
+        np.ones((1, rows), dtype),              # ones_r: (1, rows) column sums, beta
+    )
     return s
 
 
