@@ -49,6 +49,16 @@ def _keep_scratch(shape, n):
     return keep
 
 
+def _pipe_keeps(k, n):
+    """``k`` bool blocks of ``n`` elements for a pipelined call made by this thread: slot s
+    serves whichever thread runs slice s, so which pool thread that is does not matter
+    (each keeps its own only while the call runs). Allocated once per calling thread."""
+    keeps = getattr(_tls, "pipe", None)
+    if keeps is None or len(keeps) < k or keeps[0].size < n:
+        keeps = _tls.pipe = [np.empty(n, np.bool_) for _ in range(k)]  # k x (block,)
+    return keeps
+
+
 def _same(a, b):
     return a is b or a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
@@ -76,9 +86,9 @@ def _forward_pipelined(of, mf, xf, p, scale, rng, k):
     blk = _PIPE_BLOCK_BYTES // dt.itemsize
     drawn = queue.SimpleQueue()  # start index of each drawn block, then an end mark per
                                  # pool thread
+    keeps = _pipe_keeps(k, blk)
 
-    def finish(get):
-        keep = _keep_scratch((blk,), blk)
+    def finish(get, keep):
         while True:
             i = get()
             if i is None:
@@ -93,14 +103,14 @@ def _forward_pipelined(of, mf, xf, p, scale, rng, k):
 
     def run(s, _):
         if s:
-            finish(drawn.get)    # waits (GIL released) for drawn blocks, until an end mark
+            finish(drawn.get, keeps[s])  # waits (GIL released) for drawn blocks, to an end mark
             return
         random, put = rng.random, drawn.put
         try:
             for i in range(0, n, blk):
                 random(out=mf[i:i + blk], dtype=dt)
                 put(i)
-            finish(next_or_none)  # all drawn: finish what is still queued
+            finish(next_or_none, keeps[0])  # all drawn: finish what is still queued
         finally:
             for _ in range(k - 1):
                 put(None)        # one end mark per pool thread (also on error)

@@ -58,6 +58,20 @@ def _scratch(dtype, nbytes):
     return s
 
 
+def _slot_scratch(dtype, k):
+    """Scratch pairs of ``_PAR_BLOCK_BYTES`` for the ``k`` slices of a split update made by
+    this thread: slot s serves whichever thread runs slice s, so which pool thread that is
+    does not matter. Allocated once per calling thread."""
+    slots = getattr(_tls, "slots", None)
+    if slots is None:
+        slots = _tls.slots = {}
+    s = slots.get(dtype)
+    if s is None or len(s) < k:
+        n = _PAR_BLOCK_BYTES // dtype.itemsize
+        s = slots[dtype] = [(np.empty(n, dtype), np.empty(n, dtype)) for _ in range(k)]
+    return s
+
+
 def _serial(n):
     """True when an update over ``n`` elements runs inline on the calling thread."""
     return not _SPLIT or n < _par.MIN_ELEMENTS_PER_THREAD or _par.chunks(n, 1) == 1
@@ -75,9 +89,10 @@ def _split(chain, arrays, consts):
     blk = _PAR_BLOCK_BYTES // dtype.itemsize
     nblk = -(-n // blk)
     counter = itertools.count()  # next() is atomic under the GIL
+    slots = _slot_scratch(dtype, k)
 
-    def worker(_lo, _hi):
-        ta, tb = _scratch(dtype, _PAR_BLOCK_BYTES)
+    def worker(s, _):
+        ta, tb = slots[s]
         for b in counter:
             if b >= nblk:
                 return

@@ -135,19 +135,23 @@ def test_forward_in_place_out_is_x(dtype):
 @pytest.mark.parametrize("threads,limit", [(1, 4096), (2, 8192)])
 def test_no_allocation_after_warm_up(dtype, threads, limit):
     # Check that forward and backward allocate no arrays once warmed up (the draws go
-    # straight into mask; the keep test uses a reused per-thread bool block): the traced
-    # peak stays at the few Python objects a call makes (on two threads also the pool's
-    # future and the block queue, ~5 KiB; a bool block alone would be 256 KiB).
+    # straight into mask; the keep test uses reused bool blocks): the traced peak stays at
+    # the few Python objects a call makes (on two threads also the pool's future and the
+    # block queue, ~5 KiB; a bool block alone would be 256 KiB). The pool first gets three
+    # workers, as after any 4-thread use, so the pipeline's second slice may run on a
+    # different pool thread each call.
     x = _x((1000, 1000), dtype)
     out, mask = np.empty_like(x), np.empty_like(x)
     g = np.random.default_rng(0)
+    parallel.parallel_for(lambda i, j: None, 4, 4)
     with num_threads(threads):
         assert parallel.chunks(x.size, 1) == threads  # two threads: the pipelined path
         D.dropout_forward(out, mask, x, 0.5, g)
         tracemalloc.start()
         try:
-            D.dropout_forward(out, mask, x, 0.5, g)
-            D.dropout_backward(out, x, mask)
+            for _ in range(4):
+                D.dropout_forward(out, mask, x, 0.5, g)
+                D.dropout_backward(out, x, mask)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
