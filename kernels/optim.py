@@ -2,9 +2,10 @@
 
 Parameters and their state are walked as flat views (C- or Fortran-contiguous, never
 copied) in blocks of ~256 KiB through small per-thread scratch buffers, so no temporary the
-size of a parameter is ever made (the reference's whole-array AdamW makes 12). Updates run
-on the calling thread: splitting them over blasnet's threads is implemented (``_SPLIT``)
-but off, because in a training step it was slower (see ``_SPLIT``)."""
+size of a parameter is ever made (the reference's whole-array AdamW makes 12). Large
+parameters (kernels.parallel.chunks decides) are split over blasnet's threads; every
+element goes through the same correctly rounded ufuncs whatever the split, so results do
+not depend on it."""
 from __future__ import annotations
 
 import itertools
@@ -26,20 +27,19 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 # loaded machine cost ~10x (measured again: 36 ms instead of 5), and its fused multiply-add
 # would round differently from the ufunc chain, so results would depend on the thread count.
 _BLOCK_BYTES = 256 * 1024
-# Splitting an update over blasnet's threads (kernels.parallel; results are the same bits
-# either way). Off: on this 2-vCPU VM it paid only in a tight loop of updates and lost in a
-# training step. AdamW over the large FFN's 2.1M parameters, 2 threads, medians in ms:
-#                      update alone, back to back    right after forward+backward
-#     inline                    5.4                         5.4
-#     split                     3.6                         6.4  (GMLP's 3.4M: 10.4 vs 8.7)
-# After a threaded GEMM OpenBLAS's idle worker spins on the second core for ~0.1 s
-# (OPENBLAS_THREAD_TIMEOUT, read at load: with 4 the split took 3.95 ms in the step), and
-# a Python thread waiting for the GIL sleeps, a wake-up taking 10-50 us here (tail to ms):
-# the pool thread joined ~1.5-3 ms late and its GIL requests stalled the caller. Right
-# after a GEMM the split lost at every size tried (1M-8M elements: 2.2 vs 1.9 ms, 22.4 vs
-# 20.2 ms). Blocks must also be larger when split: shorter ufunc calls than the wake-up
-# just queue on the GIL (64 Ki-element blocks 1.3x, 128 Ki 1.5x, back to back).
-_SPLIT = False
+# Large updates are split over blasnet's threads. AdamW over the large FFN's 2.1M float32
+# parameters, 2 threads, medians in ms:
+#                        alone, back to back    right after a forward+backward
+#     inline                     5.4                       5.8
+#     split                      3.6                       4.1
+# That needs OpenBLAS's workers asleep between GEMMs (kernels.threads sets
+# OPENBLAS_THREAD_TIMEOUT=4): with OpenBLAS's default they spin on the second core for
+# ~0.1 s after each GEMM, and there the split lost (6.4 vs 5.4 ms after a forward+backward).
+# It also loses when the process has idled (~7 vs 5.4 ms after 0.2 s asleep: the pool
+# thread wakes slowly). A thread waiting for the GIL sleeps, and waking one took 10-50 us
+# here (tail to ms), so split ufunc calls must be long: 64 Ki-element blocks gave 1.3x,
+# 128 Ki 1.5x (back to back).
+_SPLIT = True
 _PAR_BLOCK_BYTES = 512 * 1024
 
 _tls = threading.local()  # per-thread scratch: pool threads run the same kernel at once
