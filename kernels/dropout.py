@@ -79,8 +79,8 @@ def _forward_pipelined(of, mf, xf, p, scale, rng, k):
     """The caller draws every block in order into the mask (the Generator is not
     thread-safe, and one stream keeps the reference's mask) and queues it; ``k - 1`` pool
     threads finish queued blocks; once all are drawn the caller finishes what is still
-    queued. A pool thread that starts late (after a GEMM it shares its core with OpenBLAS's
-    spinning worker) just finishes fewer blocks."""
+    queued. A pool thread that starts late (it must wake up first, or its core is busy)
+    just finishes fewer blocks."""
     dt = mf.dtype
     n = mf.size
     blk = _PIPE_BLOCK_BYTES // dt.itemsize

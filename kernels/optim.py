@@ -80,10 +80,10 @@ def _serial(n):
 def _split(chain, arrays, consts):
     """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over ~512 KiB blocks,
     run by blasnet's threads, which take blocks from a shared counter until none is left:
-    a thread that starts late (the pool thread must wake up; after a GEMM it shares its
-    core with OpenBLAS's spinning worker) takes fewer blocks, and the caller never waits
-    for more than the block another thread is finishing. Block boundaries do not change
-    any result: every element goes through the same ufuncs."""
+    a thread that starts late (the pool thread must wake up first, or its core is busy)
+    takes fewer blocks, and the caller never waits for more than the block another thread
+    is finishing. Block boundaries do not change any result: every element goes through
+    the same ufuncs."""
     n, dtype = arrays[0].size, arrays[0].dtype
     k = _par.chunks(n, 1)
     blk = _PAR_BLOCK_BYTES // dtype.itemsize
