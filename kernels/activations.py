@@ -265,15 +265,14 @@ def _fwdg_leaky(h, z, g, sc, slope):
         _add(g, b, g)
 
 
-def _fwdg_gelu32(h, z, g, sc, slope):
+def _gelu32_grad(h, z, g, a, b, c, m):
     # With s = |z|, P = Phi(-s) = e(s) T(t) as in _fwd_gelu32 and Phi(z) = 1 - P (z >= 0) or
     # P (z < 0): h = z Phi(z) and act' = Phi(z) + z phi(z), phi(z) = e / sqrt(2 pi). The
     # select is sign-bit arithmetic, Phi(z) = H(z) - copysign(P, z), exact on the negative
     # side (no 0.5 + ... cancellation); z's sign bit decides both terms, so -0.0 counts as
     # negative in both. A masked ufunc (where=) would cost ~5 ns/element on a random mask.
-    # 33 passes (the forward alone takes 26, recomputing act' in backward 32).
-    a, b, c, m = sc[0], sc[1], sc[2], sc[3]
-    zu, cu, bu = z.view(np.uint32), c.view(np.uint32), b.view(np.uint32)
+    # 33 passes (the forward alone takes 26, recomputing act' in backward 32). ``a`` is
+    # scratch, or h itself when h is not z (one buffer less to keep in cache).
     _abs(z, a)                       # s
     _add(a, _TA, b)
     _div(_TA, b, b)                  # t
@@ -282,15 +281,25 @@ def _fwdg_gelu32(h, z, g, sc, slope):
     _mul(a, z, b)
     _exp(b, b)                       # e = exp(-z^2/2)
     _mul(c, b, c)                    # P
-    _mul(a, b, a)                    # -z e / 2
-    _mul(a, -2.0 * _INV_SQRT_2PI, a)  # z phi(z)
-    _and(zu, _SIGN, bu)              # z's sign bit
-    _xor(cu, bu, cu)                 # copysign(P, z) (P >= 0)
+    _mul(a, b, b)                    # -z e / 2
+    _mul(b, -2.0 * _INV_SQRT_2PI, b)  # z phi(z)
+    au = a.view(np.uint32)
+    _and(z.view(np.uint32), _SIGN, au)  # z's sign bit
+    cu = c.view(np.uint32)
+    _xor(cu, au, cu)                 # copysign(P, z) (P >= 0)
     _ge(z.view(np.int32), 0, m)      # sign bit clear: H(z) = 1
-    _copyto(b, m)
-    _sub(b, c, c)                    # Phi(z)
+    _copyto(a, m)
+    _sub(a, c, c)                    # Phi(z)
     _mul(z, c, h)                    # h: z read for the last time
-    _add(c, a, g)
+    _add(c, b, g)
+
+
+def _fwdg_gelu32(h, z, g, sc, slope):
+    _gelu32_grad(h, z, g, sc[0], sc[1], sc[2], sc[3])
+
+
+def _fwdg_gelu32_hs(h, z, g, sc, slope):  # h is not z: h serves as the first scratch
+    _gelu32_grad(h, z, g, h, sc[1], sc[2], sc[3])
 
 
 def _fwdg_gelu64(h, z, g, sc, slope):
@@ -359,6 +368,8 @@ _FWDG32 = {"relu": _fwdg_relu, "leaky_relu": _fwdg_leaky, "gelu": _fwdg_gelu32,
            "gelu_tanh": _fwdg_gelu_tanh, "silu": _fwdg_silu, "sigmoid": _fwdg_sigmoid,
            "tanh": _fwdg_tanh}  # identity: a copy and a fill, done whole-array
 _FWDG64 = dict(_FWDG32, gelu=_fwdg_gelu64)
+# Variants that use h as scratch, for row loops where h is known not to be z.
+_H_SCRATCH = {_fwdg_gelu32: _fwdg_gelu32_hs}
 _FWDG = {np.dtype(np.float32): _FWDG32, np.dtype(np.float64): _FWDG64}
 
 
@@ -568,13 +579,6 @@ def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01,
         if bias is None:
             return h
         fn = _fwd_noop               # only z += bias
-    k = _split(n, d)
-    if k > 1:
-        rows = _split_rows(d, z.itemsize)
-        st = _stores(k)
-        _parallel_for(lambda i, j: _fwd_rows(h, z, bias, grad, fn, negative_slope, i, j, rows,
-                                             _slice_store(st, i, n, k)), n, k)
-        return h
     rows = _block_rows(d, z.itemsize)
     if n <= rows:  # one block: no loop machinery (small arrays are bound by call overhead)
         sc = _scratch(z.dtype, n, d)
@@ -583,6 +587,15 @@ def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01,
             _copyto(tb, bias)        # (n, d) tiled bias: a plain add, not a broadcast one
             _add(z, tb, z)
         fn(h, z, grad, sc, negative_slope)
+        return h
+    if fn in _H_SCRATCH and not _same(h, z):
+        fn = _H_SCRATCH[fn]
+    k = _split(n, d)
+    if k > 1:
+        rows = _split_rows(d, z.itemsize)
+        st = _stores(k)
+        _parallel_for(lambda i, j: _fwd_rows(h, z, bias, grad, fn, negative_slope, i, j, rows,
+                                             _slice_store(st, i, n, k)), n, k)
         return h
     _fwd_rows(h, z, bias, grad, fn, negative_slope, 0, n, rows)
     return h
@@ -599,16 +612,16 @@ def act_backward_unchecked(dz, dh, z, act="relu", negative_slope=0.01, h=None):
         if not _same(dz, dh):
             np.copyto(dz, dh)
         return dz
+    rows = _block_rows(d, z.itemsize)
+    if n <= rows:
+        fn(dz, dh, z, h, _scratch(z.dtype, n, d), negative_slope)
+        return dz
     k = _split(n, d)
     if k > 1:
         rows = _split_rows(d, z.itemsize)
         st = _stores(k)
         _parallel_for(lambda i, j: _bwd_rows(dz, dh, z, h, fn, negative_slope, i, j, rows,
                                              _slice_store(st, i, n, k)), n, k)
-        return dz
-    rows = _block_rows(d, z.itemsize)
-    if n <= rows:
-        fn(dz, dh, z, h, _scratch(z.dtype, n, d), negative_slope)
         return dz
     _bwd_rows(dz, dh, z, h, fn, negative_slope, 0, n, rows)
     return dz

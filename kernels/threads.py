@@ -8,16 +8,18 @@ OpenBLAS itself when it loads, before any of this runs.
 After each parallel call OpenBLAS's worker threads spin for 2^OPENBLAS_THREAD_TIMEOUT cycles
 (default 2^28, ~0.1 s) before they sleep: between the GEMMs of a step they would keep the
 other cores busy while blasnet's elementwise passes run there (measured: GELU forward at
-2 threads 18.5 ms after a GEMM, 11.2 ms with the timeout at its minimum). So this module,
-imported first by ``kernels``, sets ``OPENBLAS_THREAD_TIMEOUT=4`` (2^4 cycles; GEMM times
-unchanged) unless it is set already; it only acts if scipy's OpenBLAS is not loaded yet.
+2 threads 18.5 ms after a GEMM, 11.2 ms with a short timeout). Too short a timeout makes
+every small GEMM wake its workers (seed 000's GEMM floor 0.22 -> 0.31 ms at 2^4 cycles).
+So this module, imported first by ``kernels``, sets ``OPENBLAS_THREAD_TIMEOUT=18`` (2^18
+cycles, ~0.1 ms: longer than the gaps between small GEMMs, short against large elementwise
+passes) unless it is set already; it only acts if scipy's OpenBLAS is not loaded yet.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 
 import scipy.linalg.blas  # noqa: E402,F401  (load scipy's OpenBLAS so the controller sees it)
 from threadpoolctl import ThreadpoolController  # noqa: E402
