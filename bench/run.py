@@ -391,3 +391,49 @@ def _machine_line(m) -> str:
     if loads and loads[0] > 0.5:
         line += "\n(other processes were busy when the bench started: times are noisy)"
     return line
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Run blasnet's benchmarks and print the table.")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer rounds; the large shape only at more than one thread (its "
+                         "scaling measured in-process) and without the naive reference")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (1,2)")
+    ap.add_argument("-k", dest="select", default=None, help="pytest -k selection of benchmarks")
+    ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
+    ap.add_argument("--results", default=str(RESULTS), help="directory for the JSON files")
+    ap.add_argument("--report-only", action="store_true",
+                    help="do not run anything; print the report from the saved JSON")
+    args = ap.parse_args(argv)
+    threads = tuple(int(t) for t in args.threads.split(","))
+    result_dir = Path(args.results)
+    result_dir.mkdir(parents=True, exist_ok=True)
+    rc = 0
+    t0 = time.perf_counter()
+    if not args.report_only:
+        print(f"blasnet bench{' (quick)' if args.quick else ''}: threads {threads}, "
+              f"results in {result_dir}", flush=True)
+        loads = [os.getloadavg()[0]]
+        for t in threads:
+            rc |= run_pytest(t, args.quick, result_dir / f"threads{t}.json", args.select)
+            loads.append(os.getloadavg()[0])
+        (result_dir / "machine.json").write_text(json.dumps(dict(
+            cpus=os.cpu_count(), load_1min=loads, quick=args.quick, threads=threads)))
+        mem = result_dir / "memory.json"
+        if args.no_memory:
+            if mem.exists():
+                mem.unlink()
+        else:
+            rc |= run_memory(mem)
+    text, data = report(result_dir, threads)
+    (result_dir / "summary.json").write_text(json.dumps(data, indent=1))
+    print()
+    print(text)
+    if not args.report_only:
+        print(f"\nbench finished in {time.perf_counter() - t0:.0f} s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
