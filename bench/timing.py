@@ -15,6 +15,9 @@ QUICK = os.environ.get("BLASNET_BENCH_QUICK", "") not in ("", "0")
 # Seconds of timed rounds per benchmark, and the bounds on the round count.
 TARGET_S = 0.15 if QUICK else 1.0
 MIN_ROUNDS, MAX_ROUNDS = (3, 40) if QUICK else (7, 400)
+# At least this many alternating pairs: a burst of other work on a shared machine spoils a
+# few consecutive pairs, and the median must outvote them.
+MIN_PAIRS = 3 if QUICK else 15
 
 
 def rounds_for(seconds_per_call: float) -> int:
@@ -27,7 +30,7 @@ def paired_ratio(fn, ref, seconds_per_pair: float) -> float:
     one of two medians taken at different times."""
     clock = time.perf_counter
     ratios = []
-    for i in range(rounds_for(seconds_per_pair)):
+    for i in range(max(MIN_PAIRS, rounds_for(seconds_per_pair))):
         if i % 2:
             t0 = clock(); ref(); t1 = clock(); fn(); t2 = clock()  # noqa: E702
             ratios.append((t2 - t1) / (t1 - t0))
