@@ -186,6 +186,29 @@ class _Workspace(Workspace):
         return buf[:n]
 
 
+def _tile_rows(d, itemsize):
+    return max(1, _GATE_SPLIT_BLOCK_BYTES // (d * itemsize))
+
+
+def _add_tiled(y, x, tile, i0, i1):
+    """y[i0:i1] = x[i0:i1] + b for a (rows, d) ``tile`` of b: plain adds, no broadcasting."""
+    r = tile.shape[0]
+    for i in range(i0, i1, r):
+        j = min(i + r, i1)
+        np.add(x[i:j], tile[:j - i], out=y[i:j])
+
+
+def _rows_split(fn, n_rows, row_len):
+    """``fn(i, j)`` over rows [0, n_rows), split over threads when large (kernels.parallel)."""
+    k = 1
+    if n_rows * row_len >= 2 * _MIN_PER_THREAD:
+        k = _chunks(n_rows, row_len)
+    if k == 1:
+        fn(0, n_rows)
+    else:
+        _parallel_for(fn, n_rows, k)
+
+
 def _split_rows(fn, n_rows, row_len, arrays, blk_bytes, split_blk_bytes, itemsize):
     """``fn(*flat_slices, blk)`` over flat arrays of ``n_rows`` rows of ``row_len`` elements,
     split over threads by rows when large (kernels.parallel), inline otherwise."""
@@ -332,6 +355,7 @@ class FFN(_Block):
             v.dh = v.h
         if self.p > 0.0:
             v.mask = ws.get("mask", n, f)  # (n, d_ff) dropout mask for backward
+        v.tile = None  # (rows, d_model) b2 tiled for y = res + b2, allocated on first use
         return v
 
     def _fwd(self, x2, res=None):
@@ -360,10 +384,15 @@ class FFN(_Block):
             return y
         if b2 is None:
             np.copyto(y, res)
-        else:
+        elif res is None:
             np.copyto(y, b2.data)
-            if res is not None:
-                np.add(y, res, out=y)
+        else:  # y = res + b2 in one pass, over row blocks of a tiled b2
+            tile = v.tile
+            if tile is None:
+                tile = v.tile = self._ws.get(
+                    "tile", min(n, _tile_rows(self.d_model, self.dtype.itemsize)), self.d_model)
+            np.copyto(tile, b2.data)
+            _rows_split(lambda i, j: _add_tiled(y, res, tile, i, j), n, self.d_model)
         _gemm(y, h, self.W_out.data, False, False, 1.0, 1.0)
         return y
 

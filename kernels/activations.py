@@ -65,6 +65,19 @@ _T_COEF = (  # T(t) = sum c_k t^k, k = 0..8
     3.0306264185675508e-01, -1.9079452100796884e-01, 3.8808738515441275e-02)
 _T_HORNER = _T_COEF[-2::-1]  # c_7 .. c_0, after starting from c_8 * t
 
+# The float32 GELU chains take their constants as 0-d float32 arrays: a Python float operand
+# costs each ufunc call ~0.2 us more (NumPy converts it per call, holding the GIL), a 0-d
+# array of the operand's dtype gives the same bits.
+def _f32(v):
+    return np.array(v, np.float32)
+
+
+_TA32, _ZERO32, _ONE32, _MHALF32, _M2_32 = _f32(_TA), _f32(0.0), _f32(1.0), _f32(-0.5), _f32(-2.0)
+_INV_SQRT_2PI32, _M2_INV_SQRT_2PI32 = _f32(_INV_SQRT_2PI), _f32(-2.0 * _INV_SQRT_2PI)
+_T8_32 = _f32(_T_COEF[8])
+_T_HORNER32 = tuple(_f32(ck) for ck in _T_HORNER)
+_SIGN32 = np.array(0x80000000, np.uint32)  # float32 sign bit
+
 
 # ----------------------------------------------------------------------------- scratch
 # Scratch belongs to the calling thread (the kernels are safe to call from threads): a list
@@ -102,9 +115,13 @@ def _aligned(size, dtype):
     return buf[start:start + size]
 
 
+_UINT = {4: np.uint32, 8: np.uint64}
+
+
 def _scratch(dtype, rows, d, store=None):
-    """Scratch for (rows, d) blocks: ``(a, b, c, m, tb)``, three float arrays for the chains,
-    a bool array for masks and a float array for the tiled bias. They are views of flat
+    """Scratch for (rows, d) blocks: ``(a, b, c, m, tb, cu)``, three float arrays for the
+    chains, a bool array for masks, a float array for the tiled bias, and c viewed as
+    unsigned ints (sign-bit arithmetic). They are views of flat
     buffers of ``store`` (default: the calling thread's first) allocated once (grown only
     for blocks larger than _BLOCK_BYTES)."""
     if store is None:
@@ -124,7 +141,8 @@ def _scratch(dtype, rows, d, store=None):
             cache.clear()  # drop views of the old buffers
         if len(cache) > 64:  # many distinct small shapes: keep the dict bounded
             cache.clear()
-        views = cache[key] = tuple(f[:n].reshape(rows, d) for f in flat)  # 5 x (rows, d)
+        v = tuple(f[:n].reshape(rows, d) for f in flat)  # 5 x (rows, d)
+        views = cache[key] = v + (v[2].view(_UINT[dtype.itemsize]),)  # and c's bits
     return views
 
 
@@ -137,10 +155,10 @@ def _split_rows(d, itemsize):
 
 
 def _t_poly(c, t):
-    """c = T(t) by Horner (16 passes over the block)."""
-    _mul(t, _T_COEF[8], c)
-    _add(c, _T_COEF[7], c)
-    for ck in _T_HORNER[1:]:
+    """c = T(t) by Horner (16 passes over the block), float32."""
+    _mul(t, _T8_32, c)
+    _add(c, _T_HORNER32[0], c)
+    for ck in _T_HORNER32[1:]:
         _mul(c, t, c)
         _add(c, ck, c)
 
@@ -173,15 +191,15 @@ def _fwd_gelu32(h, z, g, sc, slope):
     # relative accuracy (no 1 + erf cancellation). 26 passes.
     a, b, c = sc[0], sc[1], sc[2]
     _abs(z, a)                       # s = |z|
-    _add(a, _TA, b)
-    _div(_TA, b, b)                  # t = 1 / (1 + 0.29 s)
+    _add(a, _TA32, b)
+    _div(_TA32, b, b)                # t = 1 / (1 + 0.29 s)
     _t_poly(c, b)                    # T(t)
     _mul(z, z, b)
-    _mul(b, -0.5, b)
+    _mul(b, _MHALF32, b)
     _exp(b, b)                       # exp(-z^2/2), underflows to 0 for |z| > ~14 (float32)
     _mul(c, b, c)                    # Phi(-|z|)
     _mul(c, a, c)
-    _max(z, 0.0, out=a)
+    _max(z, _ZERO32, out=a)
     _sub(a, c, h)
 
 
@@ -240,8 +258,7 @@ _FWD = {np.dtype(np.float32): _FWD32, np.dtype(np.float64): _FWD64}
 # Each takes (h, z, g, scratch, slope) for one row block and writes h = act(z) and
 # g = act'(z), the derivative cached for a backward of one multiply (act_backward_cached).
 # They read z before writing h or g, and write g last, so g may be z itself (or h may be z).
-_SIGN = np.uint32(0x80000000)
-_and, _xor = np.bitwise_and, np.bitwise_xor
+_and, _xor, _less = np.bitwise_and, np.bitwise_xor, np.less
 
 
 def _fwdg_relu(h, z, g, sc, slope):
@@ -265,7 +282,7 @@ def _fwdg_leaky(h, z, g, sc, slope):
         _add(g, b, g)
 
 
-def _gelu32_grad(h, z, g, a, b, c, m):
+def _gelu32_grad(h, z, g, a, b, c, cu, m):
     # With s = |z|, P = Phi(-s) = e(s) T(t) as in _fwd_gelu32 and Phi(z) = 1 - P (z >= 0) or
     # P (z < 0): h = z Phi(z) and act' = Phi(z) + z phi(z), phi(z) = e / sqrt(2 pi). The
     # select is sign-bit arithmetic, Phi(z) = H(z) - copysign(P, z), exact on the negative
@@ -274,20 +291,19 @@ def _gelu32_grad(h, z, g, a, b, c, m):
     # 33 passes (the forward alone takes 26, recomputing act' in backward 32). ``a`` is
     # scratch, or h itself when h is not z (one buffer less to keep in cache).
     _abs(z, a)                       # s
-    _add(a, _TA, b)
-    _div(_TA, b, b)                  # t
+    _add(a, _TA32, b)
+    _div(_TA32, b, b)                # t
     _t_poly(c, b)                    # T(t)
-    _mul(z, -0.5, a)                 # -z/2
+    _mul(z, _MHALF32, a)             # -z/2
     _mul(a, z, b)
     _exp(b, b)                       # e = exp(-z^2/2)
     _mul(c, b, c)                    # P
     _mul(a, b, b)                    # -z e / 2
-    _mul(b, -2.0 * _INV_SQRT_2PI, b)  # z phi(z)
-    au = a.view(np.uint32)
-    _and(z.view(np.uint32), _SIGN, au)  # z's sign bit
-    cu = c.view(np.uint32)
+    _mul(b, _M2_INV_SQRT_2PI32, b)   # z phi(z)
+    au, zu = a.view(np.uint32), z.view(np.uint32)
+    _and(zu, _SIGN32, au)            # z's sign bit
     _xor(cu, au, cu)                 # copysign(P, z) (P >= 0)
-    _ge(z.view(np.int32), 0, m)      # sign bit clear: H(z) = 1
+    _less(zu, _SIGN32, m)            # sign bit clear: H(z) = 1
     _copyto(a, m)
     _sub(a, c, c)                    # Phi(z)
     _mul(z, c, h)                    # h: z read for the last time
@@ -295,11 +311,11 @@ def _gelu32_grad(h, z, g, a, b, c, m):
 
 
 def _fwdg_gelu32(h, z, g, sc, slope):
-    _gelu32_grad(h, z, g, sc[0], sc[1], sc[2], sc[3])
+    _gelu32_grad(h, z, g, sc[0], sc[1], sc[2], sc[5], sc[3])
 
 
 def _fwdg_gelu32_hs(h, z, g, sc, slope):  # h is not z: h serves as the first scratch
-    _gelu32_grad(h, z, g, h, sc[1], sc[2], sc[3])
+    _gelu32_grad(h, z, g, h, sc[1], sc[2], sc[5], sc[3])
 
 
 def _fwdg_gelu64(h, z, g, sc, slope):
@@ -407,19 +423,19 @@ def _bwd_gelu32(dz, dh, z, h, sc, slope):
     # the negative side is exact (no 0.5 + ... cancellation). 32 passes.
     a, b, c = sc[0], sc[1], sc[2]
     _abs(z, a)                       # s = |z|
-    _add(a, _TA, b)
-    _div(_TA, b, b)                  # t
+    _add(a, _TA32, b)
+    _div(_TA32, b, b)                # t
     _t_poly(c, b)                    # T(t)
-    _mul(a, _INV_SQRT_2PI, a)
+    _mul(a, _INV_SQRT_2PI32, a)
     _sub(c, a, c)
     _mul(z, z, b)
-    _mul(b, -0.5, b)
+    _mul(b, _MHALF32, b)
     _exp(b, b)
     _mul(c, b, c)                    # w
-    _ge(z, 0.0, sc[3])
+    _ge(z, _ZERO32, sc[3])
     _copyto(a, sc[3])                # m
-    _mul(c, -2.0, b)
-    _add(b, 1.0, b)
+    _mul(c, _M2_32, b)
+    _add(b, _ONE32, b)
     _mul(b, a, b)
     _add(c, b, c)
     _mul(dh, c, dz)

@@ -408,3 +408,20 @@ def test_work_buffers_start_on_a_cache_line(name):
     for _, mod in m.named_modules():
         for key, buf in getattr(mod, "_ws", None)._bufs.items():
             assert buf.ctypes.data % 64 == 0, (name, key)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ffn_sublayer_post_large_batch_matches_naive(threads):
+    # Check LayerNorm(x + FFN(x)) when x + b2 spans several row tiles (and, at 2 threads,
+    # slices over threads), including a remainder tile: 2100 rows of width 512.
+    from engine import blocks as B
+    from kernels import num_threads
+    rng = np.random.default_rng(9)
+    d = 512
+    n = 8 * B._tile_rows(d, 8) + 52
+    with num_threads(threads):
+        m = FFNSublayer(d, 16, "gelu", norm="post", dtype=F64, rng=8)
+        _randomize(m, rng)
+        x = rng.standard_normal((n, d))
+        expected = _ln(x + _ffn(m.ffn, x), m.norm.gamma.data, m.norm.beta.data)
+        np.testing.assert_allclose(m(x), expected, rtol=1e-10, atol=1e-10)
