@@ -51,6 +51,7 @@ _INPLACE_ACTS = ("relu", "leaky_relu", "identity")
 # (kernels.parallel), each ufunc call takes the GIL back, so the blocks are 4x larger.
 _GATE_BLOCK_BYTES = 128 * 1024
 _GATE_SPLIT_BLOCK_BYTES = 512 * 1024
+_SPLIT_MIN = 2 * _MIN_PER_THREAD  # elements: smaller passes never go to the thread pool
 # Work buffers start on a cache line: NumPy's own start 16 bytes past one, and an array-array
 # ufunc writing a misaligned out ran up to 2x slower here (AVX-512 stores split over lines).
 _ALIGN = 64
@@ -201,7 +202,7 @@ def _add_tiled(y, x, tile, i0, i1):
 def _rows_split(fn, n_rows, row_len):
     """``fn(i, j)`` over rows [0, n_rows), split over threads when large (kernels.parallel)."""
     k = 1
-    if n_rows * row_len >= 2 * _MIN_PER_THREAD:
+    if n_rows * row_len >= _SPLIT_MIN:
         k = _chunks(n_rows, row_len)
     if k == 1:
         fn(0, n_rows)
@@ -213,7 +214,7 @@ def _split_rows(fn, n_rows, row_len, arrays, blk_bytes, split_blk_bytes, itemsiz
     """``fn(*flat_slices, blk)`` over flat arrays of ``n_rows`` rows of ``row_len`` elements,
     split over threads by rows when large (kernels.parallel), inline otherwise."""
     k = 1
-    if n_rows * row_len >= 2 * _MIN_PER_THREAD:
+    if n_rows * row_len >= _SPLIT_MIN:
         k = _chunks(n_rows, row_len)
     if k == 1:
         fn(*arrays, blk_bytes // itemsize)
@@ -384,9 +385,14 @@ class FFN(_Block):
             return y
         if b2 is None:
             np.copyto(y, res)
-        elif res is None:
+        elif n * self.d_model < _SPLIT_MIN:  # small: as cheap as possible
             np.copyto(y, b2.data)
-        else:  # y = res + b2 in one pass, over row blocks of a tiled b2
+            if res is not None:
+                np.add(y, res, out=y)
+        elif res is None:  # large: split over threads
+            b2d = b2.data
+            _rows_split(lambda i, j: np.copyto(y[i:j], b2d), n, self.d_model)
+        else:  # large: y = res + b2 in one pass, over row blocks of a tiled b2
             tile = v.tile
             if tile is None:
                 tile = v.tile = self._ws.get(

@@ -425,3 +425,18 @@ def test_ffn_sublayer_post_large_batch_matches_naive(threads):
         x = rng.standard_normal((n, d))
         expected = _ln(x + _ffn(m.ffn, x), m.norm.gamma.data, m.norm.beta.data)
         np.testing.assert_allclose(m(x), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ffn_large_batch_matches_naive(threads):
+    # Check FFN(x) when the b2 fill of y is large enough to be split over threads.
+    from engine import blocks as B
+    from kernels import num_threads
+    rng = np.random.default_rng(10)
+    d = 512
+    n = B._SPLIT_MIN // d + 37
+    with num_threads(threads):
+        m = FFN(d, 16, "gelu", dtype=F64, rng=8)
+        _randomize(m, rng)
+        x = rng.standard_normal((n, d))
+        np.testing.assert_allclose(m(x), _ffn(m, x), rtol=1e-10, atol=1e-10)
