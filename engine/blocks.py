@@ -1,8 +1,9 @@
 """Transformer feed-forward blocks built straight on the kernels: ``Dropout``, ``LayerNorm``,
 ``FFN``, ``GMLP``, ``AddNorm`` and ``FFNSublayer``. Each block checks its input once at the
 public boundary, then runs the kernels' unchecked cores on work buffers it owns (grown to the
-largest batch seen, row slices otherwise), so a steady step allocates nothing and costs little
-beyond its GEMMs. Each forward supports one backward: backward reuses forward's buffers.
+largest batch seen, row slices otherwise, 64-byte aligned), so a steady step allocates nothing
+and costs little beyond its GEMMs; large elementwise passes are split over the blasnet thread
+count. Each forward supports one backward: backward reuses forward's buffers.
 """
 from __future__ import annotations
 
@@ -50,8 +51,10 @@ _INPLACE_ACTS = ("relu", "leaky_relu", "identity")
 # block stay in L2 while the ufunc chain runs over them. When the chain is split over threads
 # (kernels.parallel), each ufunc call takes the GIL back, so the blocks are 4x larger.
 _GATE_BLOCK_BYTES = 128 * 1024
-_GATE_SPLIT_BLOCK_BYTES = 512 * 1024
+_SPLIT_BLOCK_BYTES = 512 * 1024
 _SPLIT_MIN = 2 * _MIN_PER_THREAD  # elements: smaller passes never go to the thread pool
+# (1, 2) as 0-d arrays per dtype: a Python float operand costs a ufunc call ~0.2 us more.
+_CONST = {np.dtype(t): (np.array(1.0, t), np.array(2.0, t)) for t in (np.float32, np.float64)}
 # Work buffers start on a cache line: NumPy's own start 16 bytes past one, and an array-array
 # ufunc writing a misaligned out ran up to 2x slower here (AVX-512 stores split over lines).
 _ALIGN = 64
@@ -188,7 +191,7 @@ class _Workspace(Workspace):
 
 
 def _tile_rows(d, itemsize):
-    return max(1, _GATE_SPLIT_BLOCK_BYTES // (d * itemsize))
+    return max(1, _SPLIT_BLOCK_BYTES // (d * itemsize))
 
 
 def _add_tiled(y, x, tile, i0, i1):
@@ -210,7 +213,7 @@ def _rows_split(fn, n_rows, row_len):
         _parallel_for(fn, n_rows, k)
 
 
-def _split_rows(fn, n_rows, row_len, arrays, blk_bytes, split_blk_bytes, itemsize):
+def _split_flat(fn, n_rows, row_len, arrays, blk_bytes, split_blk_bytes, itemsize):
     """``fn(*flat_slices, blk)`` over flat arrays of ``n_rows`` rows of ``row_len`` elements,
     split over threads by rows when large (kernels.parallel), inline otherwise."""
     k = 1
@@ -447,26 +450,28 @@ class FFN(_Block):
 def _gate_forward(a, g, p, blk):
     """(g, p) = (Zg/2, P/2) -> g = S = 1 + tanh(Zg/2) = 2 sigmoid(Zg) in place and
     a = S * P/2 = sigmoid(Zg) * P. Flat 1-D arrays, in blocks of ``blk`` elements: 3 passes."""
+    one = _CONST[g.dtype][0]
     for i in range(0, g.shape[0], blk):
         j = i + blk
         gb = g[i:j]
-        np.tanh(gb, out=gb)  # SIMD tanh; no overflow for any |z| (unlike exp)
-        np.add(gb, 1.0, out=gb)
-        np.multiply(gb, p[i:j], out=a[i:j])
+        np.tanh(gb, gb)      # SIMD tanh; no overflow for any |z| (unlike exp)
+        np.add(gb, one, gb)
+        np.multiply(gb, p[i:j], a[i:j])
 
 
 def _gate_backward(g, p, da, blk):
     """In place (g, p, da) = (S, P/2, dA) -> (2 dZg, 2 dP, dead) with dP = dA * G = dA * S/2
     and dZg = dA * P * G (1 - G) = dA * S * (P/2) * (2 - S) / 2; the GEMMs that read them take
     alpha = 0.5. Flat 1-D arrays in blocks of ``blk`` elements, no scratch: 5 passes."""
+    two = _CONST[g.dtype][1]
     for i in range(0, g.shape[0], blk):
         j = i + blk
         gb, pb, db = g[i:j], p[i:j], da[i:j]
-        np.multiply(db, gb, out=db)  # 2 dP = dA S
-        np.multiply(pb, db, out=pb)  # (P/2) dA S
-        np.subtract(2.0, gb, out=gb)
-        np.multiply(gb, pb, out=gb)  # 2 dZg
-        np.copyto(pb, db)            # 2 dP
+        np.multiply(db, gb, db)  # 2 dP = dA S
+        np.multiply(pb, db, pb)  # (P/2) dA S
+        np.subtract(two, gb, gb)
+        np.multiply(gb, pb, gb)  # 2 dZg
+        np.copyto(pb, db)        # 2 dP
 
 
 class GMLP(_Block):
@@ -532,8 +537,8 @@ class GMLP(_Block):
             _gemm(v.u, x2, self.W_in.data)
             _bias_act(v.z, v.u, None, "gelu", 0.01, v.u)    # GELU' cached over u
             _gemm(v.gpt, self.Wgp_T, v.z, False, True, 0.5)  # (2f, n) = Wgp_T Z^T / 2
-            _split_rows(_gate_forward, self.d_ffn, n, (v.at, v.g, v.p), _GATE_BLOCK_BYTES,
-                        _GATE_SPLIT_BLOCK_BYTES, self._itemsize)
+            _split_flat(_gate_forward, self.d_ffn, n, (v.at, v.g, v.p), _GATE_BLOCK_BYTES,
+                        _SPLIT_BLOCK_BYTES, self._itemsize)
             _gemm(v.y, v.atm, self.W_out.data, True, False)  # Y = A W_out
         return _out(v.y, self._s.yshape)
 
@@ -545,8 +550,8 @@ class GMLP(_Block):
             at, z = v.atm, v.z
             _gemm(self.W_out.grad, at, dy2, False, False, 1.0, 1.0)  # A^T dY
             _gemm(at, self.W_out.data, dy2, False, True)              # dA^T = W_out dY^T
-            _split_rows(_gate_backward, self.d_ffn, n, (v.g, v.p, v.at),  # 2 dGP^T over GP^T
-                        _GATE_BLOCK_BYTES, _GATE_SPLIT_BLOCK_BYTES, self._itemsize)
+            _split_flat(_gate_backward, self.d_ffn, n, (v.g, v.p, v.at),  # 2 dGP^T over GP^T
+                        _GATE_BLOCK_BYTES, _SPLIT_BLOCK_BYTES, self._itemsize)
             _gemm(self.dWgp_T, v.gpt, z, False, False, 0.5, 1.0)     # both halves, one GEMM
             _gemm(z, v.gpt, self.Wgp_T, True, False, 0.5)            # dZ = dGP Wgp_T over Z
             _act_cached(z, z, v.u)                                   # dU in place

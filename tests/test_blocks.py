@@ -383,12 +383,12 @@ def test_gmlp_gating_does_not_depend_on_thread_split():
     for threads in (1, 2):
         with num_threads(threads):
             a, g, p = np.empty_like(g0), g0.copy(), p0.copy()
-            B._split_rows(B._gate_forward, rows, n, (a, g, p), B._GATE_BLOCK_BYTES,
-                          B._GATE_SPLIT_BLOCK_BYTES, 4)
+            B._split_flat(B._gate_forward, rows, n, (a, g, p), B._GATE_BLOCK_BYTES,
+                          B._SPLIT_BLOCK_BYTES, 4)
             fwd = (a.copy(), g.copy())
             da = da0.copy()
-            B._split_rows(B._gate_backward, rows, n, (g, p, da), B._GATE_BLOCK_BYTES,
-                          B._GATE_SPLIT_BLOCK_BYTES, 4)
+            B._split_flat(B._gate_backward, rows, n, (g, p, da), B._GATE_BLOCK_BYTES,
+                          B._SPLIT_BLOCK_BYTES, 4)
             out.append(fwd + (g, p))
     for x1, x2 in zip(*out):
         np.testing.assert_array_equal(x1, x2)
