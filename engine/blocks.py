@@ -22,7 +22,8 @@ from kernels.parallel import MIN_ELEMENTS_PER_THREAD as _MIN_PER_THREAD
 from kernels.parallel import chunks as _chunks
 from kernels.parallel import parallel_for as _parallel_for
 
-from .module import Module, Parameter, Workspace, as_rows, check_dtype, make_rng
+from .module import (INITS, Module, Parameter, Workspace, as_rows, check_dtype, init_weight,
+                     make_rng)
 
 __all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "AddNorm", "FFNSublayer", "INITS"]
 
@@ -41,7 +42,6 @@ _drop_bwd = _core(_drop_mod, "dropout_backward")
 _ln_fwd = _core(_ln_mod, "layernorm_forward")
 _ln_bwd = _core(_ln_mod, "layernorm_backward")
 
-INITS = ("he", "xavier", "normal", "zeros")
 # Activations whose derivative can be read off the output (sign(h) == sign(z)), so the
 # activation runs in place on the pre-activation buffer and one (N, d_ff) buffer is saved.
 # Every other activation caches act'(z) over z in the forward pass (computed there from
@@ -91,25 +91,6 @@ def _check_act(activation) -> str:
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
     return activation
-
-
-def _init_weight(rng, fan_in, fan_out, init, dt) -> np.ndarray:
-    """A (fan_in, fan_out) weight: he N(0, 2/fan_in), xavier N(0, 2/(fan_in+fan_out)), normal
-    N(0, 0.02^2) or zeros. Drawn in float64 and rounded, so float32 and float64 modules built
-    from one seed hold the same weights."""
-    if init == "zeros":
-        return np.zeros((fan_in, fan_out), dt)
-    if init == "he":
-        std = math.sqrt(2.0 / fan_in)
-    elif init == "xavier":
-        std = math.sqrt(2.0 / (fan_in + fan_out))
-    elif init == "normal":
-        std = 0.02
-    else:
-        raise ValueError(f"init: expected one of {INITS}, got {init!r}")
-    w = rng.standard_normal((fan_in, fan_out))
-    w *= std
-    return w.astype(dt)
 
 
 class _State:
@@ -338,9 +319,9 @@ class FFN(_Block):
         self._rng = rng
         self._inplace = activation in _INPLACE_ACTS
         dt = self.dtype
-        self.W_in = Parameter(_init_weight(rng, self.d_model, self.d_ff, init, dt))
+        self.W_in = Parameter(init_weight(self.d_model, self.d_ff, init, dt, rng))
         self.b1 = Parameter(np.zeros(self.d_ff, dt)) if bias else None
-        self.W_out = Parameter(_init_weight(rng, self.d_ff, self.d_model, init, dt))
+        self.W_out = Parameter(init_weight(self.d_ff, self.d_model, init, dt, rng))
         self.b2 = Parameter(np.zeros(self.d_model, dt)) if bias else None
 
     def extra_repr(self):
@@ -498,16 +479,16 @@ class GMLP(_Block):
         self.d_out = _check_dim("d_out", d_out)
         rng = make_rng(rng)
         dt, dh, f = self.dtype, self.d_hidden, self.d_ffn
-        w_in = _init_weight(rng, self.d_in, dh, "he", dt)
+        w_in = init_weight(self.d_in, dh, "he", dt, rng)
         wgp_t = np.empty((2 * f, dh), dt)  # (2f, d_hidden): rows [W_gate.T ; W_proj.T]
-        wgp_t[:f] = _init_weight(rng, dh, f, "xavier", dt).T
-        wgp_t[f:] = _init_weight(rng, dh, f, "xavier", dt).T
+        wgp_t[:f] = init_weight(dh, f, "xavier", dt, rng).T
+        wgp_t[f:] = init_weight(dh, f, "xavier", dt, rng).T
         dwgp_t = np.zeros_like(wgp_t)      # (2f, d_hidden) combined gradient
         self.Wgp_T, self.dWgp_T = wgp_t, dwgp_t
         self.W_in = Parameter(w_in)
         self.W_gate = Parameter(wgp_t[:f].T, grad=dwgp_t[:f].T)
         self.W_proj = Parameter(wgp_t[f:].T, grad=dwgp_t[f:].T)
-        self.W_out = Parameter(_init_weight(rng, f, self.d_out, "xavier", dt))
+        self.W_out = Parameter(init_weight(f, self.d_out, "xavier", dt, rng))
         self._itemsize = dt.itemsize
 
     def extra_repr(self):

@@ -13,7 +13,8 @@ from kernels.activations import ACTIVATIONS
 from kernels.gemm import gemm_unchecked as _gemm
 from kernels.gemm import gemv_colsum as _colsum
 
-from .module import Module, Parameter, Workspace, as_rows, check_dtype, make_rng
+from .module import (INITS, Module, Parameter, Workspace, as_rows, check_dtype, init_weight,
+                     make_rng)
 
 __all__ = ["INITS", "Linear", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Identity",
            "Sequential", "MLP"]
@@ -28,7 +29,6 @@ _act_cached = _kact.act_backward_cached_unchecked
 # ones act(z) needs anyway), so backward is one multiply.
 _FROM_Z = ("relu", "leaky_relu")
 
-INITS = ("he", "xavier", "normal", "zeros")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -36,22 +36,6 @@ def _check_size(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
         raise ValueError(f"{name}: expected a positive int, got {v!r}")
     return int(v)
-
-
-def _init_weight(d_in: int, d_out: int, init: str, dtype, rng) -> np.ndarray:
-    """A (d_in, d_out) weight drawn in float64 and rounded to ``dtype`` (so the same seed
-    gives the same weights, up to rounding, in float32 and float64)."""
-    if init == "he":
-        std = np.sqrt(2.0 / d_in)
-    elif init == "xavier":
-        std = np.sqrt(2.0 / (d_in + d_out))
-    elif init == "normal":
-        std = 0.02
-    elif init == "zeros":
-        return np.zeros((d_in, d_out), dtype)
-    else:
-        raise ValueError(f"init: expected one of {INITS}, got {init!r}")
-    return (rng.standard_normal((d_in, d_out)) * std).astype(dtype)
 
 
 def _rows_any(x, dtype, name: str = "x"):
@@ -108,7 +92,7 @@ class Linear(Module):
             raise ValueError(f"init: expected one of {INITS}, got {init!r}")
         self.dtype = check_dtype(dtype)
         self.init = init
-        self.W = Parameter(_init_weight(self.d_in, self.d_out, init, self.dtype, make_rng(rng)))
+        self.W = Parameter(init_weight(self.d_in, self.d_out, init, self.dtype, make_rng(rng)))
         self.b = Parameter(np.zeros(self.d_out, self.dtype)) if bias else None
         self._ws = Workspace(self.dtype)
         self._x = None  # (N, d_in) reference to the last input, for backward

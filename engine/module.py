@@ -6,11 +6,13 @@ slices (contiguous, since buffers are C-ordered). Numerics live in ``kernels``.
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["Parameter", "Module", "Workspace", "make_rng", "check_dtype", "as_rows"]
+__all__ = ["Parameter", "Module", "Workspace", "make_rng", "check_dtype", "as_rows", "INITS",
+           "init_weight"]
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -33,6 +35,28 @@ def make_rng(rng) -> np.random.Generator:
     if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
         return np.random.default_rng(rng)
     raise TypeError(f"rng: expected an int seed or a numpy.random.Generator, got {type(rng).__name__}")
+
+
+INITS = ("he", "xavier", "normal", "zeros")
+
+
+def init_weight(d_in: int, d_out: int, init: str, dtype, rng) -> np.ndarray:
+    """A (d_in, d_out) weight: he N(0, 2/d_in), xavier N(0, 2/(d_in+d_out)), normal
+    N(0, 0.02^2) or zeros. Drawn in float64 and rounded to ``dtype``, so float32 and float64
+    modules built from one seed hold the same weights (up to rounding)."""
+    if init == "zeros":
+        return np.zeros((d_in, d_out), dtype)
+    if init == "he":
+        std = math.sqrt(2.0 / d_in)
+    elif init == "xavier":
+        std = math.sqrt(2.0 / (d_in + d_out))
+    elif init == "normal":
+        std = 0.02
+    else:
+        raise ValueError(f"init: expected one of {INITS}, got {init!r}")
+    w = rng.standard_normal((d_in, d_out))  # (d_in, d_out) float64
+    w *= std
+    return w.astype(dtype)
 
 
 def as_rows(x, d: int, dtype, name: str = "x"):
