@@ -55,9 +55,6 @@ _SPLIT_BLOCK_BYTES = 512 * 1024
 _SPLIT_MIN = 2 * _MIN_PER_THREAD  # elements: smaller passes never go to the thread pool
 # (1, 2) as 0-d arrays per dtype: a Python float operand costs a ufunc call ~0.2 us more.
 _CONST = {np.dtype(t): (np.array(1.0, t), np.array(2.0, t)) for t in (np.float32, np.float64)}
-# Work buffers start on a cache line: NumPy's own start 16 bytes past one, and an array-array
-# ufunc writing a misaligned out ran up to 2x slower here (AVX-512 stores split over lines).
-_ALIGN = 64
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -114,7 +111,7 @@ class _Block(Module):
     def __init__(self, dtype):
         super().__init__()
         self.dtype = check_dtype(dtype)
-        self._ws = _Workspace(self.dtype)
+        self._ws = Workspace(self.dtype)
         self._s = _State()  # per-call state, a plain object (Module.__setattr__ costs ~0.5 us)
 
     def _views(self, key):
@@ -156,19 +153,6 @@ class _Block(Module):
 
 def _out(a, shape):
     return a.reshape(shape) if len(shape) == 3 else a
-
-
-class _Workspace(Workspace):
-    """``Workspace`` whose buffers start on a 64-byte boundary (see _ALIGN)."""
-
-    def get(self, key: str, n: int, *cols: int) -> np.ndarray:
-        buf = self._bufs.get(key)
-        if buf is None or buf.shape[0] < n or buf.shape[1:] != cols:
-            size = n * math.prod(cols)
-            raw = np.empty(size + _ALIGN // self.dtype.itemsize, self.dtype)
-            start = (-raw.ctypes.data % _ALIGN) // self.dtype.itemsize
-            buf = self._bufs[key] = raw[start:start + size].reshape(n, *cols)
-        return buf[:n]
 
 
 def _tile_rows(d, itemsize):

@@ -14,6 +14,7 @@ from .activations import (ACTIVATIONS, act_backward, act_backward_cached,
 from .dropout import (dropout_backward, dropout_backward_unchecked, dropout_forward,
                       dropout_forward_unchecked)
 from .gemm import check_array, gemm, gemm_unchecked, gemv_colsum
+from .memory import aligned_empty
 from .layernorm import (layernorm_backward, layernorm_backward_unchecked, layernorm_forward,
                         layernorm_forward_unchecked)
 from .losses import (mse_backward, mse_backward_unchecked, mse_forward, mse_forward_unchecked,

@@ -16,6 +16,7 @@ import numpy as np
 from scipy.special import ndtr as _ndtr
 
 from .gemm import check_array, gemv_colsum
+from .memory import aligned_empty as _aligned_empty
 from .parallel import MIN_ELEMENTS_PER_THREAD
 from .parallel import chunks as _chunks
 from .parallel import parallel_for as _parallel_for
@@ -35,7 +36,6 @@ _BLOCK_BYTES = 128 * 1024
 # Blocks of a pass split over threads (see the row runners), and the smallest array split.
 _SPLIT_BLOCK_BYTES = 512 * 1024
 _SPLIT_MIN_ELEMENTS = 2 * MIN_ELEMENTS_PER_THREAD
-_ALIGN = 64  # bytes: scratch buffers start on a cache line (see _aligned)
 
 # Ufuncs bound once (attribute lookups add up on small arrays). Outputs are passed
 # positionally (ufunc(a, b, out)): the hot loops below make tens of calls per block.
@@ -108,13 +108,8 @@ def _stores(k=1):
 
 
 def _aligned(size, dtype):
-    """An uninitialised (size,) array starting on a 64-byte boundary. NumPy's buffers start
-    16 bytes past one; an array-array ufunc writing to such an out runs ~2x slower (0.19 vs
-    0.10 ns/element here, AVX-512 stores split over cache lines)."""
-    dtype = np.dtype(dtype)
-    buf = np.empty(size + _ALIGN // dtype.itemsize, dtype)
-    start = (-buf.ctypes.data % _ALIGN) // dtype.itemsize
-    return buf[start:start + size]
+    """An uninitialised (size,) array on a 64-byte boundary (kernels.memory explains why)."""
+    return _aligned_empty(size, dtype)
 
 
 _UINT = {4: np.uint32, 8: np.uint64}

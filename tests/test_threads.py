@@ -96,3 +96,30 @@ def test_blas_info_lists_scipy_and_numpy_openblas():
     for lib in info:
         assert isinstance(lib["num_threads"], int) and lib["num_threads"] >= 1
         assert "filepath" in lib and "internal_api" in lib
+
+
+def _run_timeout(value, code):
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if value is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = value
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+_TIMEOUT_PROBE = ("import os, sys; assert 'scipy.linalg' not in sys.modules; import kernels; "
+                  "print(os.environ['OPENBLAS_THREAD_TIMEOUT'])")
+
+
+def test_importing_kernels_sets_the_openblas_thread_timeout_before_scipy_loads():
+    # Check that a fresh process gets OPENBLAS_THREAD_TIMEOUT=18 from `import kernels`, which is
+    # what scipy's OpenBLAS reads when kernels loads it (it was not loaded before).
+    r = _run_timeout(None, _TIMEOUT_PROBE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "18"
+
+
+def test_a_user_openblas_thread_timeout_is_kept():
+    # Check that a value the user set is not overwritten.
+    r = _run_timeout("7", _TIMEOUT_PROBE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "7"
