@@ -22,8 +22,8 @@ from kernels.parallel import MIN_ELEMENTS_PER_THREAD as _MIN_PER_THREAD
 from kernels.parallel import chunks as _chunks
 from kernels.parallel import parallel_for as _parallel_for
 
-from .module import (INITS, Module, Parameter, Workspace, as_rows, check_dtype, init_weight,
-                     make_rng)
+from .module import (INITS, Module, Parameter, Workspace, as_rows, check_dtype,
+                     check_positive_int, init_weight, make_rng)
 
 __all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "AddNorm", "FFNSublayer", "INITS"]
 
@@ -58,14 +58,6 @@ _CONST = {np.dtype(t): (np.array(1.0, t), np.array(2.0, t)) for t in (np.float32
 
 
 # ----------------------------------------------------------------------------- helpers
-def _check_dim(name, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name}: expected a positive int, got {v!r} ({type(v).__name__})")
-    if v < 1:
-        raise ValueError(f"{name}: expected a positive int, got {v}")
-    return int(v)
-
-
 def _check_p(name, p) -> float:
     if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: expected a float in [0, 1), got {p!r} ({type(p).__name__})")
@@ -239,7 +231,7 @@ class LayerNorm(_Block):
 
     def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32):
         super().__init__(dtype)
-        self.d = _check_dim("d", d)
+        self.d = check_positive_int("d", d)
         self.eps = _check_eps(eps)
         self.gamma = Parameter(np.ones(self.d, self.dtype))
         self.beta = Parameter(np.zeros(self.d, self.dtype))
@@ -292,8 +284,8 @@ class FFN(_Block):
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
                  bias: bool = True, init: str = "he", dtype=np.float32, rng=None):
         super().__init__(dtype)
-        self.d_model = _check_dim("d_model", d_model)
-        self.d_ff = _check_dim("d_ff", d_ff)
+        self.d_model = check_positive_int("d_model", d_model)
+        self.d_ff = check_positive_int("d_ff", d_ff)
         self.activation = _check_act(activation)
         self.p = _check_p("dropout", dropout)
         if init not in INITS:
@@ -457,10 +449,10 @@ class GMLP(_Block):
     def __init__(self, d_in: int, d_hidden: int, d_ffn: int, d_out: int, dtype=np.float32,
                  rng=None):
         super().__init__(dtype)
-        self.d_in = _check_dim("d_in", d_in)
-        self.d_hidden = _check_dim("d_hidden", d_hidden)
-        self.d_ffn = _check_dim("d_ffn", d_ffn)
-        self.d_out = _check_dim("d_out", d_out)
+        self.d_in = check_positive_int("d_in", d_in)
+        self.d_hidden = check_positive_int("d_hidden", d_hidden)
+        self.d_ffn = check_positive_int("d_ffn", d_ffn)
+        self.d_out = check_positive_int("d_out", d_out)
         rng = make_rng(rng)
         dt, dh, f = self.dtype, self.d_hidden, self.d_ffn
         w_in = init_weight(self.d_in, dh, "he", dt, rng)
@@ -534,7 +526,7 @@ class AddNorm(_Block):
     def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, dtype=np.float32,
                  rng=None):
         super().__init__(dtype)
-        self.d_model = _check_dim("d_model", d_model)
+        self.d_model = check_positive_int("d_model", d_model)
         self.p = _check_p("dropout", dropout)
         self.eps = _check_eps(eps)
         self._rng = make_rng(rng)
@@ -619,7 +611,7 @@ class FFNSublayer(_Block):
         super().__init__(dtype)
         if norm not in ("post", "pre"):
             raise ValueError(f"norm: expected 'post' or 'pre', got {norm!r}")
-        self.d_model = _check_dim("d_model", d_model)
+        self.d_model = check_positive_int("d_model", d_model)
         p = _check_p("dropout", dropout)
         rng = make_rng(rng)
         self.norm_mode = norm

@@ -13,8 +13,8 @@ from kernels.activations import ACTIVATIONS
 from kernels.gemm import gemm_unchecked as _gemm
 from kernels.gemm import gemv_colsum as _colsum
 
-from .module import (INITS, Module, Parameter, Workspace, as_rows, check_dtype, init_weight,
-                     make_rng)
+from .module import (INITS, Module, Parameter, Workspace, as_rows, check_dtype,
+                     check_positive_int, init_weight, make_rng)
 
 __all__ = ["INITS", "Linear", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Identity",
            "Sequential", "MLP"]
@@ -32,12 +32,6 @@ _FROM_Z = ("relu", "leaky_relu")
 
 
 # ----------------------------------------------------------------------------- helpers
-def _check_size(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {v!r}")
-    return int(v)
-
-
 def _rows_any(x, dtype, name: str = "x"):
     """``as_rows`` for modules that accept any feature size d: ``(N, d)`` or ``(B, T, d)``."""
     if isinstance(x, np.ndarray) and x.ndim in (2, 3):
@@ -86,8 +80,8 @@ class Linear(Module):
     def __init__(self, d_in: int, d_out: int, bias: bool = True, init: str = "he",
                  dtype=np.float32, rng=None):
         super().__init__()
-        self.d_in = _check_size("d_in", d_in)
-        self.d_out = _check_size("d_out", d_out)
+        self.d_in = check_positive_int("d_in", d_in)
+        self.d_out = check_positive_int("d_out", d_out)
         if init not in INITS:
             raise ValueError(f"init: expected one of {INITS}, got {init!r}")
         self.dtype = check_dtype(dtype)
@@ -288,7 +282,7 @@ class MLP(Module):
                  negative_slope: float = 0.01, dtype=np.float32, rng=None):
         super().__init__()
         try:
-            sizes = [_check_size(f"sizes[{i}]", s) for i, s in enumerate(sizes)]
+            sizes = [check_positive_int(f"sizes[{i}]", s) for i, s in enumerate(sizes)]
         except TypeError:
             raise TypeError(f"sizes: expected a sequence of ints, got {sizes!r}") from None
         if len(sizes) < 2:

@@ -13,8 +13,8 @@ import numpy as np
 
 from kernels.memory import aligned_empty
 
-__all__ = ["Parameter", "Module", "Workspace", "make_rng", "check_dtype", "as_rows", "INITS",
-           "init_weight"]
+__all__ = ["Parameter", "Module", "Workspace", "make_rng", "check_dtype", "check_positive_int",
+           "as_rows", "INITS", "init_weight"]
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -28,6 +28,16 @@ def check_dtype(dtype) -> np.dtype:
     if dt not in _FLOAT_DTYPES:
         raise TypeError(f"dtype: expected float32 or float64, got {dt}")
     return dt
+
+
+def check_positive_int(name: str, v) -> int:
+    """``v`` as an int >= 1: TypeError naming ``name`` for a non-int (bool and float included,
+    as NumPy and PyTorch do for sizes), ValueError for one below 1."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name}: expected a positive int, got {v!r} ({type(v).__name__})")
+    if v < 1:
+        raise ValueError(f"{name}: expected a positive int, got {v}")
+    return int(v)
 
 
 def make_rng(rng) -> np.random.Generator:

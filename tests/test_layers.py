@@ -100,12 +100,14 @@ def test_linear_init_choices():
     assert Linear(3, 2, bias=False).b is None
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
-def test_linear_bad_sizes(bad):
-    # Check that a non-positive or non-int size is a ValueError naming the argument.
-    with pytest.raises(ValueError, match="d_in"):
+@pytest.mark.parametrize("bad,exc", [(0, ValueError), (-1, ValueError), (2.5, TypeError),
+                                     (True, TypeError), ("3", TypeError)])
+def test_linear_bad_sizes(bad, exc):
+    # Check that a size below 1 is a ValueError and a non-int one (bool, float, str) a
+    # TypeError, each naming the argument (as NumPy and PyTorch treat sizes).
+    with pytest.raises(exc, match="^d_in: expected a positive int"):
         Linear(bad, 3)
-    with pytest.raises(ValueError, match="d_out"):
+    with pytest.raises(exc, match="^d_out: expected a positive int"):
         Linear(3, bad)
 
 
