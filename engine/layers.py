@@ -58,7 +58,10 @@ def _rows_like(dy, shape: tuple, dtype, name: str = "dy"):
 
 
 def _not_before_forward(module) -> RuntimeError:
-    return RuntimeError(f"{type(module).__name__}.backward: called before forward")
+    # The rule of every engine module (blocks included), as PyTorch's default: a forward
+    # allows one backward; its cache is released by that backward.
+    return RuntimeError(f"{type(module).__name__}.backward: no forward pass to differentiate "
+                        f"(call forward before backward; each forward allows one backward)")
 
 
 def _no_overlap(module, x2, buf) -> None:
@@ -120,6 +123,7 @@ class Linear(Module):
             if self.b is not None:
                 _colsum(self.b.grad, dy2, 1.0)  # db += dy.sum(0) via gemv
             _gemm(dx, dy2, self.W.data, False, True, 1.0, 0.0)  # dx = dy W^T
+        self._x = None
         return dx if len(lead) == 1 else dx.reshape(*lead, self.d_in)
 
     def extra_repr(self) -> str:
@@ -160,6 +164,7 @@ class _Activation(Module):
         dz = self._ws.get("dz", *z.shape)  # (N, d)
         if z.size:
             _act_bwd(dz, dh, z, self._act, self.negative_slope, self._h)
+        self._z = None
         return dz if dy.ndim == 2 else dz.reshape(self._shape)
 
 
@@ -222,6 +227,7 @@ class Identity(_Activation):
         if self._z is None:
             raise _not_before_forward(self)
         _rows_like(dy, self._shape, self.dtype)
+        self._z = None
         return dy
 
 
@@ -252,6 +258,7 @@ class Sequential(Module):
             raise _not_before_forward(self)
         for m in self._rev:
             dy = m.backward(dy)
+        self._ready = False
         return dy
 
     def __len__(self) -> int:
@@ -376,6 +383,7 @@ class MLP(Module):
                     _colsum(lin.b.grad, dz, 1.0)  # db += dz.sum(0)
                 _gemm(dx, dz, lin.W.data, False, True, 1.0, 0.0)  # dh_prev = dz W^T
             dh = dx
+        self._lead = None
         return dh if len(lead) == 1 else dh.reshape(*lead, self.sizes[0])
 
     def __len__(self) -> int:

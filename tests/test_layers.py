@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from gradcheck import check_module_grads
 
-from engine import (GELU, Identity, LeakyReLU, Linear, ReLU, Sequential, Sigmoid, SiLU, Tanh)
+from engine import (GELU, MLP, Identity, LeakyReLU, Linear, ReLU, Sequential, Sigmoid, SiLU,
+                    Tanh)
 from kernels import reference
 
 INITS = ["he", "xavier", "normal", "zeros"]
@@ -62,13 +63,14 @@ def test_linear_forward_matches_matmul(dtype):
 
 
 def test_linear_backward_accumulates_grads():
-    # Check that parameter gradients add up over two backward calls until zero_grad.
+    # Check that parameter gradients add up over two forward+backward passes until zero_grad.
     rng = np.random.default_rng(2)
     lin = Linear(4, 3, dtype=np.float64, rng=0)
     x, dy = rng.standard_normal((5, 4)), rng.standard_normal((5, 3))
     lin(x)
     lin.backward(dy)
     g1 = (lin.W.grad.copy(), lin.b.grad.copy())
+    lin(x)
     lin.backward(dy)
     np.testing.assert_allclose(lin.W.grad, 2 * g1[0], rtol=1e-14)
     np.testing.assert_allclose(lin.b.grad, 2 * g1[1], rtol=1e-14)
@@ -87,9 +89,9 @@ def test_linear_reuses_buffers():
     y1 = lin(x)
     dx1 = lin.backward(np.ones((8, 3), np.float32))
     y2 = lin(x[:5])
+    assert np.shares_memory(lin._x, x)  # the input cached by reference until backward
     dx2 = lin.backward(np.ones((5, 3), np.float32))
     assert np.shares_memory(y1, y2) and np.shares_memory(dx1, dx2)
-    assert lin._x is x[:5] or np.shares_memory(lin._x, x)
 
 
 def test_linear_init_choices():
@@ -498,3 +500,35 @@ def test_linear_chain_training_step_allocates_nothing():
     finally:
         tracemalloc.stop()
     assert peak < 4096, peak
+
+
+def _one_backward_cases():
+    return [
+        ("Linear", lambda: Linear(4, 3, dtype=np.float64, rng=0)),
+        ("ReLU", lambda: ReLU(dtype=np.float64)),
+        ("GELU", lambda: GELU(dtype=np.float64)),
+        ("Identity", lambda: Identity(dtype=np.float64)),
+        ("Sequential", lambda: Sequential(Linear(4, 3, dtype=np.float64, rng=0),
+                                          Tanh(dtype=np.float64))),
+        ("MLP", lambda: MLP([4, 5, 3], ["relu", None], dtype=np.float64, rng=0)),
+    ]
+
+
+@pytest.mark.parametrize("name,make", _one_backward_cases())
+def test_each_forward_allows_one_backward(name, make):
+    # Check that a second backward after one forward raises RuntimeError (the rule of the
+    # blocks, and PyTorch's default) and that the gradients of the first are left unchanged;
+    # a new forward allows a backward again.
+    rng = np.random.default_rng(3)
+    m = make()
+    x = rng.standard_normal((6, 4))
+    y = m.forward(x)
+    dy = rng.standard_normal(y.shape)
+    m.backward(dy)
+    grads = [p.grad.copy() for p in m.parameters()]
+    with pytest.raises(RuntimeError, match=f"^{type(m).__name__}.backward: .*one backward"):
+        m.backward(dy)
+    for g, p in zip(grads, m.parameters()):
+        np.testing.assert_array_equal(p.grad, g)
+    m.forward(x)
+    m.backward(dy)
