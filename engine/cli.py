@@ -38,24 +38,21 @@ def _version() -> str:
 
 
 # ----------------------------------------------------------------------------- parser
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+def _int_at_least(low: int, what: str):
+    """An argparse type: an int >= ``low``, else an error saying ``expected <what>``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = low - 1
+        if v < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
+_positive = _int_at_least(1, "a positive integer")
+_nonnegative_int = _int_at_least(0, "an integer >= 0")
 
 
 def _sizes(text: str) -> list:

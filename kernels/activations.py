@@ -314,14 +314,19 @@ def _fwdg_gelu32_hs(h, z, g, sc, slope):  # h is not z: h serves as the first sc
     _gelu32_grad(h, z, g, h, sc[1], sc[2], sc[5], sc[3])
 
 
-def _fwdg_gelu64(h, z, g, sc, slope):
-    a, b = sc[0], sc[1]
+def _gelu64_parts(z, a, b):
+    """a = Phi(z), b = z phi(z) (float64: ndtr, exact to double rounding)."""
     _ndtr(z, a)                      # Phi(z): the expensive pass
     _mul(z, -0.5, b)
     _mul(b, z, b)
     _exp(b, b)
     _mul(b, z, b)
     _mul(b, _INV_SQRT_2PI, b)        # z phi(z)
+
+
+def _fwdg_gelu64(h, z, g, sc, slope):
+    a, b = sc[0], sc[1]
+    _gelu64_parts(z, a, b)
     _mul(z, a, h)
     _add(a, b, g)
 
@@ -439,12 +444,7 @@ def _bwd_gelu32(dz, dh, z, h, sc, slope):
 
 def _bwd_gelu64(dz, dh, z, h, sc, slope):
     a, b = sc[0], sc[1]
-    _ndtr(z, a)                      # Phi(z): the expensive pass
-    _mul(z, -0.5, b)
-    _mul(b, z, b)
-    _exp(b, b)
-    _mul(b, z, b)
-    _mul(b, _INV_SQRT_2PI, b)        # z phi(z)
+    _gelu64_parts(z, a, b)
     _add(a, b, a)
     _mul(dh, a, dz)
 
@@ -573,6 +573,19 @@ def _slice_store(stores, i, n, k):
     return stores[-(-i * k // n)]
 
 
+def _run_rows(runner, n, d, itemsize, *args):
+    """``runner(*args, i0, i1, rows, store)`` over rows [0, n) of an (n, d) pass: one slice per
+    thread (blocks of _SPLIT_BLOCK_BYTES, each slice on its own scratch store) when large,
+    else inline in blocks of _BLOCK_BYTES on the caller's scratch."""
+    k = _split(n, d)
+    if k == 1:
+        runner(*args, 0, n, _block_rows(d, itemsize))
+        return
+    rows = _split_rows(d, itemsize)
+    st = _stores(k)
+    _parallel_for(lambda i, j: runner(*args, i, j, rows, _slice_store(st, i, n, k)), n, k)
+
+
 # ----------------------------------------------------------------------------- unchecked cores
 def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01, grad=None):
     """``bias_act_forward`` without argument checks (hot path): the caller guarantees 2-D
@@ -604,14 +617,7 @@ def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01,
         return h
     if fn in _H_SCRATCH and not _same(h, z):
         fn = _H_SCRATCH[fn]
-    k = _split(n, d)
-    if k > 1:
-        rows = _split_rows(d, z.itemsize)
-        st = _stores(k)
-        _parallel_for(lambda i, j: _fwd_rows(h, z, bias, grad, fn, negative_slope, i, j, rows,
-                                             _slice_store(st, i, n, k)), n, k)
-        return h
-    _fwd_rows(h, z, bias, grad, fn, negative_slope, 0, n, rows)
+    _run_rows(_fwd_rows, n, d, z.itemsize, h, z, bias, grad, fn, negative_slope)
     return h
 
 
@@ -630,14 +636,7 @@ def act_backward_unchecked(dz, dh, z, act="relu", negative_slope=0.01, h=None):
     if n <= rows:
         fn(dz, dh, z, h, _scratch(z.dtype, n, d), negative_slope)
         return dz
-    k = _split(n, d)
-    if k > 1:
-        rows = _split_rows(d, z.itemsize)
-        st = _stores(k)
-        _parallel_for(lambda i, j: _bwd_rows(dz, dh, z, h, fn, negative_slope, i, j, rows,
-                                             _slice_store(st, i, n, k)), n, k)
-        return dz
-    _bwd_rows(dz, dh, z, h, fn, negative_slope, 0, n, rows)
+    _run_rows(_bwd_rows, n, d, z.itemsize, dz, dh, z, h, fn, negative_slope)
     return dz
 
 
