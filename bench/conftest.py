@@ -4,9 +4,17 @@ from __future__ import annotations
 import pytest
 
 import kernels
+from bench import timing
+
+
+@pytest.fixture(scope="session", autouse=True)
+def settled():
+    """Once per process, before the first benchmark: wake the BLAS threads and wait for a
+    quiet machine (timing.settle). Returns the seconds waited."""
+    return timing.settle()
 
 
 @pytest.fixture
-def threads():
+def threads(settled):
     """The BLAS thread count this process runs with (set by BLASNET_NUM_THREADS)."""
     return kernels.get_num_threads()

@@ -2,9 +2,12 @@
 
 Each thread count runs pytest-benchmark over bench/ in a fresh process (BLASNET_NUM_THREADS
 is read at import, so it is set in the child's environment), writing
-bench/results/threads<N>.json; a third process measures memory with tracemalloc
-(bench/results/memory.json). The report puts every step next to its GEMM floor, the naive
-reference and the issue's targets. ``--report-only`` re-prints it from the saved JSON.
+bench/results/threads<N>.json; then one process profiles the full step of each transformer
+block at the large shape and the highest thread count (bench/profile.py, profile.json) and
+one measures memory with tracemalloc (bench/results/memory.json). The report puts every step
+next to its GEMM floor, the naive reference and the issue's targets, and says where the time
+of each missed target goes. Times and ratios are medians over the samples no other process
+disturbed (bench/timing.py). ``--report-only`` re-prints it from the saved JSON.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -73,6 +77,20 @@ def run_pytest(threads: int, quick: bool, out_json: Path, select: str | None = N
     return rc
 
 
+def run_profile(out_json: Path, threads: int, quick: bool, echo=print) -> int:
+    """The step profile (bench/profile.py) in its own process at ``threads`` threads."""
+    out_json.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "bench.profile", "--out", str(out_json)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(threads, quick), capture_output=True,
+                          text=True)
+    echo(f"  [profile, threads={threads}] exit {proc.returncode} after "
+         f"{time.perf_counter() - t0:.0f} s")
+    if proc.returncode != 0:
+        echo(proc.stdout[-3000:] + proc.stderr[-3000:])
+    return proc.returncode
+
+
 def run_memory(out_json: Path, which=None, echo=print) -> int:
     """The tracemalloc pass (bench/memory.py) in its own process."""
     out_json.unlink(missing_ok=True)
@@ -89,7 +107,9 @@ def run_memory(out_json: Path, which=None, echo=print) -> int:
 
 # ----------------------------------------------------------------------------- loading
 def load_benchmarks(paths) -> list:
-    """Flatten pytest-benchmark JSON files into dicts: extra_info + median/rounds (s)."""
+    """Flatten pytest-benchmark JSON files into dicts: extra_info + median/rounds (s).
+    ``median`` is the median over the undisturbed rounds when the run recorded it
+    (``median_clean``), pytest-benchmark's own median (kept as ``median_all``) otherwise."""
     out = []
     for p in paths:
         p = Path(p)
@@ -99,9 +119,31 @@ def load_benchmarks(paths) -> list:
             data = json.load(f)
         for b in data.get("benchmarks", []):
             row = dict(b.get("extra_info", {}))
-            row["median"] = b["stats"]["median"]
+            row["median_all"] = b["stats"]["median"]
+            row["median"] = row.get("median_clean", b["stats"]["median"])
             row["rounds"] = b["stats"]["rounds"]
             out.append(row)
+    return out
+
+
+def noise_summary(benchmarks) -> dict:
+    """Undisturbed samples kept over all benchmarks: rounds and pairs as [kept, total], the
+    dropped ones by reason, and the measurements that fell back to all samples."""
+    out = dict(rounds=[0, 0], pairs=[0, 0], dropped={}, fallbacks=[])
+    for b in benchmarks:
+        label = " ".join(str(b.get(k)) for k in ("block", "shape", "kind", "kernel", "impl")
+                         if b.get(k) is not None) + f" ({b.get('threads')} thr)"
+        for key, slot in (("median_clean", "rounds"), ("paired_ratio", "pairs"),
+                          ("paired_scaling", "pairs")):
+            kept = b.get(key + "_kept")
+            if kept is None:
+                continue
+            out[slot][0] += kept[0]
+            out[slot][1] += kept[1]
+            for why, n in (b.get(key + "_dropped") or {}).items():
+                out["dropped"][why] = out["dropped"].get(why, 0) + n
+            if b.get(key + "_fallback"):
+                out["fallbacks"].append(f"{label} {key}")
     return out
 
 
@@ -114,10 +156,15 @@ def block_rows(benchmarks) -> list:
         key = (b["block"], b["shape"], b["threads"])
         g = groups.setdefault(key, {"flops": b["flops"]})
         g[b["kind"]] = b["median"]
+        g[b["kind"] + "_noisy"] = bool(b.get("median_clean_fallback"))
         if "paired_ratio" in b:
             g[b["kind"] + "_paired"] = b["paired_ratio"]
+            g[b["kind"] + "_pairs"] = b.get("paired_ratio_kept")
+            g[b["kind"] + "_paired_noisy"] = bool(b.get("paired_ratio_fallback"))
         if "paired_scaling" in b:
             g[b["kind"] + "_scaling"] = b["paired_scaling"]
+            g[b["kind"] + "_scaling_pairs"] = b.get("paired_scaling_kept")
+            g[b["kind"] + "_scaling_noisy"] = bool(b.get("paired_scaling_fallback"))
         if "block_gemms" in b:
             g["block_gemms"], g["floor_gemms"] = b["block_gemms"], b["floor_gemms"]
     order = {c: i for i, c in enumerate(cases.CASES)}
@@ -133,10 +180,17 @@ def block_rows(benchmarks) -> list:
             # the ratio of the two separate medians is kept alongside.
             row[kind + "_ratio_medians"] = _div(t, g.get("floor"))
             row[kind + "_ratio"] = g.get(kind + "_paired", row[kind + "_ratio_medians"])
+            row[kind + "_pairs"] = g.get(kind + "_pairs")
+            # noisy: too few undisturbed samples, the median is over all of them
+            row[kind + "_ratio_noisy"] = g.get(kind + "_paired_noisy", False)
+            row[kind + "_noisy"] = g.get(kind + "_noisy", False)
             row[kind + "_x_naive"] = _div(naive, t)
             row[kind + "_gfs"] = _div(g["flops"] / 1e9, t)
             row["naive_" + kind + "_ms"] = _ms(naive)
+        row["floor_noisy"] = g.get("floor_noisy", False)
         row["step_scaling_paired"] = g.get("step_scaling")
+        row["step_scaling_pairs"] = g.get("step_scaling_pairs")
+        row["step_scaling_noisy"] = g.get("step_scaling_noisy", False)
         row["floor_scaling_paired"] = g.get("floor_scaling")
         row["gemm_check"] = _gemm_check(g)
         rows.append(row)
@@ -193,6 +247,8 @@ def scaling_rows(rows, shape="large") -> list:
         out.append(dict(block=block, shape=shape, lo=lo, hi=hi,
                         step_lo=a and a["step_ms"], step_hi=b["step_ms"],
                         step_scaling_medians=medians, step_scaling_paired=paired,
+                        pairs=b.get("step_scaling_pairs") if paired is not None else None,
+                        noisy=bool(paired is not None and b.get("step_scaling_noisy")),
                         step_scaling=paired if paired is not None else medians,
                         floor_scaling=b.get("floor_scaling_paired",
                                             _div(a and a["floor_ms"], b["floor_ms"]))))
@@ -209,40 +265,50 @@ def _div(a, b):
 
 # ----------------------------------------------------------------------------- targets
 def target_checks(rows, krows, scaling, memory) -> list:
-    """(what, measured, op, limit, met) for each target that the data covers, at the highest
-    thread count present."""
+    """One dict per target that the data covers, at the highest thread count present:
+    target (text), measured, op, limit, met, samples ("kept/total" undisturbed pairs, "" when
+    not paired), noisy (too few undisturbed pairs: the median is over all), and what it is
+    about (kind: fwd_bwd, step, adamw, scaling, memory; block; shape)."""
     if not rows and not krows:
         return []
     thr = max([r["threads"] for r in rows] + [r["threads"] for r in krows])
     by = {(r["block"], r["shape"]): r for r in rows if r["threads"] == thr}
     checks = []
 
-    def add(what, value, limit, le=True):
+    def add(what, value, limit, le=True, kind="", block="", shape="", pairs=None,
+            noisy=False):
         if value is not None:
-            checks.append((what, value, "<=" if le else ">=", limit,
-                           value <= limit if le else value >= limit))
+            checks.append(dict(target=what, measured=value, op="<=" if le else ">=",
+                               limit=limit, met=value <= limit if le else value >= limit,
+                               samples=f"{pairs[0]}/{pairs[1]}" if pairs else "",
+                               noisy=bool(noisy), kind=kind, block=block, shape=shape,
+                               threads=thr))
+
+    def ratio(block, shape, kind, limit, label):
+        r = by.get((block, shape))
+        if r is not None:
+            add(f"{label}/floor {block} {shape} ({thr} thr)", r[kind + "_ratio"], limit,
+                kind=kind, block=block, shape=shape, pairs=r.get(kind + "_pairs"),
+                noisy=r.get(kind + "_ratio_noisy"))
 
     for block, limit in FWD_BWD_LARGE_LIMIT.items():
-        r = by.get((block, "large"))
-        add(f"fwd+bwd/floor {block} large ({thr} thr)", r and r["fwd_bwd_ratio"], limit)
+        ratio(block, "large", "fwd_bwd", limit, "fwd+bwd")
     for shape in ("seed000", "seed001"):
         for block in cases.TRANSFORMER_BLOCKS:
-            r = by.get((block, shape))
-            add(f"fwd+bwd/floor {block} {shape} ({thr} thr)", r and r["fwd_bwd_ratio"],
-                FWD_BWD_SMALL_LIMIT)
+            ratio(block, shape, "fwd_bwd", FWD_BWD_SMALL_LIMIT, "fwd+bwd")
     for block in cases.TRANSFORMER_BLOCKS:
-        r = by.get((block, "large"))
-        add(f"step/floor {block} large ({thr} thr)", r and r["step_ratio"], STEP_LARGE_LIMIT)
+        ratio(block, "large", "step", STEP_LARGE_LIMIT, "step")
     for k in krows:
         if k["threads"] == thr and k["kernel"] in ("adamw_update", "AdamW.step (engine)"):
             add(f"{k['kernel']} 2.1M params, x naive ({thr} thr)", k["speedup"],
-                ADAMW_SPEEDUP_MIN, le=False)
-    for s in scaling:
-        add(f"step scaling {s['lo']}->{s['hi']} thr {s['block']} {s['shape']}",
-            s["step_scaling"], SCALING_MIN, le=False)
+                ADAMW_SPEEDUP_MIN, le=False, kind="adamw", block=k["kernel"])
+    for sc in scaling:
+        add(f"step scaling {sc['lo']}->{sc['hi']} thr {sc['block']} {sc['shape']}",
+            sc["step_scaling"], SCALING_MIN, le=False, kind="scaling", block=sc["block"],
+            shape=sc["shape"], pairs=sc.get("pairs"), noisy=sc.get("noisy"))
     for m in memory:
         add(f"peak/sum memory {m['block']} {m['shape']}", _div(m["peak"], m["sum"]),
-            MEMORY_RATIO_MAX)
+            MEMORY_RATIO_MAX, kind="memory", block=m["block"], shape=m["shape"])
     return checks
 
 
@@ -285,23 +351,38 @@ def _shape_legend() -> str:
     return "; ".join(parts)
 
 
-def format_report(rows, krows, scaling, memory, checks) -> str:
+def _star(text, noisy):
+    return text + "*" if noisy else text
+
+
+NOISY_NOTE = ("* = fewer than 3 undisturbed samples: the median is over all of them, "
+              "disturbed ones included.")
+
+
+def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None) -> str:
     out = []
+    starred = False
     if rows:
         out.append(
             "BLOCKS (float32, medians). f+b = forward + backward; step = forward, loss, backward,\n"
             "AdamW step, zero_grad. floor = the same GEMMs alone (forward 1x, backward 2x), same\n"
             "shapes, same run. ratio = time / floor, median over alternating pairs of calls.\n"
-            "x naive = time of the naive whole-array step / time. GF/s = GEMM FLOPs / time.")
+            "x naive = time of the naive whole-array step / time. GF/s = GEMM FLOPs / time.\n"
+            "Times and ratios: medians over the samples no other process disturbed.")
         out.append("Shapes: " + _shape_legend().replace("; ", ";\n        ") + ".")
         hdr = ["block", "shape", "thr", "floor ms",
                "ms", "ratio", "x naive", "GF/s", "ms", "ratio", "x naive", "GF/s"]
         body = []
         for r in rows:
-            body.append([r["block"], r["shape"], r["threads"], _fmt(r["floor_ms"], ".3f"),
-                         _fmt(r["fwd_bwd_ms"], ".3f"), _fmt(r["fwd_bwd_ratio"], ".2f"),
+            starred |= any(r[k] for k in ("floor_noisy", "fwd_bwd_noisy", "step_noisy",
+                                          "fwd_bwd_ratio_noisy", "step_ratio_noisy"))
+            body.append([r["block"], r["shape"], r["threads"],
+                         _star(_fmt(r["floor_ms"], ".3f"), r["floor_noisy"]),
+                         _star(_fmt(r["fwd_bwd_ms"], ".3f"), r["fwd_bwd_noisy"]),
+                         _star(_fmt(r["fwd_bwd_ratio"], ".2f"), r["fwd_bwd_ratio_noisy"]),
                          _fmt(r["fwd_bwd_x_naive"], ".1f"), _fmt(r["fwd_bwd_gfs"], ".1f"),
-                         _fmt(r["step_ms"], ".3f"), _fmt(r["step_ratio"], ".2f"),
+                         _star(_fmt(r["step_ms"], ".3f"), r["step_noisy"]),
+                         _star(_fmt(r["step_ratio"], ".2f"), r["step_ratio_noisy"]),
                          _fmt(r["step_x_naive"], ".1f"), _fmt(r["step_gfs"], ".1f")])
         out.append(table(hdr, body, left=2,
                          groups=[("forward + backward", 4, 7), ("full training step", 8, 11)]))
@@ -309,6 +390,14 @@ def format_report(rows, krows, scaling, memory, checks) -> str:
                       if r["gemm_check"] not in ("", "ok")})
         for block, shape, msg in bad:
             out.append(f"note: {block} {shape}: GEMMs {msg}")
+    if noise and (noise["rounds"][1] or noise["pairs"][1]):
+        dropped = ", ".join(f"{n} {why}" for why, n in sorted(noise["dropped"].items()))
+        out.append(f"Undisturbed samples kept: rounds {noise['rounds'][0]}/{noise['rounds'][1]}"
+                   f", pairs {noise['pairs'][0]}/{noise['pairs'][1]}"
+                   + (f" (dropped by signal: {dropped})" if dropped else "") + ".")
+        if noise["fallbacks"]:
+            out.append("Too few undisturbed samples (median over all): "
+                       + "; ".join(noise["fallbacks"]) + ".")
     if scaling:
         out.append("")
         lo, hi = scaling[0]["lo"], scaling[0]["hi"]
@@ -316,11 +405,17 @@ def format_report(rows, krows, scaling, memory, checks) -> str:
                    f"(time at {lo} / time at {hi}).\npaired = alternating {lo}- and {hi}-thread "
                    f"steps in the {hi}-thread run (the headline);\nmedians = ratio of the "
                    f"step medians of the two runs; floor = the GEMMs alone, paired.")
-        hdr = ["block", f"step ms @{lo}", f"step ms @{hi}", "scaling paired",
+        hdr = ["block", f"step ms @{lo}", f"step ms @{hi}", "scaling paired", "pairs kept",
                "scaling medians", "floor scaling"]
-        body = [[s["block"], _fmt(s["step_lo"], ".2f"), _fmt(s["step_hi"], ".2f"),
-                 _fmt(s["step_scaling_paired"], ".2f"), _fmt(s["step_scaling_medians"], ".2f"),
-                 _fmt(s["floor_scaling"], ".2f")] for s in scaling]
+        body = []
+        for sc in scaling:
+            starred |= bool(sc.get("noisy"))
+            pairs = sc.get("pairs")
+            body.append([sc["block"], _fmt(sc["step_lo"], ".2f"), _fmt(sc["step_hi"], ".2f"),
+                         _star(_fmt(sc["step_scaling_paired"], ".2f"), sc.get("noisy")),
+                         f"{pairs[0]}/{pairs[1]}" if pairs else "-",
+                         _fmt(sc["step_scaling_medians"], ".2f"),
+                         _fmt(sc["floor_scaling"], ".2f")])
         out.append(table(hdr, body, left=1))
     if krows:
         out.append("")
@@ -347,15 +442,134 @@ def format_report(rows, krows, scaling, memory, checks) -> str:
                  _fmt(_div(m["peak"], m["sum"]), ".3f"), f"{m['step_alloc'] / 1024:.1f}"]
                 for m in memory]
         out.append(table(hdr, body, left=2))
+    if profile:
+        out.append("")
+        out.append(format_profile(profile))
     if checks:
         out.append("")
-        out.append("TARGETS (issue 5):")
-        body = [[what, f"{value:.2f}", f"{op} {limit:g}", "met" if ok else "MISSED"]
-                for what, value, op, limit, ok in checks]
-        out.append(table(["target", "measured", "limit", ""], body, left=1))
-        n_ok = sum(c[4] for c in checks)
+        out.append("TARGETS (issue 5). pairs = undisturbed pairs kept / pairs run.")
+        body = []
+        for c in checks:
+            starred |= c["noisy"]
+            body.append([c["target"], _star(f"{c['measured']:.2f}", c["noisy"]),
+                         f"{c['op']} {c['limit']:g}", c["samples"] or "-",
+                         "met" if c["met"] else "MISSED"])
+        out.append(table(["target", "measured", "limit", "pairs", ""], body, left=1))
+        n_ok = sum(c["met"] for c in checks)
         out.append(f"{n_ok}/{len(checks)} targets met.")
+        misses = format_misses(checks, rows, krows, profile)
+        if misses:
+            out.append("")
+            out.append(misses)
+    if starred:
+        out.append("")
+        out.append(NOISY_NOTE)
     return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- profile
+def _prof_cell(seconds, floor, calls=None):
+    if seconds is None:
+        return "n/a"
+    if calls == 0 and seconds == 0:
+        return "-"
+    return f"{1e3 * seconds:.2f} {100 * seconds / floor:5.1f}%"
+
+
+def format_profile(profile) -> str:
+    """The PROFILE table: one column per block, one row per part of the step."""
+    from bench import profile as prof
+    thr = profile[0]["threads"]
+    shape = profile[0]["shape"]
+    lines = [f"PROFILE of the full step at the {shape} shape, {thr} threads (bench/profile.py): "
+             f"ms, and % of the GEMM floor.\nMedians over undisturbed steps. Kernel parts are "
+             f"timed through the engine's kernel aliases\n(exclusive); other = the forward's "
+             f"and backward's own Python and inline NumPy; the loss,\noptimizer and "
+             f"zero_grad rows are whole calls. n/a = the engine no longer has that alias."]
+    hdr = ["part"] + [p["block"] for p in profile]
+    body = []
+    for label in prof.FWD_BWD_PARTS:
+        calls = [p["calls"].get(label) if label in p["calls"] else None for p in profile]
+        name = label
+        if label == prof.FWD_BWD_PARTS[0]:
+            name = f"{label} (calls: {'/'.join(str(c) for c in calls)})"
+        body.append([name] + [_prof_cell(p["parts"].get(label), p["floor"], c)
+                              for p, c in zip(profile, calls)])
+    body.append(["= forward + backward"] + [_prof_cell(p["fwd_bwd"], p["floor"])
+                                            for p in profile])
+    for label in prof.WHOLE:
+        body.append([label] + [_prof_cell(p["parts"].get(label), p["floor"]) for p in profile])
+    body.append(["= step, instrumented"] + [_prof_cell(p["step_instrumented"], p["floor"])
+                                            for p in profile])
+    body.append(["step, not instrumented"] + [_prof_cell(p["step"], p["floor"])
+                                              for p in profile])
+    body.append(["GEMM floor"] + [_prof_cell(p["floor"], p["floor"]) for p in profile])
+    body.append(["step / floor"] + [_fmt(_div(p["step"], p["floor"]), ".3f")
+                                    for p in profile])
+    body.append(["undisturbed steps kept"] + [_star(f"{p['kept'][0]}/{p['kept'][1]}",
+                                                    p["fallback"]) for p in profile])
+    lines.append(table(hdr, body, left=1))
+    return "\n".join(lines)
+
+
+def format_misses(checks, rows, krows, profile) -> str:
+    """For each missed target: by how much, and where the time goes (from the profile)."""
+    from bench import profile as prof
+    by_block = {p["block"]: p for p in profile or ()}
+    out = []
+    for c in checks:
+        if c["met"]:
+            continue
+        kind, block = c["kind"], c["block"]
+        head = f"- {c['target']}: {c['measured']:.2f}, limit {c['op']} {c['limit']:g}"
+        p = by_block.get(block)
+        if kind in ("fwd_bwd", "step") and c["shape"] == "large" and p:
+            floor = p["floor"]
+            over = (c["measured"] - c["limit"]) * floor
+            parts = prof.FWD_BWD_PARTS if kind == "fwd_bwd" else prof.PARTS
+            extra = [(label, p["parts"].get(label)) for label in parts if label != "GEMMs"]
+            extra = sorted([e for e in extra if e[1]], key=lambda e: -e[1])
+            gemm = p["parts"].get("GEMMs")
+            total = p["fwd_bwd"] if kind == "fwd_bwd" else p["step_instrumented"]
+            text = (f"{head}: over by {c['measured'] - c['limit']:.2f}x the floor = "
+                    f"{1e3 * over:.1f} ms (floor {1e3 * floor:.1f} ms in the profile run, "
+                    f"where the ratio is {total / floor:.2f}). Beyond the floor the profile "
+                    f"shows {1e3 * (total - floor):.1f} ms: ")
+            text += ", ".join(f"{label} {1e3 * v:.1f}" for label, v in extra[:4])
+            if gemm is not None:
+                text += f"; the block's GEMMs take {1e3 * (gemm - floor):+.1f} ms vs the floor"
+            out.append(text + ".")
+        elif kind == "adamw":
+            k = next((k for k in krows if k["kernel"] == block
+                      and k["threads"] == c["threads"]), None)
+            text = head
+            if k:
+                text += (f": {_fmt(k['fast_ms'], '.2f')} ms vs {_fmt(k['ref_ms'], '.2f')} ms "
+                         f"naive; a {ADAMW_SPEEDUP_MIN:g}x speed-up needs <= "
+                         f"{_fmt(_div(k['ref_ms'], ADAMW_SPEEDUP_MIN), '.2f')} ms")
+            if profile:
+                text += "; in the profiled steps the optimizer takes " + ", ".join(
+                    f"{p['block']} {1e3 * p['parts']['optimizer step']:.1f} ms"
+                    for p in profile if p["parts"].get("optimizer step") is not None)
+            out.append(text + ".")
+        elif kind == "scaling":
+            r = next((r for r in rows if r["block"] == block and r["shape"] == c["shape"]
+                      and r["threads"] == c["threads"]), None)
+            text = head
+            if r and r.get("floor_scaling_paired"):
+                text += f"; the GEMM floor alone scales {r['floor_scaling_paired']:.2f}x"
+            if p:
+                rest = p["step_instrumented"] - (p["parts"].get("GEMMs") or 0.0)
+                text += (f"; at {p['threads']} threads the non-GEMM parts take "
+                         f"{1e3 * rest:.1f} ms of a {1e3 * p['step_instrumented']:.1f} ms "
+                         f"step (PROFILE)")
+            out.append(text + ".")
+        else:
+            out.append(head + ".")
+    if not out:
+        return ""
+    wrapped = [textwrap.fill(t, 100, subsequent_indent="  ") for t in out]
+    return "WHERE THE TIME GOES in each missed target:\n" + "\n".join(wrapped)
 
 
 def report(result_dir: Path, threads=(1, 2)) -> tuple:
@@ -365,15 +579,17 @@ def report(result_dir: Path, threads=(1, 2)) -> tuple:
     scaling = scaling_rows(rows)
     mem_path = result_dir / "memory.json"
     memory = json.loads(mem_path.read_text()) if mem_path.exists() else []
+    prof_path = result_dir / "profile.json"
+    profile = json.loads(prof_path.read_text()) if prof_path.exists() else []
     checks = target_checks(rows, krows, scaling, memory)
+    noise = noise_summary(bench)
     m_path = result_dir / "machine.json"
     machine = json.loads(m_path.read_text()) if m_path.exists() else None
-    text = format_report(rows, krows, scaling, memory, checks)
+    text = format_report(rows, krows, scaling, memory, checks, profile, noise)
     if machine:
         text = _machine_line(machine) + "\n\n" + text
     data = dict(machine=machine, blocks=rows, kernels=krows, scaling=scaling, memory=memory,
-                targets=[dict(target=w, measured=v, op=o, limit=lim, met=ok)
-                         for w, v, o, lim, ok in checks])
+                profile=profile, noise=noise, targets=checks)
     return text, data
 
 
@@ -389,7 +605,8 @@ def _machine_line(m) -> str:
         line += ", after each (the bench's own load included) " + ", ".join(
             f"{x:.2f}" for x in loads[1:])
     if loads and loads[0] > 0.5:
-        line += "\n(other processes were busy when the bench started: times are noisy)"
+        line += ("\n(other processes were busy when the bench started: samples they disturbed "
+                 "are dropped, see below)")
     return line
 
 
@@ -402,6 +619,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (1,2)")
     ap.add_argument("-k", dest="select", default=None, help="pytest -k selection of benchmarks")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
+    ap.add_argument("--no-profile", action="store_true",
+                    help="skip the step profile (also skipped with -k)")
     ap.add_argument("--results", default=str(RESULTS), help="directory for the JSON files")
     ap.add_argument("--report-only", action="store_true",
                     help="do not run anything; print the report from the saved JSON")
@@ -420,6 +639,11 @@ def main(argv=None) -> int:
             loads.append(os.getloadavg()[0])
         (result_dir / "machine.json").write_text(json.dumps(dict(
             cpus=os.cpu_count(), load_1min=loads, quick=args.quick, threads=threads)))
+        prof = result_dir / "profile.json"
+        if args.no_profile or args.select:
+            prof.unlink(missing_ok=True)
+        else:
+            rc |= run_profile(prof, max(threads), args.quick)
         mem = result_dir / "memory.json"
         if args.no_memory:
             if mem.exists():
