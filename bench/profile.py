@@ -37,11 +37,14 @@ KERNEL_PARTS = [
     ("dropout", [("engine.blocks", "_drop_fwd"), ("engine.blocks", "_drop_bwd")]),
 ]
 OTHER = "other (Python, inline NumPy)"
-# Whole calls of the step; forward and backward are split into the parts above plus OTHER.
-PHASES = ("forward", "loss fwd", "loss bwd", "backward", "optimizer step", "zero_grad")
+# Whole calls of the step after the backward; forward and backward are split into the
+# kernel parts plus OTHER.
 WHOLE = ("loss fwd", "loss bwd", "optimizer step", "zero_grad")
-PARTS = [label for label, _ in KERNEL_PARTS] + [OTHER] + list(WHOLE)
-FWD_BWD_PARTS = [label for label, _ in KERNEL_PARTS] + [OTHER]
+
+
+def fwd_bwd_parts() -> list:
+    """Labels of the parts of forward + backward: the kernel parts, then OTHER."""
+    return [label for label, _ in KERNEL_PARTS] + [OTHER]
 
 REPS = 5 if timing.QUICK else 15
 
@@ -85,11 +88,12 @@ class Profiler:
         return timed
 
     @contextlib.contextmanager
-    def installed(self, parts=KERNEL_PARTS):
-        """Replace the engine's kernel aliases by timers; restore them on exit."""
+    def installed(self):
+        """Replace the engine's kernel aliases (KERNEL_PARTS) by timers; restore them on
+        exit."""
         saved = []
         try:
-            for label, aliases in parts:
+            for label, aliases in KERNEL_PARTS:
                 for modname, attr in aliases:
                     mod = importlib.import_module(modname)
                     fn = getattr(mod, attr, None)
@@ -102,10 +106,10 @@ class Profiler:
                 setattr(mod, attr, fn)
 
 
-def available_parts(parts=KERNEL_PARTS) -> set:
-    """Labels of the parts with at least one alias present in the engine."""
+def available_parts() -> set:
+    """Labels of the kernel parts with at least one alias present in the engine."""
     out = set()
-    for label, aliases in parts:
+    for label, aliases in KERNEL_PARTS:
         for modname, attr in aliases:
             if callable(getattr(importlib.import_module(modname), attr, None)):
                 out.add(label)
@@ -186,14 +190,14 @@ def profile_case(block: str, shape_name: str = "large", reps: int = REPS,
     clean = [r for r, why in zip(rounds, reasons) if why is None]
     fallback = len(clean) < min(timing.MIN_CLEAN, len(rounds))
     use = rounds if fallback else clean
-    parts = {}
-    for label in PARTS:
-        if label in FWD_BWD_PARTS[:-1] and label not in have:
-            parts[label] = None  # n/a: the engine has no such alias any more
-        else:
+    parts = {}  # label -> median seconds, None = n/a (the engine has no such alias any more)
+    for label in fwd_bwd_parts() + list(WHOLE):
+        if label == OTHER or label in WHOLE or label in have:
             parts[label] = _median([r["parts"].get(label, 0.0) for r in use])
+        else:
+            parts[label] = None
     calls = {label: use[0]["calls"].get(label, 0) for label, _ in KERNEL_PARTS}
-    fwd_bwd = _median([sum(r["parts"].get(k, 0.0) for k in FWD_BWD_PARTS) for r in use])
+    fwd_bwd = _median([sum(r["parts"].get(k, 0.0) for k in fwd_bwd_parts()) for r in use])
     why: dict = {}
     for w in reasons:
         if w is not None:

@@ -488,10 +488,11 @@ def format_profile(profile) -> str:
              f"zero_grad rows are whole calls. n/a = the engine no longer has that alias."]
     hdr = ["part"] + [p["block"] for p in profile]
     body = []
-    for label in prof.FWD_BWD_PARTS:
+    labels = _fwd_bwd_labels(profile)
+    for label in labels:
         calls = [p["calls"].get(label) if label in p["calls"] else None for p in profile]
         name = label
-        if label == prof.FWD_BWD_PARTS[0]:
+        if label == labels[0]:
             name = f"{label} (calls: {'/'.join(str(c) for c in calls)})"
         body.append([name] + [_prof_cell(p["parts"].get(label), p["floor"], c)
                               for p, c in zip(profile, calls)])
@@ -512,6 +513,15 @@ def format_profile(profile) -> str:
     return "\n".join(lines)
 
 
+def _fwd_bwd_labels(profile) -> list:
+    """The forward + backward part labels of a saved profile, in its order."""
+    from bench import profile as prof
+    labels = []
+    for p in profile:
+        labels += [k for k in p["parts"] if k not in prof.WHOLE and k not in labels]
+    return labels
+
+
 def format_misses(checks, rows, krows, profile) -> str:
     """For each missed target: by how much, and where the time goes (from the profile)."""
     from bench import profile as prof
@@ -526,7 +536,9 @@ def format_misses(checks, rows, krows, profile) -> str:
         if kind in ("fwd_bwd", "step") and c["shape"] == "large" and p:
             floor = p["floor"]
             over = (c["measured"] - c["limit"]) * floor
-            parts = prof.FWD_BWD_PARTS if kind == "fwd_bwd" else prof.PARTS
+            parts = _fwd_bwd_labels([p])
+            if kind == "step":
+                parts += list(prof.WHOLE)
             extra = [(label, p["parts"].get(label)) for label in parts if label != "GEMMs"]
             extra = sorted([e for e in extra if e[1]], key=lambda e: -e[1])
             gemm = p["parts"].get("GEMMs")
