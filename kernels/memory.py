@@ -17,7 +17,8 @@ ALIGN = 64  # bytes: one cache line, one AVX-512 register
 
 def aligned_empty(shape, dtype=np.float32) -> np.ndarray:
     """An uninitialised C-contiguous array of ``shape`` whose data starts on a 64-byte
-    boundary (a view into a slightly larger allocation)."""
+    boundary (a view into a slightly larger allocation; a zero-size array has no data and
+    keeps whatever pointer NumPy gives it)."""
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     size = math.prod(shape)
