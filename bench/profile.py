@@ -167,6 +167,8 @@ def profile_case(block: str, shape_name: str = "large", reps: int = REPS,
     rounds, reasons = [], []
     while len(rounds) < 2 * reps + 3 and reasons.count(None) < reps and (
             len(rounds) < reps or timing.extra_left() > 0):
+        if timing.all_disturbed(reasons, 2):
+            timing.wait_for_quiet()
         t_round = clock()
         prof.reset()
         s0 = p.sample()

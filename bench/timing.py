@@ -49,6 +49,20 @@ def spend_extra(seconds: float) -> None:
     _extra["left"] -= seconds
 
 
+def wait_for_quiet() -> None:
+    """After a run of disturbed samples: settle() (at most SETTLE_MAX_S), charged to the
+    replacement budget. With both cores taken by other processes, a 2-thread call that is
+    mostly GEMMs can take ~200x longer (seed000's floor: 0.25 -> 56 ms per call, measured
+    with two spinning processes): no sample is worth taking until they stop."""
+    if extra_left() > 0:
+        spend_extra(settle(min(SETTLE_MAX_S, extra_left())))
+
+
+def all_disturbed(reasons, n=3) -> bool:
+    """The last ``n`` samples were all disturbed."""
+    return len(reasons) >= n and all(r is not None for r in reasons[-n:])
+
+
 def rounds_for(seconds_per_call: float) -> int:
     return int(min(MAX_ROUNDS, max(MIN_ROUNDS, TARGET_S / max(seconds_per_call, 1e-7))))
 
@@ -215,6 +229,8 @@ def paired_ratio(fn, ref, seconds_per_pair: float) -> Clean:
             spend_extra(t2 - t0)
         if reasons.count(None) >= want or (i + 1 >= want and extra_left() <= 0):
             break
+        if all_disturbed(reasons):
+            wait_for_quiet()
     return clean_median(ratios, reasons)
 
 
@@ -314,6 +330,8 @@ def run_benchmark(benchmark, fn, floor=None, scaling=False, **info):
     need = max(MIN_CLEAN, rounds // 2)
     budget = rounds
     while reasons.count(None) < need and budget > 0 and extra_left() > 0:
+        if all_disturbed(reasons):
+            wait_for_quiet()
         n = min(budget, need - reasons.count(None))
         t, r = timed_rounds(fn, n)
         spend_extra(sum(t))
