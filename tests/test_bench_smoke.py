@@ -222,7 +222,8 @@ def test_clean_median_drops_disturbed_and_falls_back():
 def test_probe_sees_a_real_disturbance():
     # Check that the wait signal is read from the right field: with one spinning process per
     # CPU next to our own spinning thread, our thread waits for a core and the sample is
-    # dropped (a quiet machine is not required: more load only adds wait).
+    # dropped (a quiet machine is not required: more load only adds wait); and that settle()
+    # does not mistake that machine for a quiet one (it waits its full time).
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(timing.NCPU)]
     try:
@@ -233,6 +234,7 @@ def test_probe_sees_a_real_disturbance():
         while time.perf_counter() - t0 < 0.3:
             pass
         b = p.sample()
+        waited = timing.settle(0.3)
     finally:
         for h in hogs:
             h.kill()
@@ -240,6 +242,7 @@ def test_probe_sees_a_real_disturbance():
     wait = sum(b.waits[t] - a.waits[t] for t in b.waits if t in a.waits)
     assert wait > 0.02 * (b.wall - a.wall)
     assert p.disturbed(a, b) is not None
+    assert waited >= 0.3
 
 
 # ----------------------------------------------------------------------------- profile
