@@ -36,7 +36,7 @@ SETTLE_MAX_S = 2.0 if QUICK else 5.0
 MIN_CLEAN = 3
 # Seconds per process that may go to samples replacing disturbed ones (extra pairs, extra
 # rounds): a machine that stays busy cannot stretch the bench past its time limit.
-EXTRA_S = 8.0 if QUICK else 60.0
+EXTRA_S = 8.0 if QUICK else 40.0
 _extra = {"left": EXTRA_S}
 
 
