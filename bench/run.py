@@ -3,7 +3,7 @@
 Each thread count runs pytest-benchmark over bench/ in a fresh process (BLASNET_NUM_THREADS
 is read at import, so it is set in the child's environment), writing
 bench/results/threads<N>.json; then one process profiles the full step of each transformer
-block at the large shape and the highest thread count (bench/profile.py, profile.json) and
+block at the large shape and the highest thread count (bench/step_profile.py, profile.json) and
 one measures memory with tracemalloc (bench/results/memory.json). The report puts every step
 next to its GEMM floor, the naive reference and the issue's targets, and says where the time
 of each missed target goes. Times and ratios are medians over the samples no other process
@@ -78,9 +78,9 @@ def run_pytest(threads: int, quick: bool, out_json: Path, select: str | None = N
 
 
 def run_profile(out_json: Path, threads: int, quick: bool, echo=print) -> int:
-    """The step profile (bench/profile.py) in its own process at ``threads`` threads."""
+    """The step profile (bench/step_profile.py) in its own process at ``threads`` threads."""
     out_json.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "bench.profile", "--out", str(out_json)]
+    cmd = [sys.executable, "-m", "bench.step_profile", "--out", str(out_json)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(threads, quick), capture_output=True,
                           text=True)
@@ -478,10 +478,10 @@ def _prof_cell(seconds, floor, calls=None):
 
 def format_profile(profile) -> str:
     """The PROFILE table: one column per block, one row per part of the step."""
-    from bench import profile as prof
+    from bench import step_profile as prof
     thr = profile[0]["threads"]
     shape = profile[0]["shape"]
-    lines = [f"PROFILE of the full step at the {shape} shape, {thr} threads (bench/profile.py): "
+    lines = [f"PROFILE of the full step at the {shape} shape, {thr} threads (bench/step_profile.py): "
              f"ms, and % of the GEMM floor.\nMedians over undisturbed steps. Kernel parts are "
              f"timed through the engine's kernel aliases\n(exclusive); other = the forward's "
              f"and backward's own Python and inline NumPy; the loss,\noptimizer and "
@@ -515,7 +515,7 @@ def format_profile(profile) -> str:
 
 def _fwd_bwd_labels(profile) -> list:
     """The forward + backward part labels of a saved profile, in its order."""
-    from bench import profile as prof
+    from bench import step_profile as prof
     labels = []
     for p in profile:
         labels += [k for k in p["parts"] if k not in prof.WHOLE and k not in labels]
@@ -524,7 +524,7 @@ def _fwd_bwd_labels(profile) -> list:
 
 def format_misses(checks, rows, krows, profile) -> str:
     """For each missed target: by how much, and where the time goes (from the profile)."""
-    from bench import profile as prof
+    from bench import step_profile as prof
     by_block = {p["block"]: p for p in profile or ()}
     out = []
     for c in checks:

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, bench/ itself is sys.path[0]: a module there (bench/profile.py) would shadow
-# the standard library's (torch imports cProfile, which imports profile). Drop it.
+# Run as a script, bench/ itself is sys.path[0]; the package is imported as "bench" instead.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 if str(ROOT) not in sys.path:  # run as a script: make "bench", "kernels", "engine" importable
     sys.path.insert(0, str(ROOT))

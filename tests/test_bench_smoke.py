@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import cases, floors, memory, naive, profile, run, timing  # noqa: E402
+from bench import cases, floors, memory, naive, run, step_profile, timing  # noqa: E402
 
 # A small shape with every dimension distinct, so a transposed GEMM cannot pass for another.
 TINY = cases.Shape("tiny", (3, 5), 12, 20)
@@ -250,8 +250,8 @@ def test_profiler_time_is_exclusive(monkeypatch):
     # Check that a timed call inside another is counted once: the outer label gets its own
     # time only (fake clock: outer 0..10, inner 1..3).
     ticks = iter([0.0, 1.0, 3.0, 10.0])
-    monkeypatch.setattr(profile.time, "perf_counter", lambda: next(ticks))
-    prof = profile.Profiler()
+    monkeypatch.setattr(step_profile.time, "perf_counter", lambda: next(ticks))
+    prof = step_profile.Profiler()
     inner = prof.wrap("inner", lambda: None)
     prof.call("outer", inner)
     assert prof.acc == {"outer": 8.0, "inner": 2.0}
@@ -263,10 +263,10 @@ def test_profile_of_a_tiny_sublayer_step(monkeypatch):
     # layernorm each way), that the parts add up to the instrumented step, and that every
     # alias is the engine's own again afterwards.
     import engine.blocks as blocks
-    before = {a: getattr(blocks, a) for _, al in profile.KERNEL_PARTS for m, a in al
+    before = {a: getattr(blocks, a) for _, al in step_profile.KERNEL_PARTS for m, a in al
               if m == "engine.blocks" and hasattr(blocks, a)}
     monkeypatch.setitem(cases.SHAPES, "tiny", TINY)
-    r = profile.profile_case("FFNSublayer-post-gelu", "tiny", reps=2)
+    r = step_profile.profile_case("FFNSublayer-post-gelu", "tiny", reps=2)
     assert r["calls"]["GEMMs"] == len(floors.gemm_list("FFNSublayer-post-gelu", TINY))
     assert r["calls"]["layernorm fwd"] == 1 and r["calls"]["layernorm bwd"] == 1
     assert r["calls"]["gMLP gating fwd+bwd"] == 0
@@ -279,9 +279,9 @@ def test_profile_of_a_tiny_sublayer_step(monkeypatch):
 def test_profile_says_na_for_a_missing_alias(monkeypatch):
     # Check that an alias the engine no longer has is reported as n/a, not a crash.
     monkeypatch.setitem(cases.SHAPES, "tiny", TINY)
-    monkeypatch.setattr(profile, "KERNEL_PARTS",
-                        profile.KERNEL_PARTS + [("fused thing", [("engine.blocks", "_nope")])])
-    r = profile.profile_case("FFN-relu", "tiny", reps=1)
+    monkeypatch.setattr(step_profile, "KERNEL_PARTS",
+                        step_profile.KERNEL_PARTS + [("fused thing", [("engine.blocks", "_nope")])])
+    r = step_profile.profile_case("FFN-relu", "tiny", reps=1)
     assert r["parts"]["fused thing"] is None
     assert r["parts"]["GEMMs"] is not None
     text = run.format_profile([r])
@@ -289,13 +289,13 @@ def test_profile_says_na_for_a_missing_alias(monkeypatch):
 
 
 def _fake_profile(block, floor, parts):
-    full = {label: 0.0 for label in profile.fwd_bwd_parts()}
-    full.update({label: 0.001 for label in profile.WHOLE})
+    full = {label: 0.0 for label in step_profile.fwd_bwd_parts()}
+    full.update({label: 0.001 for label in step_profile.WHOLE})
     full.update(parts)
-    fb = sum(v for k, v in full.items() if k not in profile.WHOLE)
+    fb = sum(v for k, v in full.items() if k not in step_profile.WHOLE)
     return dict(block=block, shape="large", threads=2, floor=floor, step=fb + 0.004,
                 step_instrumented=fb + 0.004, fwd_bwd=fb, parts=full,
-                calls={label: 1 for label, _ in profile.KERNEL_PARTS}, kept=[5, 6],
+                calls={label: 1 for label, _ in step_profile.KERNEL_PARTS}, kept=[5, 6],
                 fallback=False, dropped={"wait": 1})
 
 

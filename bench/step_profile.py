@@ -8,7 +8,7 @@ another is not counted twice) and what the forward and backward spend outside ev
 kernel is "other". Loss forward/backward, the optimizer step and zero_grad are timed as whole
 calls. Steps alternate with the uninstrumented step and the floor; medians over the steps no
 other process disturbed (bench.timing.CpuProbe). An alias the engine no longer has shows as
-"n/a" (its time then lands in "other"). ``python -m bench.profile [--out PATH]``.
+"n/a" (its time then lands in "other"). ``python -m bench.step_profile [--out PATH]``.
 """
 from __future__ import annotations
 
