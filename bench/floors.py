@@ -1,10 +1,13 @@
 """GEMM floors: the GEMM calls of one block's forward + backward, with nothing else.
 
-Forward runs each GEMM once, backward twice (weight gradient, accumulated with beta=1, and
-input gradient), on buffers of the block's shapes allocated here once. The floor of a case
-is the time of these calls through ``kernels.gemm.gemm_unchecked``, measured in the same run
-as the block; a block's step divided by it is the headline ratio. ``record_gemms`` checks
-what the block really calls.
+``replay_fn`` is the floor the bench times: it records the BLAS calls one forward + backward
+of the block makes (routine, alpha, operands, beta, output, transpose flags) and replays
+exactly those calls on the block's own buffers, so the floor shares the block's operand
+layouts and its cache behaviour (the weights read by forward and backward are one array).
+``gemm_list`` is the expected list (forward 1x, backward 2x) for the FLOP count, and
+``floor_fn`` runs such a list on buffers of its own (the reference for comparisons that
+cannot reach the block's buffers, e.g. bench/vs_torch.py). ``record_gemms`` checks what the
+block really calls.
 """
 from __future__ import annotations
 
@@ -83,6 +86,38 @@ def floor_fn(gemms, dtype=np.float32, seed: int = 0):
     def run():
         for c in calls:
             g(*c)
+    return run
+
+
+def replay_fn(fn):
+    """A callable replaying the BLAS GEMM calls that one ``fn()`` makes (``fn`` is run once
+    here), with the same routines, arguments and arrays: the block's own buffers. Replayed
+    outputs are the block's work buffers (rewritten by its next call) and its gradients
+    (beta=1 calls accumulate, as the block's own do)."""
+    calls = []
+    table = _gemm_mod._GEMM
+    saved = dict(table)
+
+    def wrap(f):
+        def rec(*args):
+            calls.append((f, args))
+            return f(*args)
+        return rec
+
+    try:
+        for key, f in saved.items():
+            table[key] = wrap(f)
+        fn()
+    finally:
+        table.update(saved)
+    if not calls:
+        raise RuntimeError("replay_fn: the function made no GEMM call through kernels.gemm")
+    calls = tuple(calls)
+
+    def run():
+        for f, args in calls:
+            f(*args)
+    run.calls = calls  # ((routine, args), ...) as passed to scipy
     return run
 
 

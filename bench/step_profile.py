@@ -144,8 +144,7 @@ def profile_case(block: str, shape_name: str = "large", reps: int = REPS,
     2 reps + 3, to replace disturbed ones; all rounds, flagged, when too few are clean)."""
     import numpy as np
     case = cases.build_case(block, shape_name, dtype or np.float32)
-    shape = case["shape"]
-    floor = floors.floor_fn(floors.gemm_list(block, shape), dtype or np.float32)
+    floor = floors.replay_fn(case["fwd_bwd"])  # the block's GEMM calls on its own buffers
     plain = case["step"]
     prof = Profiler()
     instr = instrumented_step(prof, case)

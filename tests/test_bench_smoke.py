@@ -135,6 +135,36 @@ def test_floor_lists_the_gemms_the_block_makes(block, shape):
 
 
 @pytest.mark.parametrize("block,shape", TINY_CASES, ids=[b for b, _ in TINY_CASES])
+def test_replayed_floor_is_the_blocks_own_gemms_on_its_own_buffers(block, shape):
+    # Check that replay_fn holds exactly the block's GEMM calls (the expected (M, N, K) list),
+    # reading the block's own weights and accumulating into its own weight gradients, and
+    # that running it writes there again (buffer contents differ from the block's by then:
+    # the block's backward reuses forward buffers in place, so only the calls are the same).
+    module = cases.build_module(block, shape, np.float64)
+    x, _, dy = cases.make_data(block, shape, np.float64)
+    fwd_bwd = cases.fwd_bwd_fn(module, x, dy)
+    with floors.record_gemms() as seen:
+        floor = floors.replay_fn(fwd_bwd)
+    gemms = floors.gemm_list(block, shape)
+    assert len(floor.calls) == len(seen) == len(gemms)
+    assert floors.same_gemms(seen, gemms)
+    # scipy's argument order: (alpha, a, b, beta, c, trans_a, trans_b, overwrite_c)
+    operands = [arr for _, args in floor.calls for arr in (args[1], args[2])]
+    outputs = [(args[4], args[3]) for _, args in floor.calls]
+    for p in module.parameters():
+        if p.data.ndim == 2:
+            assert any(np.shares_memory(p.data, a) for a in operands), p.name
+            assert any(np.shares_memory(p.grad, c) and beta == 1.0 for c, beta in outputs), p.name
+    module.zero_grad()
+    fwd_bwd()
+    once = {p.name: p.grad.copy() for p in module.parameters() if p.data.ndim == 2}
+    floor()
+    for p in module.parameters():
+        if p.name in once:
+            assert np.isfinite(p.grad).all() and not np.array_equal(p.grad, once[p.name]), p.name
+
+
+@pytest.mark.parametrize("block,shape", TINY_CASES, ids=[b for b, _ in TINY_CASES])
 def test_naive_step_equals_engine_step(block, shape):
     # Check that the naive baseline does the same training step as the engine (float64).
     f64 = np.float64
