@@ -1,11 +1,11 @@
 """In-place optimizer updates: AdamW and SGD with PyTorch's semantics.
 
 Parameters and their state are walked as flat views (C- or Fortran-contiguous, never
-copied) in blocks of ~256 KiB through small per-thread scratch buffers, so no temporary the
-size of a parameter is ever made (the reference's whole-array AdamW makes 12). Large
-parameters (kernels.parallel.chunks decides) are split over blasnet's threads; every
-element goes through the same correctly rounded ufuncs whatever the split, so results do
-not depend on it."""
+copied) in blocks that stay in L2, through small per-thread scratch buffers, so no temporary
+the size of a parameter is ever made (the reference's whole-array AdamW makes 12).
+``adamw_update_many`` updates a list of parameters as one concatenated range: one parallel
+region over blasnet's threads for all of them. Every element goes through the same
+correctly rounded ufuncs whatever the split, so results do not depend on it."""
 from __future__ import annotations
 
 import itertools
@@ -16,37 +16,35 @@ import threading
 import numpy as np
 
 from . import parallel as _par
+from .memory import ALIGN as _ALIGN
+from .memory import aligned_empty as _aligned_empty
 
 __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_unchecked",
-           "flat_view"]
+           "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-# Block size in bytes per array: 64 Ki float32 / 32 Ki float64 elements. Measured on AdamW
-# (2.1M float32): 8 Ki elements 11.1 ms, 16 Ki 9.6, 32 Ki 7.1, 64 Ki 6.4 (reference 20 ms).
+# Block size in bytes per array on one thread: 64 Ki float32 / 32 Ki float64 elements.
+# Measured on AdamW (2.1M float32): 8 Ki elements 11.1 ms, 16 Ki 9.6, 32 Ki 7.1, 64 Ki 6.4
+# (reference 20 ms); on the current machine 32 Ki 3.6, 64 Ki 3.5, 128 Ki 3.7, 256 Ki 4.8.
 # BLAS axpy would save a pass but OpenBLAS threads it above 10000 elements, which on a
 # loaded machine cost ~10x (measured again: 36 ms instead of 5), and its fused multiply-add
 # would round differently from the ufunc chain, so results would depend on the thread count.
 _BLOCK_BYTES = 256 * 1024
-# Large updates are split over blasnet's threads. AdamW over the large FFN's 2.1M float32
-# parameters, 2 threads, medians in ms:
-#                        alone, back to back    right after a forward+backward
-#     inline                     5.4                       5.8
-#     split                      3.6                       4.1
-# That needs OpenBLAS's workers asleep between GEMMs (kernels.threads sets
-# OPENBLAS_THREAD_TIMEOUT=4): with OpenBLAS's default they spin on the second core for
-# ~0.1 s after each GEMM, and there the split lost (6.4 vs 5.4 ms after a forward+backward).
-# It also loses when the process has idled (~7 vs 5.4 ms after 0.2 s asleep: the pool
-# thread wakes slowly). A thread waiting for the GIL sleeps, and waking one took 10-50 us
-# here (tail to ms), so split ufunc calls must be long: 64 Ki-element blocks gave 1.3x,
-# 128 Ki 1.5x (back to back).
+# Large updates are split over blasnet's threads (kernels.parallel.chunks decides on the
+# total element count). A thread that finishes a ufunc while the other holds the GIL sleeps
+# until it is released, and waking it took ~1-4 us per call on average here (10-50 us when
+# it happens), so split blocks are long: 13 ufunc calls per block, AdamW over 2.1M float32
+# on 2 threads took 2.9 ms with 64 Ki-element blocks, 2.2 with 128 Ki, 2.3 with 192 Ki
+# (one thread: 3.8). 128 Ki x 4 arrays is about the 2 MiB L2 of a core.
 _SPLIT = True
-_PAR_BLOCK_BYTES = 512 * 1024
+_PAR_BLOCK_BYTES = 640 * 1024
 
 _tls = threading.local()  # per-thread scratch: pool threads run the same kernel at once
 
 
 def _scratch(dtype, nbytes):
-    """Two flat scratch buffers of ``nbytes`` for this thread and dtype (allocated once)."""
+    """Two flat scratch buffers of ``nbytes`` for this thread and dtype (allocated once,
+    64-byte aligned: see ``_head``)."""
     try:
         return _tls.bufs[dtype, nbytes]
     except AttributeError:
@@ -54,52 +52,23 @@ def _scratch(dtype, nbytes):
     except KeyError:
         pass
     n = nbytes // dtype.itemsize
-    s = _tls.bufs[dtype, nbytes] = (np.empty(n, dtype), np.empty(n, dtype))  # 2 x (block,)
+    s = _tls.bufs[dtype, nbytes] = (_aligned_empty(n, dtype), _aligned_empty(n, dtype))
     return s
 
 
 def _slot_scratch(dtype, k):
     """Scratch pairs of ``_PAR_BLOCK_BYTES`` for the ``k`` slices of a split update made by
     this thread: slot s serves whichever thread runs slice s, so which pool thread that is
-    does not matter. Allocated once per calling thread."""
+    does not matter. Allocated once per calling thread, 64-byte aligned."""
     slots = getattr(_tls, "slots", None)
     if slots is None:
         slots = _tls.slots = {}
     s = slots.get(dtype)
-    if s is None or len(s) < k:
-        n = _PAR_BLOCK_BYTES // dtype.itemsize
-        s = slots[dtype] = [(np.empty(n, dtype), np.empty(n, dtype)) for _ in range(k)]
+    n = _PAR_BLOCK_BYTES // dtype.itemsize
+    if s is None or len(s) < k or s[0][0].size < n:
+        s = slots[dtype] = [(_aligned_empty(n, dtype), _aligned_empty(n, dtype))
+                            for _ in range(k)]
     return s
-
-
-def _serial(n):
-    """True when an update over ``n`` elements runs inline on the calling thread."""
-    return not _SPLIT or n < _par.MIN_ELEMENTS_PER_THREAD or _par.chunks(n, 1) == 1
-
-
-def _split(chain, arrays, consts):
-    """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over ~512 KiB blocks,
-    run by blasnet's threads, which take blocks from a shared counter until none is left:
-    a thread that starts late (the pool thread must wake up first, or its core is busy)
-    takes fewer blocks, and the caller never waits for more than the block another thread
-    is finishing. Block boundaries do not change any result: every element goes through
-    the same ufuncs."""
-    n, dtype = arrays[0].size, arrays[0].dtype
-    k = _par.chunks(n, 1)
-    blk = _PAR_BLOCK_BYTES // dtype.itemsize
-    nblk = -(-n // blk)
-    counter = itertools.count()  # next() is atomic under the GIL
-    slots = _slot_scratch(dtype, k)
-
-    def worker(s, _):
-        ta, tb = slots[s]
-        for b in counter:
-            if b >= nblk:
-                return
-            i = b * blk
-            j = min(i + blk, n)
-            chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
-    _par.parallel_for(worker, k, k)
 
 
 def flat_view(a):
@@ -108,53 +77,159 @@ def flat_view(a):
     return a.reshape(-1) if a.flags.c_contiguous else a.T.reshape(-1)
 
 
-def _adamw_chain(pb, gb, mb, vb, tb, _, decay, beta1, a1, beta2, a2, eps_hat, step_size):
-    """One AdamW block: 13 passes (12 without decay), each a plain ufunc on blocks that stay
-    in L2, so DRAM sees each array once. Binary ufuncs cannot do it in fewer: m needs two
-    scalings and an add, v a square, two scalings and an add, the update a sqrt, +eps, a
-    divide, a scaling and a subtract."""
-    if decay != 1.0:
-        pb *= decay                            # decoupled weight decay, first
-    mb *= beta1                                # m = b1 m + (1 - b1) g
-    np.multiply(gb, a1, tb)
-    mb += tb
-    vb *= beta2                                # v = b2 v + (1 - b2) g g
-    np.multiply(gb, a2, tb)
+def _head(a):
+    """How many elements of the flat array ``a`` come before its first 64-byte boundary
+    (0 if its address is not a multiple of its itemsize). Blocks start there, so that
+    block and scratch are both cache-line aligned: NumPy's buffers start 16 bytes past a
+    boundary, and an in-place pass over such a block ran 15-35% slower (a += b, 64 Ki
+    float32 in L2: 7.2 vs 5.3 us); the AdamW chain over 2.1M float32 took 3.5 ms instead
+    of 3.35 on one thread, 2.24 instead of 2.16 on two."""
+    addr = a.__array_interface__["data"][0]
+    size = a.itemsize
+    return 0 if addr % size else (-addr % _ALIGN) // size
+
+
+def _walk(chain, items):
+    """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over every
+    ``(arrays, consts)`` item in turn, on this thread, in ``_BLOCK_BYTES`` blocks aligned
+    on the first array (``_head``)."""
+    for arrays, consts in items:
+        ta, tb = _scratch(arrays[0].dtype, _BLOCK_BYTES)
+        n, blk = arrays[0].size, ta.size
+        if n <= blk:  # one block: no slicing (small parameters are bound by call overhead)
+            chain(*arrays, ta[:n], tb[:n], *consts)
+            continue
+        h = _head(arrays[0])
+        if h:
+            chain(*[a[:h] for a in arrays], ta[:h], tb[:h], *consts)
+        for i in range(h, n, blk):
+            j = min(i + blk, n)
+            chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
+
+
+def _split(chain, items, k):
+    """``_walk`` in one parallel region of ``k`` threads over the items' concatenated
+    elements: the threads take ``_PAR_BLOCK_BYTES`` blocks (each item's first one up to
+    its first array's 64-byte boundary, its last one shorter) from a shared counter until
+    none is left, so a thread that starts late (the pool thread must wake up first, or its
+    core is busy) takes fewer blocks, and the caller never waits for more than the block
+    another thread is finishing. Block boundaries do not change any result. Bookkeeping is
+    per item, not per block: nothing grows with the element count."""
+    ends, blks, heads, total = [], [], [], 0
+    slots = {}
+    for arrays, _ in items:
+        dt = arrays[0].dtype
+        if dt not in slots:
+            slots[dt] = _slot_scratch(dt, k)
+        blk = _PAR_BLOCK_BYTES // dt.itemsize
+        n = arrays[0].size
+        h = _head(arrays[0]) if n > blk else 0
+        total += (h > 0) + -(-(n - h) // blk)
+        ends.append(total)
+        blks.append(blk)
+        heads.append(h)
+    counter = itertools.count()  # next() is atomic under the GIL
+
+    def worker(s, _):
+        q, first = 0, 0  # the item of this thread's last block, and that item's first block
+        for b in counter:
+            if b >= total:
+                return
+            while b >= ends[q]:  # a thread's blocks come in increasing order
+                first = ends[q]
+                q += 1
+            arrays, consts = items[q]
+            h, blk = heads[q], blks[q]
+            b -= first + (h > 0)
+            if b < 0:
+                i, j = 0, h
+            else:
+                i = h + b * blk
+                j = min(i + blk, arrays[0].size)
+            ta, tb = slots[arrays[0].dtype][s]
+            chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
+    _par.parallel_for(worker, k, k)
+
+
+def _run(chain, items, total):
+    """``chain`` over ``items`` (``total`` elements in all): split over blasnet's threads
+    when large, else inline."""
+    if _SPLIT and total >= _par.MIN_ELEMENTS_PER_THREAD:
+        k = _par.chunks(total, 1)
+        if k > 1:
+            _split(chain, items, k)
+            return
+    _walk(chain, items)
+
+
+# ----------------------------------------------------------------------------- AdamW
+def _adamw_chain(pb, gb, mb, vb, tb, _, decay, b1_a1, a1, beta2, a2, eps_hat, step_size):
+    """One AdamW block in 13 passes (12 without decay), each a plain ufunc on blocks that
+    stay in L2, so L3 or DRAM sees each array once. Binary ufuncs cannot do it in fewer: v
+    needs a square, two scalings and an add, m two scalings and an add, the update a sqrt,
+    +eps, a divide and a scaling, p its decay and a subtract.
+
+    The order keeps at most three block-sized arrays in use between two touches of any of
+    them (the denominator is built from g and v, then m from m and g, then the update from
+    m and the denominator), so blocks can be ~3/4 larger in the same L2 than with the
+    textbook order (m, v, update), and fewer, longer ufunc calls wait less for the GIL
+    when split over threads (2.1M float32 on 2 threads: 2.2 ms instead of 2.4). For that, m
+    is updated in place without scratch as ((m * (b1/a1)) + g) * a1 with a1 = 1 - b1:
+    three roundings like b1 m + a1 g. Time per pass, 2.1M float32 on one thread: the first
+    touch of g, v, m and p (from L3) 0.35-0.42 ms each, the sqrt 0.47, the divide 0.40,
+    the other passes (in L2) 0.15-0.25."""
+    np.multiply(gb, a2, tb)                    # v = b2 v + (1 - b2) g g
     tb *= gb
+    vb *= beta2
     vb += tb
-    np.sqrt(vb, tb)                            # p -= step_size * m / (sqrt(v) + eps_hat)
+    np.sqrt(vb, tb)                            # den = sqrt(v) + eps_hat
     tb += eps_hat
-    np.divide(mb, tb, tb)
+    mb *= b1_a1                                # m = (m b1/(1 - b1) + g) (1 - b1)
+    mb += gb
+    mb *= a1
+    np.divide(mb, tb, tb)                      # u = step_size * m / den
     tb *= step_size
+    if decay is not None:                      # p = decay p - u
+        pb *= decay
     pb -= tb
+
+
+def adamw_consts(dtype, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2):
+    """The constants of one AdamW step for parameters of ``dtype``, in the form
+    ``adamw_update_many_unchecked`` takes: 0-d arrays of ``dtype`` (a Python float operand
+    costs ~0.2 us more per ufunc call, and is rounded to the array's dtype all the same), the
+    decay None when it is exactly 1. The bias corrections are folded in:
+    lr/bc1 * m / (sqrt(v)/sbc2 + eps) == (lr/bc1 * sbc2) * m / (sqrt(v) + eps*sbc2), one
+    multiply fewer per element, and no division by lr (which may be 0)."""
+    bc1 = 1.0 - beta1 ** step
+    sbc2 = math.sqrt(1.0 - beta2 ** step)
+    decay = np.array(1.0 - lr * weight_decay, dtype)
+    a1 = 1.0 - beta1  # > 0: beta1 < 1
+    return ((None if decay == 1 else decay),) + tuple(
+        np.array(x, dtype) for x in (beta1 / a1, a1, beta2, 1.0 - beta2, eps * sbc2,
+                                     lr / bc1 * sbc2))
+
+
+def adamw_update_many_unchecked(updates):
+    """``adamw_update_many`` without argument checks (hot path). ``updates`` is a sequence
+    of ``((param, grad, exp_avg, exp_avg_sq), consts)``: four distinct flat views
+    (``flat_view``) of one size and dtype, and ``adamw_consts`` of that dtype (each
+    parameter may have its own, e.g. one per parameter group)."""
+    _run(_adamw_chain, updates, sum(u[0][0].size for u in updates))
 
 
 def adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9,
                            beta2=0.999, eps=1e-8, weight_decay=1e-2):
     """``adamw_update`` without argument checks (hot path): four distinct arrays of one
     shape, dtype and memory order (all C- or all Fortran-contiguous)."""
-    p, g, m, v = flat_view(param), flat_view(grad), flat_view(exp_avg), flat_view(exp_avg_sq)
-    n = p.size
-    bc1 = 1.0 - beta1 ** step
-    sbc2 = math.sqrt(1.0 - beta2 ** step)
-    # lr/bc1 * m / (sqrt(v)/sbc2 + eps) == (lr/bc1 * sbc2) * m / (sqrt(v) + eps*sbc2):
-    # one multiply fewer per element, and no division by lr (which may be 0).
-    consts = (1.0 - lr * weight_decay, beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps * sbc2,
-              lr / bc1 * sbc2)
-    if not _serial(n):
-        _split(_adamw_chain, (p, g, m, v), consts)
-        return param
-    t = _scratch(p.dtype, _BLOCK_BYTES)[0]
-    blk = t.size
-    if n <= blk:  # one block: no slicing (small parameters are bound by call overhead)
-        _adamw_chain(p, g, m, v, t[:n], None, *consts)
-        return param
-    for i in range(0, n, blk):
-        j = min(i + blk, n)
-        _adamw_chain(p[i:j], g[i:j], m[i:j], v[i:j], t[:j - i], None, *consts)
+    p = flat_view(param)
+    item = ((p, flat_view(grad), flat_view(exp_avg), flat_view(exp_avg_sq)),
+            adamw_consts(p.dtype, step, lr, beta1, beta2, eps, weight_decay))
+    _run(_adamw_chain, (item,), p.size)
     return param
 
 
+# ----------------------------------------------------------------------------- SGD
 def _sgd_chain(pb, gb, bb, t1, t2, lr, momentum, weight_decay, a, nesterov, first_step):
     """One SGD block; ``bb`` is None without momentum."""
     if weight_decay != 0.0:                    # d = grad + wd * param (grad left intact)
@@ -193,38 +268,25 @@ def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_dec
                          dampening=0.0, nesterov=False, first_step=False):
     """``sgd_update`` without argument checks (hot path); ``grad`` is only read."""
     p, g = flat_view(param), flat_view(grad)
-    n = p.size
     consts = (lr, momentum, weight_decay, 1.0 - dampening, nesterov, first_step)
-    buf = flat_view(momentum_buf) if momentum != 0.0 else None
-    if not _serial(n):
-        if buf is None:
-            _split(_sgd_chain_no_buf, (p, g), consts)
-        else:
-            _split(_sgd_chain, (p, g, buf), consts)
-        return param
-    t1, t2 = _scratch(p.dtype, _BLOCK_BYTES)
-    blk = t1.size
-    if n <= blk:  # one block: no slicing
-        _sgd_chain(p, g, buf, t1[:n], t2[:n], *consts)
-        return param
-    for i in range(0, n, blk):
-        j = min(i + blk, n)
-        _sgd_chain(p[i:j], g[i:j], None if buf is None else buf[i:j], t1[:j - i], t2[:j - i],
-                   *consts)
+    if momentum != 0.0:
+        _run(_sgd_chain, (((p, g, flat_view(momentum_buf)), consts),), p.size)
+    else:
+        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size)
     return param
 
 
 # ----------------------------------------------------------------------------- checks
-def _check_param(param):
+def _check_param(param, name="param"):
     if not isinstance(param, np.ndarray):
-        raise TypeError(f"param: expected a numpy.ndarray, got {type(param).__name__}")
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(param).__name__}")
     if param.dtype not in _FLOATS:
-        raise TypeError(f"param: expected dtype float32 or float64, got {param.dtype}")
+        raise TypeError(f"{name}: expected dtype float32 or float64, got {param.dtype}")
     if not (param.flags.c_contiguous or param.flags.f_contiguous):
-        raise ValueError(f"param: expected a C- or Fortran-contiguous array, got shape "
+        raise ValueError(f"{name}: expected a C- or Fortran-contiguous array, got shape "
                          f"{param.shape} with strides {param.strides}")
     if not param.flags.writeable:
-        raise ValueError("param: expected a writeable array")
+        raise ValueError(f"{name}: expected a writeable array")
 
 
 def _check_like(name, a, param):
@@ -272,17 +334,52 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.
     _check_like("grad", grad, param)
     _check_like("exp_avg", exp_avg, param)
     _check_like("exp_avg_sq", exp_avg_sq, param)
+    return adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq,
+                                  *_check_adamw_options(step, lr, beta1, beta2, eps,
+                                                        weight_decay))
+
+
+def _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay):
+    """``(step, lr, beta1, beta2, eps, weight_decay)`` checked, as int and floats."""
     if isinstance(step, bool) or not isinstance(step, numbers.Integral):
         raise TypeError(f"step: expected an int >= 1, got {type(step).__name__}")
     if step < 1:
         raise ValueError(f"step: expected an int >= 1 (the first update is step 1), got {step}")
-    lr = _check_number("lr", lr, 0.0)
-    beta1 = _check_number("beta1", beta1, 0.0, 1.0)
-    beta2 = _check_number("beta2", beta2, 0.0, 1.0)
-    eps = _check_number("eps", eps, 0.0)
-    weight_decay = _check_number("weight_decay", weight_decay, 0.0)
-    return adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq, int(step), lr, beta1,
-                                  beta2, eps, weight_decay)
+    return (int(step), _check_number("lr", lr, 0.0), _check_number("beta1", beta1, 0.0, 1.0),
+            _check_number("beta2", beta2, 0.0, 1.0), _check_number("eps", eps, 0.0),
+            _check_number("weight_decay", weight_decay, 0.0))
+
+
+def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
+                      beta2=0.999, eps=1e-8, weight_decay=1e-2):
+    """``adamw_update`` of every ``(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i])`` with
+    one set of options, as one pass over their concatenated elements: large totals are split
+    over blasnet's threads in one parallel region (not one per parameter), and small
+    parameters ride along. Same bits as ``adamw_update`` on each in turn. The four sequences
+    have one length; each quadruple is as ``adamw_update`` wants it; no array may appear
+    twice or overlap another. Returns ``params``."""
+    seqs = {"params": params, "grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
+    for name, seq in seqs.items():
+        if isinstance(seq, np.ndarray) or not isinstance(seq, (list, tuple)):
+            raise TypeError(f"{name}: expected a list or tuple of arrays, got "
+                            f"{type(seq).__name__}")
+    if not len(params) == len(grads) == len(exp_avgs) == len(exp_avg_sqs):
+        raise ValueError("params, grads, exp_avgs, exp_avg_sqs: expected sequences of one "
+                         f"length, got {[len(s) for s in seqs.values()]}")
+    for i, p in enumerate(params):
+        _check_param(p, f"params[{i}]")
+        for name in ("grads", "exp_avgs", "exp_avg_sqs"):
+            _check_like(f"{name}[{i}]", seqs[name][i], p)
+    opts = _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay)
+    consts = {}
+    updates = []
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        c = consts.get(p.dtype)
+        if c is None:
+            c = consts[p.dtype] = adamw_consts(p.dtype, *opts)
+        updates.append(((flat_view(p), flat_view(g), flat_view(m), flat_view(v)), c))
+    adamw_update_many_unchecked(updates)
+    return params
 
 
 def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
