@@ -1,11 +1,15 @@
 """Optimizers against direct NumPy transcriptions of PyTorch's documented algorithms, their
-state dicts, hyperparameter validation, and clip_grad_norm."""
+state dicts, hyperparameter validation, and clip_grad_norm; AdamW.step's single kernel call
+(one parallel region) against per-parameter kernel calls."""
 import math
 
 import numpy as np
 import pytest
 
+import kernels
 from engine import GMLP, SGD, AdamW, Linear, Parameter, clip_grad_norm
+from kernels import optim as kopt
+from kernels import parallel
 
 
 def _params(rng, dtype=np.float64):
@@ -114,6 +118,73 @@ def test_adamw_on_gmlp_views_updates_the_combined_weight():
     for p, c in zip(m.parameters(), copies):
         np.testing.assert_array_equal(p.data, c.data)
     np.testing.assert_array_equal(m.Wgp_T[:6].T, m.W_gate.data)
+
+
+def _large_params(rng, dtype):
+    """Parameters large enough for AdamW.step to split over two threads: a big C-order one,
+    a big F-order one (as gMLP's W_gate), and small ones; random gradients."""
+    n = parallel.MIN_ELEMENTS_PER_THREAD
+    ps = [Parameter(rng.standard_normal((n // 256 + 3, 256)).astype(dtype), "W1"),
+          Parameter(rng.standard_normal(7).astype(dtype), "b1"),
+          Parameter(np.asfortranarray(rng.standard_normal((96, n // 96 + 5)).astype(dtype)), "W2"),
+          Parameter(rng.standard_normal(()).astype(dtype), "s")]
+    with kernels.num_threads(2):
+        assert parallel.chunks(sum(p.size for p in ps), 1) == 2
+    return ps
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_adamw_step_is_one_region_with_the_bits_of_per_parameter_updates(monkeypatch, dtype):
+    # Check that at two threads AdamW.step over two groups (different lr, betas, decay) makes
+    # one parallel region per step and gives the same bits as kernels.adamw_update called on
+    # each parameter with its group's options on one thread.
+    regions = []
+    real = kopt._split
+    monkeypatch.setattr(kopt, "_split", lambda *a: (regions.append(a[0].__name__), real(*a)))
+    rng = np.random.default_rng(11)
+    ps = _large_params(rng, dtype)
+    copies = [Parameter(p.data.copy(order="K"), p.name) for p in ps]
+    groups = [dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1),
+              dict(lr=3e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0)]
+    opt = AdamW([dict(params=[ps[0], ps[1]], **groups[0]), dict(params=[ps[2], ps[3]], **groups[1])])
+    state = [(np.zeros_like(p.data), np.zeros_like(p.data)) for p in copies]
+    for t in range(1, 4):
+        for p, c in zip(ps, copies):
+            p.grad[...] = c.grad[...] = rng.standard_normal(p.shape)
+        with kernels.num_threads(2):
+            opt.step()
+        with kernels.num_threads(1):
+            for k, (c, (m, v)) in enumerate(zip(copies, state)):
+                g = groups[k // 2]
+                kopt.adamw_update(c.data, c.grad, m, v, t, g["lr"], *g["betas"], g["eps"],
+                                  g["weight_decay"])
+    assert regions == ["_adamw_chain"] * 3
+    for k, (p, c, (m, v)) in enumerate(zip(ps, copies, state)):
+        np.testing.assert_array_equal(p.data, c.data, err_msg=p.name)
+        np.testing.assert_array_equal(opt.state[k]["exp_avg"], m, err_msg=p.name)
+        np.testing.assert_array_equal(opt.state[k]["exp_avg_sq"], v, err_msg=p.name)
+
+
+def test_adamw_step_follows_replaced_arrays():
+    # Check that when a parameter's grad or data array is replaced between steps (another
+    # object of the same shape), the next step reads and writes the new arrays, not the
+    # ones it saw before.
+    rng = np.random.default_rng(12)
+    ps = _params(rng)
+    start = [p.data.copy() for p in ps]
+    opt = AdamW(ps, lr=1e-2)
+    _run(opt, ps, 2)
+    old_data = ps[0].data
+    ps[0].data = old_data.copy()
+    ps[1].grad = np.zeros_like(ps[1].grad)
+    before_old = old_data.copy()
+    for k, p in enumerate(ps):  # the third step's gradients, into the (new) grad arrays
+        p.grad[...] = _grad(p.data, 3, k)
+    opt.step()
+    np.testing.assert_array_equal(old_data, before_old)  # the old array is left alone
+    want, _, _ = _adamw_reference(start, [(1e-2, 0.9, 0.999, 1e-8, 1e-2)] * 3, 3)
+    for k, p in enumerate(ps):
+        np.testing.assert_allclose(p.data, want[k], rtol=1e-12, atol=1e-14, err_msg=p.name)
 
 
 def _sgd_reference(thetas, lr, momentum, dampening, wd, nesterov, steps):

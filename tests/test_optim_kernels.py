@@ -1,5 +1,7 @@
 """kernels.optim: in-place AdamW and SGD against reference.py and a scalar transcription of
-PyTorch's documented AdamW; C- and Fortran-contiguous parameters; no full-size temporaries."""
+PyTorch's documented AdamW; C- and Fortran-contiguous parameters; no full-size temporaries;
+adamw_update_many (one pass, one parallel region) gives the bits of per-parameter updates
+whatever the thread count and block split."""
 import math
 import tracemalloc
 
@@ -8,7 +10,8 @@ import pytest
 from gradcheck import assert_close
 
 from kernels import num_threads, optim, parallel, reference
-from kernels.optim import adamw_update, flat_view, sgd_update
+from kernels.memory import ALIGN
+from kernels.optim import adamw_update, adamw_update_many, flat_view, sgd_update
 
 DTYPES = [np.float32, np.float64]
 TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-14)}
@@ -152,8 +155,8 @@ def test_adamw_and_sgd_make_no_parameter_sized_temporaries(dtype):
 
 @pytest.fixture
 def split_on(monkeypatch):
-    """Turn on the (by default off) split of large updates over blasnet's threads and count
-    the updates that take it."""
+    """Make sure the split of large updates over blasnet's threads is on (the default) and
+    count the parallel regions (``_split`` calls) the updates make, by chain name."""
     monkeypatch.setattr(optim, "_SPLIT", True)
     calls = []
     real = optim._split
@@ -256,6 +259,175 @@ def test_adamw_split_over_threads_allocates_nothing_after_warm_up(split_on):
             tracemalloc.stop()
     assert split_on == ["_adamw_chain"] * 5
     assert peak < 16 * 1024, f"peak {peak} bytes for a {p.nbytes}-byte parameter"
+
+
+# ----------------------------------------------------------------------------- many, blocks
+def _many_state(rng, dtype, n_big):
+    """Parameters and moments as an optimizer holds them: a big C-order one starting one
+    element past NumPy's usual address (so its first block is a short head), a big
+    F-order view (as gMLP's W_gate), a small one and a 0-d one; random moments."""
+    raw = rng.standard_normal(n_big + 1).astype(dtype)
+    shapes = [None, (64, n_big // 64 + 5), (3,), ()]
+    out = []
+    for k, shape in enumerate(shapes):
+        if k == 0:
+            p = raw[1:]
+            arrs = [p] + [np.asarray(x, dtype)[1:] for x in (
+                rng.standard_normal(n_big + 1), 0.1 * rng.standard_normal(n_big + 1),
+                rng.random(n_big + 1))]
+        else:
+            order = "F" if k == 1 else "C"
+            arrs = [np.asarray(x, dtype, order=order) for x in (
+                rng.standard_normal(shape), rng.standard_normal(shape),
+                0.1 * rng.standard_normal(shape), rng.random(shape))]
+        out.append(arrs)  # param, grad, exp_avg, exp_avg_sq
+    assert out[1][0].flags.f_contiguous and not out[1][0].flags.c_contiguous
+    return out
+
+
+def _copy_state(state):
+    return [[a.copy(order="K") for a in arrs] for arrs in state]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_adamw_update_many_matches_per_parameter_updates_bit_for_bit(split_on, dtype, nthreads):
+    # Check that adamw_update_many over four parameters (big C- and F-order, small, 0-d) gives
+    # the same bits as adamw_update on each in turn on one thread, at one thread (inline) and
+    # at two (one parallel region per step, small parameters riding along), and matches the
+    # reference.
+    rng = np.random.default_rng(37)
+    state = _many_state(rng, dtype, _split_size())
+    many, single, ref = _copy_state(state), _copy_state(state), _copy_state(state)
+    with num_threads(nthreads):
+        for step in (1, 2, 3):
+            adamw_update_many(*[[arrs[i] for arrs in many] for i in range(4)], step, 1e-2,
+                              0.8, 0.99, 1e-6, 0.1)
+    assert split_on == (["_adamw_chain"] * 3 if nthreads == 2 else [])
+    with num_threads(1):
+        for step in (1, 2, 3):
+            for arrs in single:
+                adamw_update(*arrs, step, 1e-2, 0.8, 0.99, 1e-6, 0.1)
+            for arrs in ref:
+                reference.adamw_update(*arrs, step, 1e-2, 0.8, 0.99, 1e-6, 0.1)
+    for k, (a, b, r) in enumerate(zip(many, single, ref)):
+        for name, x, y, z in zip(("param", "grad", "exp_avg", "exp_avg_sq"), a, b, r):
+            np.testing.assert_array_equal(x, y, err_msg=f"{name} of parameter {k}")
+            assert_close(x, z, f"{name} of parameter {k}", **TOL[dtype])
+
+
+def _record_blocks(monkeypatch):
+    """Wrap the AdamW chain: record (param block address, size, scratch address) per call."""
+    calls = []
+    real = optim._adamw_chain
+
+    def recording(pb, gb, mb, vb, tb, *rest):
+        calls.append((pb.__array_interface__["data"][0], pb.size,
+                      tb.__array_interface__["data"][0]))
+        return real(pb, gb, mb, vb, tb, *rest)
+    monkeypatch.setattr(optim, "_adamw_chain", recording)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_adamw_blocks_cover_the_parameter_once_and_start_on_cache_lines(monkeypatch, dtype,
+                                                                       nthreads):
+    # Check that the blocks of a multi-block parameter whose data starts mid cache line
+    # cover every element exactly once, that all but the first start on a 64-byte boundary
+    # (the first ends on one), and that the scratch they use is 64-byte aligned.
+    calls = _record_blocks(monkeypatch)
+    rng = np.random.default_rng(38)
+    itemsize = np.dtype(dtype).itemsize
+    n = _split_size()
+    p, g, m, v = (rng.random(n + 1).astype(dtype)[1:] for _ in range(4))
+    start = p.__array_interface__["data"][0]
+    assert start % ALIGN != 0
+    with num_threads(nthreads):
+        adamw_update(p, g, m, v, 1, 1e-3)
+    blocks = sorted((addr, size) for addr, size, _ in calls)
+    assert len(blocks) > 2
+    pos = start
+    for k, (addr, size) in enumerate(blocks):
+        assert addr == pos, f"block {k} starts at element {(addr - start) // itemsize}"
+        assert k == 0 or addr % ALIGN == 0, f"block {k} is not 64-byte aligned"
+        pos += size * itemsize
+    assert pos == start + n * itemsize
+    assert blocks[0][1] < ALIGN // itemsize  # the head: up to the first boundary
+    assert all(t % ALIGN == 0 for _, _, t in calls)
+
+
+def test_adamw_update_many_split_allocates_nothing_after_warm_up(split_on):
+    # Check that a split adamw_update_many (pool threads included) makes no block- or
+    # parameter-sized allocation after one warm-up call, and takes one region per call.
+    rng = np.random.default_rng(39)
+    state = _many_state(rng, np.float32, _split_size())
+    seqs = [[arrs[i] for arrs in state] for i in range(4)]
+    parallel.parallel_for(lambda i, j: None, 4, 4)
+    with num_threads(2):
+        adamw_update_many(*seqs, 1, 1e-3)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            for step in range(2, 6):
+                adamw_update_many(*seqs, step, 1e-3)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+    assert split_on == ["_adamw_chain"] * 5
+    assert peak < 16 * 1024, f"peak {peak} bytes"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("beta1", [0.0, 0.5, 0.999, 0.99999])
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e4])
+def test_adamw_extreme_beta1_and_gradient_scales_match_reference(dtype, beta1, scale):
+    # Check the in-place first-moment update ((m b1/(1-b1) + g)(1-b1)) against the
+    # reference's b1 m + (1-b1) g for beta1 from 0 to 1 - 1e-5 and gradients from 1e-6 to
+    # 1e4, over 20 steps (the moments build up).
+    rng = np.random.default_rng(42)
+    p, m, v = _state(rng, (257,), dtype)
+    p_r, m_r, v_r = p.copy(), m.copy(), v.copy()
+    for step in range(1, 21):
+        g = (scale * rng.standard_normal(257)).astype(dtype)
+        adamw_update(p, g, m, v, step, 1e-2, beta1, 0.999, 1e-8, 0.01)
+        reference.adamw_update(p_r, g, m_r, v_r, step, 1e-2, beta1, 0.999, 1e-8, 0.01)
+    tol = dict(rtol=2e-5, atol=1e-6 * scale) if dtype == np.float32 else dict(
+        rtol=1e-11, atol=1e-14 * scale)
+    assert_close(m, m_r, "exp_avg", **tol)
+    assert_close(p, p_r, "param", **TOL[dtype])
+
+
+@pytest.mark.parametrize("name,mutate,exc", [
+    ("params", lambda a: np.zeros(3), TypeError),
+    ("grads", lambda a: a[:1], ValueError),
+    ("grads[1]", lambda a: [a[0], a[1].astype(np.float32)], TypeError),
+    ("exp_avgs[0]", lambda a: [np.zeros(4), a[1]], ValueError),
+    ("exp_avg_sqs[1]", lambda a: [a[0], np.asfortranarray(np.zeros((2, 3)))], ValueError),
+    ("params[1]", lambda a: [a[0], np.zeros((2, 6))[:, ::2]], ValueError),
+])
+def test_adamw_update_many_rejects_bad_input_naming_it(name, mutate, exc):
+    # Check that a bad sequence or element raises TypeError/ValueError naming it (with its
+    # index), and that nothing is updated when it does.
+    seqs = {k: [np.ones(3), np.ones((2, 3))] for k in ("params", "grads", "exp_avgs",
+                                                        "exp_avg_sqs")}
+    key = name.split("[")[0]
+    seqs[key] = mutate(seqs[key])
+    before = [p.copy() for p in seqs["params"]] if key != "params" else None
+    with pytest.raises(exc, match=name.replace("[", r"\[").replace("]", r"\]")):
+        adamw_update_many(*seqs.values(), 1, 0.1)
+    if before is not None:
+        for p, b in zip(seqs["params"], before):
+            np.testing.assert_array_equal(p, b)
+
+
+def test_adamw_update_many_rejects_bad_options_naming_them():
+    # Check that step and hyper-parameters are checked as in adamw_update.
+    seqs = [[np.ones(3)] for _ in range(4)]
+    with pytest.raises(ValueError, match="step"):
+        adamw_update_many(*seqs, 0, 0.1)
+    with pytest.raises(ValueError, match="beta2"):
+        adamw_update_many(*seqs, 1, 0.1, beta2=1.0)
 
 
 # ----------------------------------------------------------------------------- SGD
