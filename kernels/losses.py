@@ -1,31 +1,36 @@
 """Losses: softmax + cross-entropy (integer labels or probability targets) and MSE, each a
-forward returning the mean loss as a Python float and a fused backward. Work runs in row
-blocks of ~256 KiB with ``probs`` (or a small reused per-thread scratch) as the workspace;
-the row max, row sums and per-row shifts go through numpy reductions and BLAS gemv/gemm."""
+forward returning the mean loss as a Python float and a fused backward; for MSE also
+``mse_forward_backward``, loss and gradient in one pass (what engine.MSELoss uses). Work
+runs in blocks of ~256 KiB with ``probs`` (or a small reused per-thread scratch) as the
+workspace; softmax's row max, row sums and per-row shifts go through numpy reductions and
+BLAS gemv/gemm. Large MSE calls are split over blasnet's threads."""
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 
 import numpy as np
 from scipy.linalg import blas as _blas
 
+from . import parallel as _par
 from .gemm import check_array
+from .memory import aligned_empty
 from .optim import flat_view
 
 __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
            "mse_forward", "mse_backward",
            "softmax_cross_entropy_forward_unchecked", "softmax_cross_entropy_backward_unchecked",
-           "mse_forward_unchecked", "mse_backward_unchecked"]
+           "mse_forward_unchecked", "mse_backward_unchecked",
+           "mse_forward_backward", "mse_forward_backward_unchecked"]
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _GEMV = {_F32: _blas.sgemv, _F64: _blas.dgemv}
 _GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
 _BLOCK_BYTES = 256 * 1024  # per block of rows (softmax) or of flat elements (MSE)
 # Per-thread scratch keyed by (kind, dtype, size), so that threads may call these at once.
-# The losses are not split over blasnet's threads: at the bench shapes they are small next
-# to a step (MSE forward+backward over (2048, 512) float32: ~1.3 ms of a ~90 ms FFN step on
-# 2 threads), and a split pays only when the second core is free (see kernels/optim.py).
+# Softmax + cross-entropy is not split over blasnet's threads (its gemv/gemm calls hold the
+# GIL; the bench's only CE is the MLP's (64, 10)); MSE is (see the MSE section).
 _SCRATCH = threading.local()
 
 
@@ -54,15 +59,6 @@ def _rows_scratch(dtype, c):
             np.ones((c, 1), dtype),                 # ones_c: (C, 1) row sums, row shifts
             np.ones(rows, dtype),                   # ones_r: (rows,) sums of (rows,) vectors
         )
-    return s
-
-
-def _flat_scratch(dtype):
-    key = ("flat", dtype)
-    cache = _cache()
-    s = cache.get(key)
-    if s is None:
-        s = cache[key] = np.empty(_BLOCK_BYTES // dtype.itemsize, dtype)  # (block,)
     return s
 
 
@@ -219,21 +215,102 @@ def softmax_cross_entropy_backward(dlogits, probs, target):
 
 
 # ----------------------------------------------------------------------------- MSE
+# One pass over pred and target per block: d = pred - target into dpred (or scratch), its
+# sum of squares while the block is in L2, then d * (2 / n) in place. The sum of squares is
+# np.vecdot over the block viewed as (_DOT_ROWS, cols): numpy's BLAS dot row by row, rows
+# short enough that OpenBLAS never threads them (it threads a dot above 10000 elements,
+# waking numpy's own OpenBLAS pool, not the one the GEMMs use), and more than 500 of them,
+# so numpy releases the GIL (it keeps it for a gufunc with fewer outer iterations): a split
+# call's other thread runs meanwhile. As fast as np.dot over the whole block (0.15-0.16 ms
+# per 1 Mi float32 from memory). Per-block sums are kept and added with math.fsum (exactly
+# rounded, so in any order): the loss does not depend on the thread count.
+_DOT_ROWS = 512
+# Arrays of at least this many elements are split over blasnet's threads (blocks taken from
+# a shared counter, see _mse_run).
+_MSE_SPLIT_MIN = 2 * _par.MIN_ELEMENTS_PER_THREAD
+
+
+def _mse_scratch(dtype, nb, k):
+    """(partials, slots): a (nb,) float64 array for per-block sums and k slot pairs of a
+    (block,) scratch and a (_DOT_ROWS,) row-sum vector, of this thread."""
+    cache = _cache()
+    blk = _BLOCK_BYTES // dtype.itemsize
+    key = ("mse", dtype, blk)
+    s = cache.get(key)
+    if s is None or s[0].size < nb or len(s[1]) < k:
+        part = np.empty(max(nb, 0 if s is None else s[0].size), np.float64)
+        slots = [(aligned_empty(blk, dtype), aligned_empty(_DOT_ROWS, dtype))
+                 for _ in range(max(k, 0 if s is None else len(s[1])))]
+        s = cache[key] = (part, slots)
+    return s
+
+
+def _sumsq(d, v, cols):
+    """sum(d * d) of a 1-D block as a Python float, through row-wise dots (see above)."""
+    m = d.size
+    q = m - m % cols
+    total = 0.0
+    if q:
+        r = q // cols
+        vb = v[:r]
+        d2 = d[:q].reshape(r, cols)
+        np.vecdot(d2, d2, out=vb)
+        total = float(np.add.reduce(vb))
+    if q < m:
+        tail = d[q:]
+        total += float(np.vecdot(tail, tail))
+    return total
+
+
+def _mse_block(dp, p, t, scale, part, b, i, j, slot):
+    d = slot[0][:j - i] if dp is None else dp[i:j]
+    np.subtract(p[i:j], t[i:j], d)
+    part[b] = _sumsq(d, slot[1], max(1, slot[0].size // _DOT_ROWS))
+    if dp is not None:
+        np.multiply(d, scale, d)
+
+
+def _grad_scale(n, dtype):
+    """2 / n as a 0-d array of ``dtype``: a multiply costs half a divide here (0.09 vs 0.18
+    ns per float32 element in L2), and a 0-d operand is not converted on every call."""
+    return np.array(2.0 / n, dtype)
+
+
+def _mse_run(dp, p, t):
+    """sum((p - t)^2) over flat views, as a Python float; with ``dp``, also
+    dp = (p - t) * (2 / n) (dp may be p)."""
+    n = p.size
+    blk = _BLOCK_BYTES // p.dtype.itemsize
+    nb = -(-n // blk)
+    scale = _grad_scale(n, p.dtype)
+    k = 1 if n < _MSE_SPLIT_MIN else _par.chunks(n, 1)
+    part, slots = _mse_scratch(p.dtype, nb, k)
+    if k == 1:
+        slot = slots[0]
+        for b in range(nb):
+            i = b * blk
+            _mse_block(dp, p, t, scale, part, b, i, min(i + blk, n), slot)
+    else:
+        counter = itertools.count()  # next() is atomic under the GIL
+
+        def worker(s, _):
+            slot = slots[s]
+            for b in counter:
+                if b >= nb:
+                    return
+                i = b * blk
+                _mse_block(dp, p, t, scale, part, b, i, min(i + blk, n), slot)
+        _par.parallel_for(worker, k, k)
+    return part[0] if nb == 1 else math.fsum(part[:nb])
+
+
 def mse_forward_unchecked(pred, target):
     """``mse_forward`` without checks (hot path): same shape, dtype and memory order."""
     p, t = flat_view(pred), flat_view(target)
     n = p.size
     if n == 0:
         return math.nan
-    s = _flat_scratch(p.dtype)
-    blk = s.size
-    total = 0.0  # per-block dot products summed in double precision
-    for i in range(0, n, blk):
-        j = min(i + blk, n)
-        d = s[:j - i]
-        np.subtract(p[i:j], t[i:j], out=d)
-        total += float(np.dot(d, d))
-    return total / n
+    return float(_mse_run(None, p, t)) / n
 
 
 def mse_backward_unchecked(dpred, pred, target):
@@ -241,13 +318,33 @@ def mse_backward_unchecked(dpred, pred, target):
     dp, p, t = flat_view(dpred), flat_view(pred), flat_view(target)
     n = p.size
     blk = _BLOCK_BYTES // p.dtype.itemsize
-    half = 0.5 * n  # 2 * d / n == d / (n / 2), one pass fewer
-    for i in range(0, n, blk):
-        j = min(i + blk, n)
-        db = dp[i:j]
-        np.subtract(p[i:j], t[i:j], out=db)
-        np.divide(db, half, out=db)
+    scale = _grad_scale(n, p.dtype)
+    k = 1 if n < _MSE_SPLIT_MIN else _par.chunks(n, 1)
+    if k == 1:
+        for i in range(0, n, blk):
+            db = dp[i:i + blk]
+            np.subtract(p[i:i + blk], t[i:i + blk], db)
+            np.multiply(db, scale, db)
+    else:
+        bounds = [n * s // k for s in range(k + 1)]
+
+        def run(s, _):
+            for i in range(bounds[s], bounds[s + 1], blk):
+                j = min(i + blk, bounds[s + 1])
+                db = dp[i:j]
+                np.subtract(p[i:j], t[i:j], db)
+                np.multiply(db, scale, db)
+        _par.parallel_for(run, k, k)
     return dpred
+
+
+def mse_forward_backward_unchecked(dpred, pred, target):
+    """``mse_forward_backward`` without checks (hot path). ``dpred`` may be ``pred``."""
+    dp, p, t = flat_view(dpred), flat_view(pred), flat_view(target)
+    n = p.size
+    if n == 0:
+        return math.nan
+    return float(_mse_run(dp, p, t)) / n
 
 
 def _check_same(name, a, ref_name, ref):
@@ -289,3 +386,14 @@ def mse_backward(dpred, pred, target):
     _check_same("target", target, "pred", pred)
     _check_same("dpred", dpred, "pred", pred)
     return mse_backward_unchecked(dpred, pred, target)
+
+
+def mse_forward_backward(dpred, pred, target):
+    """``mse_forward(pred, target)`` and ``mse_backward(dpred, pred, target)`` in one pass
+    over pred and target: writes dpred = 2 * (pred - target) / pred.size (the same bits as
+    ``mse_backward``) and returns the loss (the same value as ``mse_forward``). ``dpred``
+    may be ``pred``: the loss is computed from each block before it is overwritten."""
+    _check_pred(pred)
+    _check_same("target", target, "pred", pred)
+    _check_same("dpred", dpred, "pred", pred)
+    return mse_forward_backward_unchecked(dpred, pred, target)

@@ -54,6 +54,48 @@ def test_mse_float32():
     np.testing.assert_allclose(d32, l64.backward(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(64, 9), (3, 5, 7)])
+def test_mse_backward_is_the_gradient_of_the_last_forward(dtype, shape):
+    # Check that backward (whose gradient forward computes in the same pass) returns
+    # 2 (pred - target) / size of the last forward, in pred's shape and dtype.
+    rng = np.random.default_rng(43)
+    loss = MSELoss()
+    for _ in range(2):  # the second forward must replace the first one's gradient
+        p = rng.standard_normal(shape).astype(dtype)
+        t = rng.standard_normal(shape).astype(dtype)
+        loss(p, t)
+    d = loss.backward()
+    assert d.shape == shape and d.dtype == dtype
+    ref = (2.0 * (p.astype(np.float64) - t) / p.size)
+    np.testing.assert_allclose(d, ref, rtol=1e-6 if dtype == np.float32 else 1e-14, atol=0)
+
+
+def test_mse_second_backward_recomputes():
+    # Check that a second backward after one forward returns the gradient again even if the
+    # caller wrote into the array the first backward returned.
+    rng = np.random.default_rng(44)
+    p, t = rng.standard_normal((10, 4)), rng.standard_normal((10, 4))
+    loss = MSELoss()
+    loss(p, t)
+    d1 = loss.backward()
+    expected = d1.copy()
+    d1[...] = 123.0
+    np.testing.assert_array_equal(loss.backward(), expected)
+
+
+def test_mse_rejected_forward_keeps_previous_gradient():
+    # Check that a forward rejected for a bad target leaves the previous forward's backward
+    # intact.
+    rng = np.random.default_rng(45)
+    p, t = rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
+    loss = MSELoss()
+    loss(p, t)
+    with pytest.raises(ValueError):
+        loss(p, np.ones((3, 6)))
+    np.testing.assert_allclose(loss.backward(), 2.0 * (p - t) / p.size, rtol=1e-14, atol=0)
+
+
 @pytest.mark.parametrize("pred,target,exc,msg", [
     (np.ones((3, 2)), np.ones((2, 3)), ValueError, "target.*shape"),
     (np.ones((3, 2)), np.ones((3, 2), np.float32), TypeError, "target.*float64"),

@@ -10,8 +10,9 @@ import pytest
 from gradcheck import assert_close, numeric_grad
 
 from kernels import losses, reference
-from kernels.losses import (mse_backward, mse_forward, softmax_cross_entropy_backward,
-                            softmax_cross_entropy_forward)
+from kernels import num_threads, parallel
+from kernels.losses import (mse_backward, mse_forward, mse_forward_backward,
+                            softmax_cross_entropy_backward, softmax_cross_entropy_forward)
 
 DTYPES = [np.float32, np.float64]
 TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-14)}
@@ -369,8 +370,97 @@ def test_mse_no_whole_array_temporaries():
     rng = np.random.default_rng(23)
     pred, target = _mse_arrays(rng, (512, 512), np.float32)
     dp = np.empty_like(pred)
-    peak = _traced_peak(lambda: mse_forward(pred, target), lambda: mse_backward(dp, pred, target))
+    peak = _traced_peak(lambda: mse_forward(pred, target), lambda: mse_backward(dp, pred, target),
+                        lambda: mse_forward_backward(dp, pred, target))
     assert peak < 12 * 1024, f"peak {peak} bytes"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mse_forward_backward_is_forward_and_backward(dtype):
+    # Check that the fused call returns exactly mse_forward's loss and writes exactly
+    # mse_backward's gradient (and so matches the reference), for every shape and order.
+    rng = np.random.default_rng(24)
+    for shape in _mse_shapes(dtype):
+        for order in ("C", "F"):
+            pred, target = _mse_arrays(rng, shape, dtype, order)
+            dp = np.full(shape, np.nan, dtype, order=order)
+            loss = mse_forward_backward(dp, pred, target)
+            assert isinstance(loss, float)
+            assert loss == mse_forward(pred, target)
+            dp_sep = mse_backward(np.empty_like(dp), pred, target)
+            np.testing.assert_array_equal(dp, dp_sep)
+            assert loss == pytest.approx(reference.mse_forward(pred, target), rel=LOSS_RTOL[dtype])
+            dp_r = np.empty(shape, dtype)
+            reference.mse_backward(dp_r, pred, target)
+            assert_close(dp, dp_r, f"dpred {shape} {order}", rtol=TOL[dtype]["rtol"], atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mse_forward_backward_in_place(dtype):
+    # Check that the gradient is written into the caller's array, which may be pred itself
+    # (the loss is taken from each block before it is overwritten).
+    rng = np.random.default_rng(25)
+    pred, target = _mse_arrays(rng, (300, 700), dtype)  # several blocks and a remainder
+    loss_r = mse_forward(pred, target)
+    dp_r = mse_backward(np.empty_like(pred), pred, target)
+    dp = np.full_like(pred, np.nan)
+    assert mse_forward_backward(dp, pred, target) == loss_r
+    np.testing.assert_array_equal(dp, dp_r)
+    buf = pred.copy()
+    assert mse_forward_backward(buf, buf, target) == loss_r
+    np.testing.assert_array_equal(buf, dp_r)
+
+
+def test_mse_empty_forward_backward_is_nan():
+    # Check that an empty pair gives nan, like the mean of nothing, and writes nothing.
+    assert math.isnan(mse_forward_backward(np.empty((0, 3)), np.empty((0, 3)), np.empty((0, 3))))
+
+
+def _split_sizes(dtype):
+    # Element counts around the split threshold, with a partial last block.
+    lo = losses._MSE_SPLIT_MIN
+    blk = losses._BLOCK_BYTES // np.dtype(dtype).itemsize
+    return [lo - 1, lo, lo + blk // 2 + 3]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mse_split_over_threads_gives_one_thread_results(dtype, monkeypatch):
+    # Check that with two threads (arrays from the split threshold up are split over a
+    # thread pool) the loss and gradients are bit-identical to one thread's, for sizes
+    # around the threshold, and that the split does happen at and above it.
+    calls = []
+    real = parallel.parallel_for
+    monkeypatch.setattr(parallel, "parallel_for",
+                        lambda fn, n, k: (calls.append(k), real(fn, n, k))[1])
+    rng = np.random.default_rng(26)
+    for n in _split_sizes(dtype):
+        pred, target = _mse_arrays(rng, (n,), dtype)
+        res = {}
+        for t in (1, 2):
+            calls.clear()
+            with num_threads(t):
+                dp = np.empty_like(pred)
+                res[t] = (mse_forward(pred, target), mse_forward_backward(dp, pred, target), dp,
+                          mse_backward(np.empty_like(pred), pred, target))
+            split = n >= losses._MSE_SPLIT_MIN and t == 2
+            assert calls == ([2, 2, 2] if split else []), (n, t, calls)
+        assert res[2][0] == res[1][0] and res[2][1] == res[1][1]
+        np.testing.assert_array_equal(res[2][2], res[1][2])
+        np.testing.assert_array_equal(res[2][3], res[1][3])
+        assert res[1][0] == pytest.approx(reference.mse_forward(pred, target), rel=LOSS_RTOL[dtype])
+
+
+def test_mse_split_no_block_temporaries():
+    # Check that a split call allocates no block-sized temporary after a warm-up (a block is
+    # 256 KiB; the pool's futures and closures are a few KiB).
+    rng = np.random.default_rng(27)
+    pred, target = _mse_arrays(rng, (losses._MSE_SPLIT_MIN + 1000,), np.float32)
+    dp = np.empty_like(pred)
+    with num_threads(2):
+        peak = _traced_peak(lambda: mse_forward(pred, target),
+                            lambda: mse_forward_backward(dp, pred, target),
+                            lambda: mse_backward(dp, pred, target))
+    assert peak < 24 * 1024, f"peak {peak} bytes"
 
 
 @pytest.mark.parametrize("name,bad,exc", [
@@ -394,6 +484,25 @@ def test_mse_rejects_bad_input_naming_it(name, bad, exc):
 @pytest.mark.parametrize("bad,exc", [(np.empty((2, 3), np.float32), TypeError),
                                      (np.empty((3, 2)), ValueError)])
 def test_mse_backward_rejects_bad_dpred(bad, exc):
-    # Check that a bad dpred raises TypeError/ValueError naming dpred.
+    # Check that a bad dpred raises TypeError/ValueError naming dpred, for the backward and
+    # the fused call.
     with pytest.raises(exc, match="dpred"):
         mse_backward(bad, np.zeros((2, 3)), np.zeros((2, 3)))
+    with pytest.raises(exc, match="dpred"):
+        mse_forward_backward(bad, np.zeros((2, 3)), np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("name,bad,exc", [
+    ("pred", np.zeros((2, 3), np.int64), TypeError),
+    ("target", np.zeros((3, 2)), ValueError),
+    ("target", np.zeros((2, 3), np.float32), TypeError),
+    ("target", np.zeros((2, 3), order="F"), ValueError),
+])
+def test_mse_forward_backward_rejects_bad_input_writing_nothing(name, bad, exc):
+    # Check that the fused call names a bad argument and leaves dpred untouched.
+    args = dict(pred=np.ones((2, 3)), target=np.zeros((2, 3)))
+    args[name] = bad
+    dp = np.full((2, 3), 7.0)
+    with pytest.raises(exc, match=name):
+        mse_forward_backward(dp, **args)
+    np.testing.assert_array_equal(dp, 7.0)
