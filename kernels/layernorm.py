@@ -1,15 +1,18 @@
 """LayerNorm over the last axis of an (N, d) array: forward caching mean and rstd, backward
 writing dx and accumulating dgamma/dbeta. Rows run in blocks of ~256 KiB so the chain of
-passes stays in L2, through reused per-thread scratch buffers. Reductions and broadcasts go
-through BLAS (see below). It runs on the calling thread (see _SCRATCH for why)."""
+passes stays in L2, through reused per-thread scratch buffers. Row sums and broadcasts go
+through BLAS, the variance through np.vecdot (see below). It runs on the calling thread
+(see _SCRATCH for why: a NumPy-only split over blasnet's threads measured slower)."""
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
 from scipy.linalg import blas as _blas
 
 from .gemm import check_array
+from .memory import aligned_empty
 
 __all__ = ["layernorm_forward", "layernorm_backward",
            "layernorm_forward_unchecked", "layernorm_backward_unchecked"]
@@ -18,14 +21,22 @@ _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _GEMV = {_F32: _blas.sgemv, _F64: _blas.dgemv}
 _GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
 # Per (rows, d) scratch buffer. Measured fwd+bwd on (2048, 512) and (4096, 1024): 32 KiB
-# blocks ~1.4x slower (Python overhead), 64-512 KiB within noise, 256 KiB marginally best.
+# blocks ~1.4x slower (Python overhead), 64-512 KiB within noise, 256 KiB marginally best
+# (again in session 2: 128 and 512 KiB no better).
 _BLOCK_BYTES = 256 * 1024
 # Per-thread scratch, (dtype, d) -> (rows, A, B, r1, r2, ones_d, ones_r), so that threads may
-# call these kernels at once. The kernels themselves are not split over blasnet's threads:
-# half of each block's work is gemv/gemm calls, which hold the GIL (scipy's wrapper), so
-# the threads serialise on them. Measured fwd+bwd at (2048, 512) float32, 2 threads, rows
-# split over two pool slices with per-slice dgamma/dbeta: inline 2.9-3.0 ms, split 4.4
-# (256 KiB blocks), 4.1 (512 KiB), 3.6 (1 MiB, where inline took 3.9); reference ~10 ms.
+# call these kernels at once. The kernels are not split over blasnet's threads, because no
+# split measured faster than this inline BLAS chain at the bench's (2048, 512) float32:
+# - Session 1, this chain with rows split over two pool slices: fwd+bwd 4.1-4.4 ms vs 2.9
+#   inline (the gemv/gemm calls hold the GIL, so the threads serialise on them).
+# - Session 2, NumPy-only chains, every call releasing the GIL (tiles by np.copyto, row sums
+#   by np.vecdot or np.einsum, column sums by np.add.reduce), 2 threads, medians: fwd 1.4-1.9
+#   ms split vs 1.1-1.2 for this chain, bwd 2.0-2.5 vs 1.6-1.8; with x cold after a GEMM,
+#   fwd 2.0 split vs 1.9-2.0. Two threads each running such a chain on their own arrays
+#   got 0.9-1.4x the throughput of one, where two processes got 2.0x: the GIL hand-offs
+#   between the ~13-17 ufunc calls of each block (a thread that finds the GIL taken
+#   sleeps and wakes 10-20 us late; calls are 5-30 us) eat the second core. Also beware:
+#   np.vecdot and np.matmul keep the GIL unless they loop over more than 500 rows.
 _SCRATCH = threading.local()
 
 # Where the time goes (measured, 64 x 512 float32 block, one thread): any broadcasting
@@ -36,7 +47,11 @@ _SCRATCH = threading.local()
 # (rstd_i * gamma_j) are one K=1 gemm into scratch followed by a plain multiply: no call
 # here broadcasts. sger would do the rank-1 updates too, but OpenBLAS threads it from ~9K
 # elements and on a loaded machine it took ~1 ms per call; gemm stays single-threaded
-# below M*N*K = 262144.
+# below M*N*K = 262144. In (2048, 512) float32 terms (one thread, x in L2 / cold after a
+# GEMM): a gemm rank-1 update or K=1 fill 0.14-0.17 / 0.17-0.26 ms, a plain multiply 0.10
+# / 0.14, a gemv 0.05, np.vecdot of the rows 0.07 / 0.13; the first pass over x, dout and
+# dx (memory, not L2) 0.45-0.6 ms each when cold. Scratch starts on a 64-byte boundary:
+# misaligned ufunc outputs cost up to 2x (kernels.memory; bwd 1.7 -> 1.5 ms here).
 
 
 def _scratch(dtype, d):
@@ -50,8 +65,8 @@ def _scratch(dtype, d):
     # Scratch is kept transposed, (d, rows) in Fortran order: the layout BLAS wants.
     s = _SCRATCH.bufs[dtype, d] = (
         rows,
-        np.empty((d, rows), dtype, order="F"),  # A: squares, then scale (fwd); x - mean (bwd)
-        np.empty((d, rows), dtype, order="F"),  # B: dout * (x - mean), then scales (bwd)
+        aligned_empty((rows, d), dtype).T,      # A: (d, rows) scale (fwd); x - mean (bwd)
+        aligned_empty((rows, d), dtype).T,      # B: (d, rows) dout * (x - mean), scales (bwd)
         np.empty(rows, dtype),                  # r1: (rows,) per-row sums
         np.empty(rows, dtype),                  # r2: (rows,) per-row sums
         np.ones((d, 1), dtype),                 # ones_d: (d, 1) row sums and row shifts
@@ -75,6 +90,7 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
     rows, S, _, _, var, ones_d, ones_r = _scratch(x.dtype, d)
     gemv, gemm = _GEMV[x.dtype], _GEMM[x.dtype]
     inv_d = 1.0 / d
+    d_eps, sqrt_d = d * eps, math.sqrt(d)
     xT, oT = x.T, out.T                         # (d, n) Fortran views
     mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views
     gcol, bcol, ones_v = gamma[:, None], beta[:, None], ones_d[:, 0]
@@ -87,12 +103,14 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
         gemv(inv_d, xb, ones_v, 0.0, mb, 0, 1, 0, 1, 1, 1)       # mean = x @ ones / d
         np.copyto(ob, xb)
         gemm(-1.0, ones_d, mrow[:, i:j], 1.0, ob, 0, 0, 1)      # out = x - mean
-        # Two-pass variance from the centred rows: var = sum(t * t) / d.
-        np.multiply(ob, ob, out=S)
-        gemv(inv_d, S, ones_v, 0.0, var, 0, 1, 0, 1, 1, 1)
-        var += eps
-        np.sqrt(var, out=var)
-        np.divide(1.0, var, out=rstd[i:j])
+        # Two-pass variance from the centred rows, d * var = t @ t row by row: np.vecdot
+        # (one read pass in L2) instead of t * t into scratch and a gemv (two passes),
+        # -0.2 ms at (2048, 512). rstd = sqrt(d) / sqrt(d var + d eps): three calls, not four.
+        tb = out[i:j]
+        np.vecdot(tb, tb, out=var)
+        np.add(var, d_eps, var)
+        np.sqrt(var, var)
+        np.divide(sqrt_d, var, rstd[i:j])
         gemm(1.0, gcol, srow[:, i:j], 0.0, S, 0, 0, 1)          # S[j, i] = gamma[j] * rstd[i]
         np.multiply(ob, S, out=ob)
         gemm(1.0, bcol, ones_r, 1.0, ob, 0, 0, 1)               # out += beta
