@@ -225,6 +225,7 @@ def softmax_cross_entropy_backward(dlogits, probs, target):
 # per 1 Mi float32 from memory). Per-block sums are kept and added with math.fsum (exactly
 # rounded, so in any order): the loss does not depend on the thread count.
 _DOT_ROWS = 512
+_DOT_ONE_MAX = 8192
 # Arrays of at least this many elements are split over blasnet's threads (blocks taken from
 # a shared counter, see _mse_run).
 _MSE_SPLIT_MIN = 2 * _par.MIN_ELEMENTS_PER_THREAD
@@ -246,8 +247,11 @@ def _mse_scratch(dtype, nb, k):
 
 
 def _sumsq(d, v, cols):
-    """sum(d * d) of a 1-D block as a Python float, through row-wise dots (see above)."""
+    """sum(d * d) of a 1-D block as a Python float, through row-wise dots (see above); one
+    np.dot for short blocks (OpenBLAS does not thread those; fewer calls)."""
     m = d.size
+    if m <= _DOT_ONE_MAX:
+        return float(np.dot(d, d))
     q = m - m % cols
     total = 0.0
     if q:
@@ -281,6 +285,11 @@ def _mse_run(dp, p, t):
     dp = (p - t) * (2 / n) (dp may be p)."""
     n = p.size
     blk = _BLOCK_BYTES // p.dtype.itemsize
+    if n <= _DOT_ONE_MAX and dp is not None:  # small: no scratch, no loop (call overhead)
+        np.subtract(p, t, dp)
+        total = float(np.dot(dp, dp))
+        np.multiply(dp, 2.0 / n, dp)
+        return total
     nb = -(-n // blk)
     scale = _grad_scale(n, p.dtype)
     k = 1 if n < _MSE_SPLIT_MIN else _par.chunks(n, 1)
