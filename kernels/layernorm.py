@@ -31,8 +31,10 @@ _BLOCK_BYTES = 256 * 1024
 #   inline (the gemv/gemm calls hold the GIL, so the threads serialise on them).
 # - Session 2, NumPy-only chains, every call releasing the GIL (tiles by np.copyto, row sums
 #   by np.vecdot or np.einsum, column sums by np.add.reduce), 2 threads, medians: fwd 1.4-1.9
-#   ms split vs 1.1-1.2 for this chain, bwd 2.0-2.5 vs 1.6-1.8; with x cold after a GEMM,
-#   fwd 2.0 split vs 1.9-2.0. Two threads each running such a chain on their own arrays
+#   ms split vs 1.1-1.2 for session 1's version of this chain (0.9 now), bwd 2.0-2.5 vs
+#   1.6-1.8 (1.4 now); with x cold after a GEMM, fwd 2.0 split vs 1.9-2.0 (1.7 now). A pool
+#   thread merely reading the next blocks (a prefetch) slowed the caller's chain by 30-80%
+#   (GIL hand-offs again). Two threads each running such a chain on their own arrays
 #   got 0.9-1.4x the throughput of one, where two processes got 2.0x: the GIL hand-offs
 #   between the ~13-17 ufunc calls of each block (a thread that finds the GIL taken
 #   sleeps and wakes 10-20 us late; calls are 5-30 us) eat the second core. Also beware:
