@@ -2,7 +2,9 @@
 
 Each class is bookkeeping over a functional kernel (``kernels.optim``), as PyTorch's
 ``optim.AdamW.step`` is over its functional ``adamw``: the class holds parameter groups,
-moment buffers and the step count; the kernel updates one parameter in place.
+moment buffers and the step count; the kernels update in place. AdamW.step hands all its
+parameters to one kernel call (``adamw_update_many_unchecked``), so a step is one pass over
+their concatenated elements and at most one parallel region.
 """
 from __future__ import annotations
 

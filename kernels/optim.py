@@ -25,19 +25,23 @@ __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_u
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 # Block size in bytes per array on one thread: 64 Ki float32 / 32 Ki float64 elements.
 # Measured on AdamW (2.1M float32): 8 Ki elements 11.1 ms, 16 Ki 9.6, 32 Ki 7.1, 64 Ki 6.4
-# (reference 20 ms); on the current machine 32 Ki 3.6, 64 Ki 3.5, 128 Ki 3.7, 256 Ki 4.8.
+# (reference 20 ms); on the current machine 32 Ki 3.6, 64 Ki 3.5, 128 Ki 3.7, 256 Ki 4.8;
+# with the 3-array AdamW chain 64 Ki to 128 Ki all give 3.5.
 # BLAS axpy would save a pass but OpenBLAS threads it above 10000 elements, which on a
 # loaded machine cost ~10x (measured again: 36 ms instead of 5), and its fused multiply-add
 # would round differently from the ufunc chain, so results would depend on the thread count.
 _BLOCK_BYTES = 256 * 1024
 # Large updates are split over blasnet's threads (kernels.parallel.chunks decides on the
-# total element count). A thread that finishes a ufunc while the other holds the GIL sleeps
-# until it is released, and waking it took ~1-4 us per call on average here (10-50 us when
-# it happens), so split blocks are long: 13 ufunc calls per block, AdamW over 2.1M float32
-# on 2 threads took 2.9 ms with 64 Ki-element blocks, 2.2 with 128 Ki, 2.3 with 192 Ki
-# (one thread: 3.8). 128 Ki x 4 arrays is about the 2 MiB L2 of a core.
+# total element count). What the split costs is the GIL, not memory: the AdamW chain over
+# 1M float32 took 1.75 ms alone, 1.76 in each of two processes at once, 2.05 in each of two
+# threads at once. A thread that finishes a ufunc while the other holds the GIL sleeps, and
+# waking a sleeping thread takes ~35 us here (lock ping-pong: 74 us round trip), so every
+# ufunc call costs ~3 us more on two threads and split blocks must be long. Per thread
+# (1M float32 over 2 threads) by block size: 96 Ki 2.43 ms, 128 Ki 2.26, 160 Ki 2.03,
+# 224 Ki 2.04, 320 Ki 2.44 (beyond L2: 3 arrays x 160 Ki x 4 B ~ 2 MiB, the L2 of a core).
 _SPLIT = True
-_PAR_BLOCK_BYTES = 640 * 1024
+_PAR_BLOCK_BYTES = 640 * 1024     # AdamW: 160 Ki float32; the scratch is sized for this
+_SGD_PAR_BLOCK_BYTES = 512 * 1024  # SGD keeps up to 5 arrays in use per block
 
 _tls = threading.local()  # per-thread scratch: pool threads run the same kernel at once
 
@@ -107,9 +111,9 @@ def _walk(chain, items):
             chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
 
 
-def _split(chain, items, k):
+def _split(chain, items, k, block_bytes=_PAR_BLOCK_BYTES):
     """``_walk`` in one parallel region of ``k`` threads over the items' concatenated
-    elements: the threads take ``_PAR_BLOCK_BYTES`` blocks (each item's first one up to
+    elements: the threads take ``block_bytes`` blocks (each item's first one up to
     its first array's 64-byte boundary, its last one shorter) from a shared counter until
     none is left, so a thread that starts late (the pool thread must wake up first, or its
     core is busy) takes fewer blocks, and the caller never waits for more than the block
@@ -121,7 +125,7 @@ def _split(chain, items, k):
         dt = arrays[0].dtype
         if dt not in slots:
             slots[dt] = _slot_scratch(dt, k)
-        blk = _PAR_BLOCK_BYTES // dt.itemsize
+        blk = block_bytes // dt.itemsize
         n = arrays[0].size
         h = _head(arrays[0]) if n > blk else 0
         total += (h > 0) + -(-(n - h) // blk)
@@ -151,13 +155,13 @@ def _split(chain, items, k):
     _par.parallel_for(worker, k, k)
 
 
-def _run(chain, items, total):
+def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES):
     """``chain`` over ``items`` (``total`` elements in all): split over blasnet's threads
-    when large, else inline."""
+    in ``block_bytes`` blocks when large, else inline."""
     if _SPLIT and total >= _par.MIN_ELEMENTS_PER_THREAD:
         k = _par.chunks(total, 1)
         if k > 1:
-            _split(chain, items, k)
+            _split(chain, items, k, block_bytes)
             return
     _walk(chain, items)
 
@@ -169,15 +173,17 @@ def _adamw_chain(pb, gb, mb, vb, tb, _, decay, b1_a1, a1, beta2, a2, eps_hat, st
     needs a square, two scalings and an add, m two scalings and an add, the update a sqrt,
     +eps, a divide and a scaling, p its decay and a subtract.
 
-    The order keeps at most three block-sized arrays in use between two touches of any of
-    them (the denominator is built from g and v, then m from m and g, then the update from
-    m and the denominator), so blocks can be ~3/4 larger in the same L2 than with the
-    textbook order (m, v, update), and fewer, longer ufunc calls wait less for the GIL
-    when split over threads (2.1M float32 on 2 threads: 2.2 ms instead of 2.4). For that, m
-    is updated in place without scratch as ((m * (b1/a1)) + g) * a1 with a1 = 1 - b1:
-    three roundings like b1 m + a1 g. Time per pass, 2.1M float32 on one thread: the first
-    touch of g, v, m and p (from L3) 0.35-0.42 ms each, the sqrt 0.47, the divide 0.40,
-    the other passes (in L2) 0.15-0.25."""
+    Order: v and the denominator (g, v, scratch), then m in place without scratch (m, g),
+    then the update (m, scratch) and p. Between two uses of a block at most two other
+    arrays are touched, except for g, which is only read (clean lines: nothing to write
+    back if evicted); in the textbook order (m, v, update) the written m waits while g, v
+    and the scratch pass. So blocks can be larger in the same L2, and fewer, longer ufunc
+    calls wait less for the GIL when split over threads: 2.1M float32 on 2 threads, 160 Ki
+    blocks, 2.20 ms vs 2.31 (textbook order; 2.37 at its best block size, 128 Ki). m is
+    updated in place as ((m * (b1/a1)) + g) * a1 with a1 = 1 - b1: three roundings like
+    b1 m + a1 g, and b1/a1 is finite (b1 < 1). Time per pass, 2.1M float32 on one thread:
+    the first touch of g, v, m and p (from L3) 0.35-0.42 ms each, the sqrt 0.47, the
+    divide 0.40, the other passes (in L2) 0.15-0.25."""
     np.multiply(gb, a2, tb)                    # v = b2 v + (1 - b2) g g
     tb *= gb
     vb *= beta2
@@ -270,9 +276,10 @@ def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_dec
     p, g = flat_view(param), flat_view(grad)
     consts = (lr, momentum, weight_decay, 1.0 - dampening, nesterov, first_step)
     if momentum != 0.0:
-        _run(_sgd_chain, (((p, g, flat_view(momentum_buf)), consts),), p.size)
+        _run(_sgd_chain, (((p, g, flat_view(momentum_buf)), consts),), p.size,
+             _SGD_PAR_BLOCK_BYTES)
     else:
-        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size)
+        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size, _SGD_PAR_BLOCK_BYTES)
     return param
 
 
