@@ -90,8 +90,24 @@ def _adamw(impl):
     return run
 
 
+def _adamw_many():
+    """kernels.adamw_update_many over the same 2.1M parameters: one call, one parallel region
+    over all four parameters (what AdamW.step runs)."""
+    rng = np.random.default_rng(0)
+    quads = [(_rand(rng, s, 0.02), _rand(rng, s, 1e-3), np.zeros(s, F32), np.zeros(s, F32))
+             for s in _ffn_param_shapes()]
+    ps, gs, ms, vs = (list(q) for q in zip(*quads))
+    state = {"t": 0}
+
+    def run():
+        state["t"] += 1
+        kernels.adamw_update_many(ps, gs, ms, vs, state["t"], 1e-4)
+    return run
+
+
 def _adamw_engine():
-    """engine.optim.AdamW.step over the same 2.1M parameters (the kernel plus its loop)."""
+    """engine.optim.AdamW.step over the same 2.1M parameters (adamw_update_many plus the
+    optimizer's bookkeeping)."""
     from engine.module import Parameter
     from engine.optim import AdamW
     rng = np.random.default_rng(0)
@@ -123,6 +139,8 @@ KERNELS = [
     ("layernorm fwd+bwd", "2048x512", "ref", lambda: _layernorm("ref")),
     ("adamw_update", "2.1M params (large FFN)", "fast", lambda: _adamw("fast")),
     ("adamw_update", "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
+    ("adamw_update_many", "2.1M params (large FFN)", "fast", _adamw_many),
+    ("adamw_update_many", "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
     ("AdamW.step (engine)", "2.1M params (large FFN)", "fast", _adamw_engine),
     ("AdamW.step (engine)", "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
 ]

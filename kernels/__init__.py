@@ -20,7 +20,8 @@ from .layernorm import (layernorm_backward, layernorm_backward_unchecked, layern
 from .losses import (mse_backward, mse_backward_unchecked, mse_forward, mse_forward_unchecked,
                      softmax_cross_entropy_backward, softmax_cross_entropy_backward_unchecked,
                      softmax_cross_entropy_forward, softmax_cross_entropy_forward_unchecked)
-from .optim import adamw_update, adamw_update_unchecked, flat_view, sgd_update, sgd_update_unchecked
+from .optim import (adamw_consts, adamw_update, adamw_update_many, adamw_update_many_unchecked,
+                    adamw_update_unchecked, flat_view, sgd_update, sgd_update_unchecked)
 from .threads import ENV_VAR, blas_info, get_num_threads, num_threads, set_num_threads
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -47,8 +47,8 @@ def _write_fake(tmp_path):
             if kind == "step" and thr == 2:
                 extra["paired_scaling"] = 1.6  # preferred over the ratio of medians
             b.append(_bench(extra, scale * ms / 1e3))
-        b.append(_bench(dict(kernel="adamw_update", size="2.1M", impl="fast", threads=thr), 0.002))
-        b.append(_bench(dict(kernel="adamw_update", size="2.1M", impl="ref", threads=thr), 0.006))
+        b.append(_bench(dict(kernel="adamw_update_many", size="2.1M", impl="fast", threads=thr), 0.002))
+        b.append(_bench(dict(kernel="adamw_update_many", size="2.1M", impl="ref", threads=thr), 0.006))
         (tmp_path / f"threads{thr}.json").write_text(json.dumps({"benchmarks": b}))
     mib = 1 << 20
     mem = [dict(block="FFN-relu", shape="large", params=100, state=4 * mib, buffers=4 * mib,
@@ -77,7 +77,7 @@ def test_report_math_on_fake_results(tmp_path):
     verdicts = {t["target"]: t["met"] for t in data["targets"]}
     assert verdicts["fwd+bwd/floor FFN-relu large (2 thr)"] is False   # 1.10 > 1.08
     assert verdicts["step/floor FFN-relu large (2 thr)"] is False       # 1.20 > 1.15
-    assert verdicts["adamw_update 2.1M params, x naive (2 thr)"] is False  # 3.0 < 4
+    assert verdicts["adamw_update_many 2.1M params, x naive (2 thr)"] is False  # 3.0 < 4
     assert verdicts["step scaling 1->2 thr FFN-relu large"] is False     # 1.6 < 1.7
     assert verdicts["peak/sum memory FFN-relu large"] is False            # 1.5 > 1.25
     for needle in ("FFN-relu", "large", "1.10", "1.20", "1.60", "2.00", "3.00x", "MISSED", "met"):
