@@ -137,3 +137,16 @@ def build_case(block: str, shape_name: str, dtype=np.float32, seed: int = 0):
     opt = make_optimizer(module)
     return dict(shape=shape, module=module, x=x, target=target, dy=dy, loss=loss, opt=opt,
                 fwd_bwd=fwd_bwd_fn(module, x, dy), step=step_fn(module, x, target, loss, opt))
+
+
+def write_json(obj, path=None) -> None:
+    """``obj`` as indented JSON into ``path``, or onto stdout when ``path`` is None (how the
+    bench's helper processes hand their results to run.py)."""
+    import json
+    import sys
+    text = json.dumps(obj, indent=1)
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text + "\n")

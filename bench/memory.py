@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import tracemalloc
 
@@ -70,12 +69,7 @@ def main(argv=None) -> int:
                     help="BLOCK:SHAPE, repeatable (default: every case)")
     args = ap.parse_args(argv)
     which = None if args.case is None else {tuple(c.split(":", 1)) for c in args.case}
-    text = json.dumps(measure_all(which), indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text + "\n")
+    cases.write_json(measure_all(which), args.out)
     return 0
 
 

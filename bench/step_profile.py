@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import statistics
 import sys
 import threading
@@ -231,12 +230,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     timing.settle()
     res = profile_all(tuple(args.block or cases.TRANSFORMER_BLOCKS), args.shape, args.reps)
-    text = json.dumps(res, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text + "\n")
+    cases.write_json(res, args.out)
     return 0
 
 
