@@ -1,8 +1,8 @@
 """kernels.gemm: row-major GEMM in place, against np.matmul (reference.gemm)."""
+import itertools
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from kernels import gemm, gemm_unchecked, gemv_colsum, reference
 
@@ -57,23 +57,27 @@ def test_gemm_beta_zero_ignores_nan_in_out(dtype):
     assert np.isfinite(out).all()
 
 
-@settings(max_examples=60, deadline=None)
-@given(m=st.integers(0, 9), n=st.integers(0, 9), k=st.integers(0, 9),
-       ta=st.booleans(), tb=st.booleans(), beta=st.sampled_from([0.0, 1.0, 0.5]),
-       f32=st.booleans())
-def test_gemm_shapes_including_empty_and_ones(m, n, k, ta, tb, beta, f32):
-    # Check that any shape, including zero and one sized dimensions, gives alpha op(a)op(b) + beta out.
-    dtype = np.float32 if f32 else np.float64
-    rng = np.random.default_rng(m * 100 + n * 10 + k)
-    a, b = _operands(rng, m, n, k, ta, tb, dtype)
-    c0 = rng.standard_normal((m, n)).astype(dtype)
-    out = c0.copy()
-    res = gemm(out, a, b, ta, tb, 1.5, beta)
-    assert res is out
-    A = (a.T if ta else a).astype(np.float64)
-    B = (b.T if tb else b).astype(np.float64)
-    expected = 1.5 * (A @ B) + beta * c0
-    np.testing.assert_allclose(out, expected, **TOL[dtype])
+SMALL_DIMS = (0, 1, 2, 3, 7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ta,tb", TRANS)
+def test_gemm_shapes_including_empty_and_ones(dtype, ta, tb):
+    # Check that every small shape (each of M, N, K in 0, 1, 2, 3, 7: empty, one-sized and
+    # odd dimensions) gives alpha op(a) op(b) + beta out for beta 0, 1 and 0.5.
+    rng = np.random.default_rng(7)
+    for m, n, k in itertools.product(SMALL_DIMS, repeat=3):
+        a, b = _operands(rng, m, n, k, ta, tb, dtype)
+        A = (a.T if ta else a).astype(np.float64)
+        B = (b.T if tb else b).astype(np.float64)
+        for beta in (0.0, 1.0, 0.5):
+            c0 = rng.standard_normal((m, n)).astype(dtype)
+            out = c0.copy()
+            res = gemm(out, a, b, ta, tb, 1.5, beta)
+            assert res is out
+            expected = 1.5 * (A @ B) + beta * c0
+            np.testing.assert_allclose(out, expected, **TOL[dtype],
+                                       err_msg=f"m={m} n={n} k={k} beta={beta}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
