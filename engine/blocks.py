@@ -28,19 +28,15 @@ from .module import (INITS, Module, Parameter, Workspace, as_rows, check_dtype,
 __all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "AddNorm", "FFNSublayer", "INITS"]
 
 
-def _core(mod, name):
-    # The kernels' hot-path cores skip argument checks; fall back to the checked function
-    # (same signature) while a kernel module does not export its core yet.
-    return getattr(mod, name + "_unchecked", getattr(mod, name))
-
-
-_bias_act = _core(_act_mod, "bias_act_forward")
-_act_bwd = _core(_act_mod, "act_backward")
-_act_cached = _core(_act_mod, "act_backward_cached")
-_drop_fwd = _core(_drop_mod, "dropout_forward")
-_drop_bwd = _core(_drop_mod, "dropout_backward")
-_ln_fwd = _core(_ln_mod, "layernorm_forward")
-_ln_bwd = _core(_ln_mod, "layernorm_backward")
+# The kernels' hot-path cores: no argument checks (blocks check at their boundary and own
+# their buffers).
+_bias_act = _act_mod.bias_act_forward_unchecked
+_act_bwd = _act_mod.act_backward_unchecked
+_act_cached = _act_mod.act_backward_cached_unchecked
+_drop_fwd = _drop_mod.dropout_forward_unchecked
+_drop_bwd = _drop_mod.dropout_backward_unchecked
+_ln_fwd = _ln_mod.layernorm_forward_unchecked
+_ln_bwd = _ln_mod.layernorm_backward_unchecked
 
 # Activations whose derivative can be read off the output (sign(h) == sign(z)), so the
 # activation runs in place on the pre-activation buffer and one (N, d_ff) buffer is saved.

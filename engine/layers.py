@@ -19,10 +19,10 @@ from .module import (INITS, Module, Parameter, Workspace, as_rows, check_dtype,
 __all__ = ["INITS", "Linear", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Identity",
            "Sequential", "MLP"]
 
-# The fast kernels export argument-free cores as ``<name>_unchecked``; fall back to the
-# checked functions (same positional signature) while only the stub is installed.
-_bias_act = getattr(_kact, "bias_act_forward_unchecked", _kact.bias_act_forward)
-_act_bwd = getattr(_kact, "act_backward_unchecked", _kact.act_backward)
+# The kernels' hot-path cores (``<name>_unchecked``): no argument checks, the layers check
+# at their boundary.
+_bias_act = _kact.bias_act_forward_unchecked
+_act_bwd = _kact.act_backward_unchecked
 _act_cached = _kact.act_backward_cached_unchecked
 # relu-like activations read their derivative off z in backward (one cheap pass); every other
 # activation caches act'(z) over z in the forward pass (where it costs a few passes of the

@@ -16,11 +16,10 @@ from .module import Module, Workspace, check_dtype
 __all__ = ["MSELoss", "CrossEntropyLoss"]
 
 # Fast kernels export check-free cores as ``<name>_unchecked``; fall back to the checked ones.
-_ce_fwd = getattr(_kl, "softmax_cross_entropy_forward_unchecked", _kl.softmax_cross_entropy_forward)
-_ce_bwd = getattr(_kl, "softmax_cross_entropy_backward_unchecked", _kl.softmax_cross_entropy_backward)
-_mse_fwd = getattr(_kl, "mse_forward_unchecked", _kl.mse_forward)
-_mse_bwd = getattr(_kl, "mse_backward_unchecked", _kl.mse_backward)
-_mse_fwd_bwd = getattr(_kl, "mse_forward_backward_unchecked", None)
+_ce_fwd = _kl.softmax_cross_entropy_forward_unchecked
+_ce_bwd = _kl.softmax_cross_entropy_backward_unchecked
+_mse_bwd = _kl.mse_backward_unchecked
+_mse_fwd_bwd = _kl.mse_forward_backward_unchecked
 
 
 def _check_float(name: str, x, dtype) -> None:
@@ -89,13 +88,10 @@ class MSELoss(_Loss):
         cols = pred.shape[-1] if pred.ndim >= 2 else 1
         p2 = pred.reshape(-1, cols)  # views: both are C-contiguous
         t2 = target.reshape(-1, cols)
-        if _mse_fwd_bwd is None:
-            loss = _mse_fwd(p2, t2)
-        else:
-            d = self._ws(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused, see backward
-            loss = _mse_fwd_bwd(d, p2, t2)
+        d = self._ws(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused, see backward
+        loss = _mse_fwd_bwd(d, p2, t2)
         self._saved, self._target, self._shape = p2, t2, pred.shape
-        self._fresh = _mse_fwd_bwd is not None
+        self._fresh = True
         return float(loss)
 
     def backward(self):
