@@ -47,14 +47,12 @@ def test_block(benchmark, built, threads, block, shape, kind):
     info = dict(block=block, shape=shape, kind=kind, flops=floors.gemm_flops(gemms),
                 n_gemms=len(gemms), rows=sh.rows)
     floor = None
-    if kind in ("floor", "fwd_bwd", "step"):
-        c = built(block, shape)
-        if "floor" not in c:  # the block's own GEMM calls on its own buffers, replayed
-            c["floor"] = floors.replay_fn(c["fwd_bwd"])
+    c = built(block, shape)
+    if kind in ("floor", "fwd_bwd", "step") and "floor" not in c:
+        c["floor"] = floors.replay_fn(c["fwd_bwd"])  # the block's own GEMMs, own buffers
     if kind == "floor":
         fn = c["floor"]
     else:
-        c = built(block, shape)
         if kind == "fwd_bwd":
             fn = c["fwd_bwd"]
             with floors.record_gemms() as seen:

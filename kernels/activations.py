@@ -107,9 +107,7 @@ def _stores(k=1):
     return st
 
 
-def _aligned(size, dtype):
-    """An uninitialised (size,) array on a 64-byte boundary (kernels.memory explains why)."""
-    return _aligned_empty(size, dtype)
+_aligned = _aligned_empty  # (size,) scratch on a 64-byte boundary (kernels.memory: why)
 
 
 _UINT = {4: np.uint32, 8: np.uint64}
