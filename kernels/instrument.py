@@ -1,0 +1,104 @@
+"""Instrumentation: record, and optionally time, every kernel call the engine makes.
+
+``with record() as rec: step()`` replaces each entry of ``kernels.ops`` by a recorder for the
+length of the block (calling thread only; calls from pool threads run straight through).
+``rec.calls`` lists ``Call(name, args, seconds)`` in order; with ``timed=True`` seconds are
+exclusive (a recorded call inside another is not counted twice). bench's GEMM floor replays
+the recorded ``gemm`` calls; its step profile sums the times by name.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import NamedTuple
+
+from . import ops
+
+__all__ = ["Call", "Recording", "record"]
+
+
+class Call(NamedTuple):
+    name: str
+    args: tuple
+    seconds: float
+
+
+class Recording:
+    """What ``record`` saw: ``calls`` in order, and per-name totals."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def names(self) -> list:
+        return [c.name for c in self.calls]
+
+    def of(self, name: str) -> list:
+        return [c for c in self.calls if c.name == name]
+
+    def seconds(self) -> dict:
+        out: dict = {}
+        for c in self.calls:
+            out[c.name] = out.get(c.name, 0.0) + c.seconds
+        return out
+
+    def counts(self) -> dict:
+        out: dict = {}
+        for c in self.calls:
+            out[c.name] = out.get(c.name, 0) + 1
+        return out
+
+
+_lock = threading.Lock()
+_active = [False]
+
+
+@contextlib.contextmanager
+def record(names=None, timed: bool = False):
+    """Record the calls of ``kernels.ops`` entries (all, or those in ``names``) made on this
+    thread inside the block; yields a ``Recording``. Not reentrant: a nested ``record``
+    raises RuntimeError."""
+    wanted = ops.NAMES if names is None else tuple(names)
+    unknown = [n for n in wanted if n not in ops.NAMES]
+    if unknown:
+        raise ValueError(f"names: unknown kernels {unknown}; expected names from {ops.NAMES}")
+    with _lock:
+        if _active[0]:
+            raise RuntimeError("record: already recording (record blocks do not nest)")
+        _active[0] = True
+    rec = Recording()
+    owner = threading.get_ident()
+    stack: list = []
+    clock = time.perf_counter
+    saved = {n: getattr(ops, n) for n in wanted}
+
+    def wrap(name, fn):
+        def call(*args, **kwargs):
+            if threading.get_ident() != owner:
+                return fn(*args, **kwargs)
+            if not timed:
+                rec.calls.append(Call(name, args, 0.0))
+                return fn(*args, **kwargs)
+            inner = [0.0]
+            stack.append(inner)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = clock() - t0
+                stack.pop()
+                rec.calls.append(Call(name, args, dt - inner[0]))
+                if stack:
+                    stack[-1][0] += dt
+        call.__wrapped__ = fn
+        return call
+
+    try:
+        for n, fn in saved.items():
+            setattr(ops, n, wrap(n, fn))
+        yield rec
+    finally:
+        for n, fn in saved.items():
+            setattr(ops, n, fn)
+        with _lock:
+            _active[0] = False

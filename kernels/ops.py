@@ -1,0 +1,45 @@
+"""The kernels the engine calls on its hot path, by name: ``ops.gemm(...)``, ``ops.bias_act(...)``.
+
+Each entry is an unchecked core (the engine checks arguments once, at its public boundary).
+The engine looks entries up here at call time and never binds them at import, so
+``kernels.instrument`` can record or time every call by replacing entries for the length of
+a ``with`` block. ``NAMES`` lists every entry; a test checks each one exists.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .activations import (act_backward_cached_unchecked, act_backward_unchecked,
+                          bias_act_forward_unchecked)
+from .dropout import dropout_backward_unchecked, dropout_forward_unchecked
+from .gating import gate_backward, gate_forward
+from .gemm import gemm_unchecked, gemv_colsum
+from .layernorm import layernorm_backward_unchecked, layernorm_forward_unchecked
+from .losses import (mse_backward_unchecked, mse_forward_backward_unchecked,
+                     softmax_cross_entropy_backward_unchecked,
+                     softmax_cross_entropy_forward_unchecked)
+from .optim import adamw_update_many_unchecked, sgd_update_unchecked
+from .rows import add, fill_rows
+
+gemm = gemm_unchecked                      # out = alpha op(a) op(b) + beta out
+colsum = gemv_colsum                       # out = x.sum(0) + beta out
+bias_act = bias_act_forward_unchecked      # z += bias; h = act(z) (grad = act'(z))
+act_backward = act_backward_unchecked      # dz = dh * act'(z), act' recomputed
+act_backward_cached = act_backward_cached_unchecked  # dz = dh * grad
+dropout_forward = dropout_forward_unchecked
+dropout_backward = dropout_backward_unchecked
+layernorm_forward = layernorm_forward_unchecked
+layernorm_backward = layernorm_backward_unchecked
+mse_forward_backward = mse_forward_backward_unchecked
+mse_backward = mse_backward_unchecked
+cross_entropy_forward = softmax_cross_entropy_forward_unchecked
+cross_entropy_backward = softmax_cross_entropy_backward_unchecked
+adamw = adamw_update_many_unchecked
+sgd = sgd_update_unchecked
+
+NAMES = ("gemm", "colsum", "bias_act", "act_backward", "act_backward_cached",
+         "dropout_forward", "dropout_backward", "layernorm_forward", "layernorm_backward",
+         "gate_forward", "gate_backward", "fill_rows", "add", "mse_forward_backward",
+         "mse_backward", "cross_entropy_forward", "cross_entropy_backward", "adamw", "sgd")
+
+del np
