@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import threads as _threads
 
-__all__ = ["parallel_for", "chunks", "MIN_ELEMENTS_PER_THREAD"]
+__all__ = ["parallel_for", "chunks", "split", "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
 # Below this many elements per thread the GIL hand-offs cost more than the second core
 # gives (measured on GELU fwd+bwd, 2048x2048 float32: 128 KiB blocks 1.0x, 512 KiB 1.7x).
@@ -69,3 +69,33 @@ def parallel_for(fn, n: int, k: int) -> None:
             error = error or e
     if error is not None:
         raise error
+
+
+SPLIT_MIN = 2 * MIN_ELEMENTS_PER_THREAD  # elements: smaller passes always run inline
+
+
+def split(fn, n: int, row_len: int = 1, min_elements: int = SPLIT_MIN) -> int:
+    """The one splitter of elementwise kernels: ``fn(i0, i1, slot)`` over ``k`` contiguous
+    slices of ``range(n)`` (rows of ``row_len`` elements, or flat elements with 1), ``k`` from
+    ``chunks`` when ``n * row_len >= min_elements``, else 1 (inline, slot 0). Slot 0 runs on
+    the calling thread. Returns ``k``, so ``fn`` can size its blocks for a split pass."""
+    k = chunks(n, row_len) if n * row_len >= min_elements else 1
+    if k <= 1:
+        fn(0, n, 0)
+        return 1
+    bounds = [n * i // k for i in range(k + 1)]
+    pool = _executor(k - 1)
+    futures = [pool.submit(fn, bounds[i], bounds[i + 1], i) for i in range(1, k)]
+    error = None
+    try:
+        fn(bounds[0], bounds[1], 0)
+    except BaseException as e:  # still wait for the workers: they write the caller's arrays
+        error = e
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as e:
+            error = error or e
+    if error is not None:
+        raise error
+    return k
