@@ -42,8 +42,8 @@ def _no_dropout(dropout) -> None:
 
 class NaiveBlock:
     """Parameters (copies, by the engine's names), accumulated gradients and AdamW moments.
-    Subclasses write ``_forward(x2) -> (y2, cache)`` and ``_backward(cache, dy2) -> (dx2,
-    {name: grad})`` on 2-D rows."""
+    Subclasses write ``forward_rows(x2) -> (y2, cache)`` and ``backward_rows(cache, dy2) ->
+    (dx2, {name: grad})`` on 2-D rows."""
 
     def __init__(self, params: dict, *, lr: float = 1e-3, weight_decay: float = 1e-2,
                  loss: str = "mse"):
@@ -57,15 +57,15 @@ class NaiveBlock:
         self.loss_fn = LOSSES[loss]
         self._cache = None
 
-    def _forward(self, x2):  # pragma: no cover - abstract
+    def forward_rows(self, x2):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _backward(self, cache, dy2):  # pragma: no cover - abstract
+    def backward_rows(self, cache, dy2):  # pragma: no cover - abstract
         raise NotImplementedError
 
     def forward(self, x):
         """y for ``x`` of shape (..., d_in), as a new array of shape (..., d_out)."""
-        y2, self._cache = self._forward(x.reshape(-1, x.shape[-1]))
+        y2, self._cache = self.forward_rows(x.reshape(-1, x.shape[-1]))
         self._lead = x.shape[:-1]
         return y2.reshape(*self._lead, y2.shape[-1])
 
@@ -73,7 +73,7 @@ class NaiveBlock:
         """dx for the last forward; parameter gradients are added into ``grads``."""
         if self._cache is None:
             raise RuntimeError("backward: no forward to differentiate (one backward per forward)")
-        dx2, grads = self._backward(self._cache, dy.reshape(-1, dy.shape[-1]))
+        dx2, grads = self.backward_rows(self._cache, dy.reshape(-1, dy.shape[-1]))
         self._cache = None
         for k, g in grads.items():
             self.grads[k] += g
@@ -133,7 +133,7 @@ class NaiveFFN(NaiveBlock):
             grads[q + "b1"] = dz.sum(axis=0)
         return dz @ p[q + "W_in"].T, grads
 
-    _forward, _backward = _ffn_forward, _ffn_backward
+    forward_rows, backward_rows = _ffn_forward, _ffn_backward
 
 
 class NaiveFFNSublayer(NaiveFFN):
@@ -162,7 +162,7 @@ class NaiveFFNSublayer(NaiveFFN):
         grads["norm.gamma"], grads["norm.beta"] = dgamma, dbeta
         return ds
 
-    def _forward(self, x):
+    def forward_rows(self, x):
         if self.norm == "post":
             f, fcache = self._ffn_forward(x)
             y, lcache = self._ln_forward(x + f)
@@ -172,7 +172,7 @@ class NaiveFFNSublayer(NaiveFFN):
             y = x + f
         return y, (fcache, lcache)
 
-    def _backward(self, cache, dy):
+    def backward_rows(self, cache, dy):
         fcache, lcache = cache
         if self.norm == "post":
             grads: dict = {}
@@ -193,7 +193,7 @@ class NaiveGMLP(NaiveBlock):
         super().__init__(params, **kw)
         self.act = activation
 
-    def _forward(self, x):
+    def forward_rows(self, x):
         p = self.params
         zp = x @ p["W_in"]
         z = ref.activation(zp, self.act)
@@ -203,7 +203,7 @@ class NaiveGMLP(NaiveBlock):
         a = g * pr
         return a @ p["W_out"], (x, zp, z, gp, g, pr, a)
 
-    def _backward(self, cache, dy):
+    def backward_rows(self, cache, dy):
         x, zp, z, gp, g, pr, a = cache
         p = self.params
         grads = {"W_out": a.T @ dy}
@@ -230,7 +230,7 @@ class NaiveMLP(NaiveBlock):
                              f"{sorted(self.params)}")
         self.acts = [activation] * (n - 1) + [None]
 
-    def _forward(self, x):
+    def forward_rows(self, x):
         cache = []
         h = x
         for i, act in enumerate(self.acts):
@@ -241,7 +241,7 @@ class NaiveMLP(NaiveBlock):
             h = z if act is None else ref.activation(z, act)
         return h, cache
 
-    def _backward(self, cache, dy):
+    def backward_rows(self, cache, dy):
         grads = {}
         for i in reversed(range(len(self.acts))):
             h, z = cache[i]

@@ -49,8 +49,8 @@ def test_entry_is_complete(name):
     for fn in (entry.build_fn, entry.gemm_fn, entry.d_in, entry.d_out):
         assert callable(fn)
     assert issubclass(entry.naive, NaiveBlock)
-    assert entry.naive._forward is not NaiveBlock._forward
-    assert entry.naive._backward is not NaiveBlock._backward
+    assert entry.naive.forward_rows is not NaiveBlock.forward_rows
+    assert entry.naive.backward_rows is not NaiveBlock.backward_rows
     assert entry.dims and all(k in entry.example for k in entry.dims)
     assert entry.variants and all(set(v) <= set(entry.options) for v in entry.variants)
     module = entry.build(entry.example, dtype=F64, rng=0, **entry.variants[0])
