@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 
+import kernels
 from kernels import ops
 from kernels.instrument import record
 
@@ -135,7 +136,6 @@ def profile_case(block: str, shape_name="large", reps: int = REPS, dtype=None) -
     for w in reasons:
         if w is not None:
             why[w] = why.get(w, 0) + 1
-    import kernels
     return dict(block=block, shape=getattr(shape_name, "name", shape_name),
                 threads=kernels.get_num_threads(),
                 floor=_median([r["floor"] for r in use]),
