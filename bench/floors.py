@@ -56,7 +56,7 @@ def replay_fn(fn):
     run once here, recorded), with the same arguments and arrays: the block's own buffers.
     Replayed outputs are the block's work buffers (rewritten by its next call) and its
     gradients (beta=1 calls accumulate, as the block's own do). ``run.calls`` holds the
-    argument tuples ``(out, a, b, trans_a, trans_b, alpha, beta)``."""
+    argument tuples as passed (``gemm_args`` fills in the defaults)."""
     with record(["gemm"]) as rec:
         fn()
     calls = tuple(c.args for c in rec.of("gemm"))
@@ -71,9 +71,19 @@ def replay_fn(fn):
     return run
 
 
+# gemm's defaults after (out, a, b): a recorded call holds only the arguments passed.
+GEMM_DEFAULTS = (False, False, 1.0, 0.0)  # trans_a, trans_b, alpha, beta
+
+
+def gemm_args(args) -> tuple:
+    """A recorded gemm call's arguments with the defaults filled in: (out, a, b, trans_a,
+    trans_b, alpha, beta)."""
+    return (*args, *GEMM_DEFAULTS[len(args) - 3:])
+
+
 def gemm_mnk(args) -> tuple:
-    """(M, N, K) of one recorded gemm call ``(out, a, b, trans_a, trans_b, ...)``."""
-    out, a, _, trans_a = args[:4]
+    """(M, N, K) of one recorded gemm call ``(out, a, b[, trans_a, ...])``."""
+    out, a, _, trans_a = gemm_args(args)[:4]
     return out.shape[0], out.shape[1], a.shape[0] if trans_a else a.shape[1]
 
 

@@ -7,7 +7,9 @@ block at the large shape and the highest thread count (bench/step_profile.py, pr
 one measures memory with tracemalloc (bench/results/memory.json). The report puts every step
 next to its GEMM floor, the naive reference and the issue's targets, and says where the time
 of each missed target goes. Times and ratios are medians over the samples no other process
-disturbed (bench/timing.py). ``--report-only`` re-prints it from the saved JSON.
+disturbed (bench/timing.py). The kernel table includes the machine's memory bandwidth (a
+triad, bench/bandwidth.py) and AdamW.step's effective bandwidth as a fraction of it, measured
+in the same process. ``--report-only`` re-prints it from the saved JSON.
 """
 from __future__ import annotations
 

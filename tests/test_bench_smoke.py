@@ -158,8 +158,9 @@ def test_replayed_floor_is_the_blocks_own_gemms_on_its_own_buffers(block, shape)
     assert len(floor.calls) == len(gemms)
     assert floors.same_gemms([floors.gemm_mnk(args) for args in floor.calls], gemms)
     # kernels.ops.gemm's argument order: (out, a, b, trans_a, trans_b, alpha, beta)
-    operands = [arr for args in floor.calls for arr in (args[1], args[2])]
-    outputs = [(args[0], args[6]) for args in floor.calls]
+    full = [floors.gemm_args(args) for args in floor.calls]
+    operands = [arr for args in full for arr in (args[1], args[2])]
+    outputs = [(args[0], args[6]) for args in full]
     for name, p in module.named_parameters():
         if p.data.ndim == 2:
             assert any(np.shares_memory(p.data, a) for a in operands), name
@@ -187,13 +188,14 @@ def test_replayed_floor_calls_the_kernel_not_a_recorder():
 
 def test_record_gemms_sees_each_gemm_once():
     # Check that record_gemms lists the (M, N, K) of the ops.gemm calls made inside it, in
-    # order, for an out = a^T b computed by hand here.
+    # order, whether the call passes every argument or relies on the defaults.
     a, b = np.ones((4, 3)), np.ones((4, 5))
-    out = np.empty((3, 5))
+    out, out2 = np.empty((3, 5)), np.empty((4, 4))
     with floors.record_gemms() as seen:
         ops.gemm(out, a, b, True, False, 1.0, 0.0)
         ops.gemm(out, a, b, True, False, 1.0, 1.0)
-    assert seen == [(3, 5, 4), (3, 5, 4)]
+        ops.gemm(out2, a, a, False, True)
+    assert seen == [(3, 5, 4), (3, 5, 4), (4, 4, 3)]
     np.testing.assert_array_equal(out, 8.0)
 
 

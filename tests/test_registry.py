@@ -27,9 +27,15 @@ def _build(name, variant, seed=0):
     return entry, module, x, dy
 
 
+def _full(args):
+    """A recorded gemm call's arguments as passed, with gemm's defaults after (out, a, b):
+    (out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0)."""
+    return (*args, *(False, False, 1.0, 0.0)[len(args) - 3:])
+
+
 def _mnk(args):
-    """(M, N, K) of a recorded gemm call: args = (out, a, b, trans_a, trans_b, alpha, beta)."""
-    out, a, _, trans_a = args[:4]
+    """(M, N, K) of a recorded gemm call."""
+    out, a, _, trans_a = _full(args)[:4]
     return out.shape[0], out.shape[1], a.shape[0] if trans_a else a.shape[1]
 
 
@@ -111,7 +117,7 @@ def test_gemm_list_accumulates_exactly_the_weight_gradients(name, variant):
         module.backward(dy)
     into_grads = [c.args for c in rec.of("gemm")
                   if any(np.shares_memory(c.args[0], g) for g in grads)]
-    assert all(args[6] == 1.0 for args in into_grads)
+    assert all(_full(args)[6] == 1.0 for args in into_grads)
     listed = [g for g in entry.gemms(int(np.prod(LEAD)), entry.example, **variant)
               if g[5] == 1.0]
     assert _canon(_mnk(a) for a in into_grads) == _canon(g[:3] for g in listed)
