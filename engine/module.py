@@ -11,6 +11,7 @@ flat vectors. Numerics live in ``kernels``.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -273,7 +274,7 @@ def runs(params) -> list:
 
 
 # ----------------------------------------------------------------------------- workspace
-# id(raw allocation) -> (raw, Workspace): which module's buffer an array is a view of.
+# id(raw allocation) -> weak refs (raw, Workspace): which module's buffer an array views.
 _RAW_OWNER: dict = {}
 
 
@@ -293,7 +294,7 @@ class Workspace:
             if buf is not None:
                 _RAW_OWNER.pop(id(buf.base), None)
             buf = self._bufs[key] = aligned_empty((max(n, 1), *cols), self.dtype)
-            _RAW_OWNER[id(buf.base)] = (buf.base, self)
+            _RAW_OWNER[id(buf.base)] = (weakref.ref(buf.base), weakref.ref(self))
             _GENERATION[0] += 1
         return buf[:n]
 
@@ -492,10 +493,12 @@ class Module(metaclass=_ModuleMeta):
         if base is None:  # an array owning its memory is no view of a work buffer
             return
         hit = _RAW_OWNER.get(id(base))
-        if hit is not None and hit[0] is base:
-            if id(hit[1]) not in self._workspace_ids():
+        if hit is not None and hit[0]() is base:
+            if id(hit[1]()) not in self._workspace_ids():
                 return
-        else:  # a view of some other array: compare against every buffer
+        elif isinstance(base, np.ndarray) and base.flags.owndata:
+            return  # a view of another allocation (work buffers own theirs)
+        else:  # a view of memory NumPy does not own: compare against every buffer
             if not any(np.may_share_memory(a, b) for _, m in self.named_modules()
                        for w in m._workspaces() for b in w.buffers()):
                 return
