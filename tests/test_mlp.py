@@ -1,6 +1,5 @@
 """engine.MLP: seed 004's worked example, finite-difference gradients, equivalence with the
 unfused Sequential of Linear + activation modules, batch changes, bad input."""
-import tracemalloc
 
 import numpy as np
 import pytest
