@@ -10,8 +10,10 @@ flat vectors. Numerics live in ``kernels``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import threading
 import weakref
 from collections import OrderedDict
 
@@ -398,7 +400,30 @@ class _State:
         self.range_gen = -1
 
 
+def _one_caller(fn):
+    """Wrap a public ``forward``/``backward``: a module holds one forward's cache, so a call
+    while another thread is inside the same module raises instead of mixing their numbers."""
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        lock = self._lock
+        if not lock.acquire(False):
+            raise RuntimeError(f"{type(self).__name__}.{fn.__name__}: this module is in use by "
+                               f"another thread; a model is used by one thread at a time "
+                               f"(build one model per thread)")
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            lock.release()
+    return call
+
+
 class _ModuleMeta(type):
+    def __init__(cls, name, bases, ns):
+        super().__init__(name, bases, ns)
+        for meth in ("forward", "backward"):
+            if meth in ns:
+                setattr(cls, meth, _one_caller(ns[meth]))
+
     def __call__(cls, *args, **kwargs):
         obj = super().__call__(*args, **kwargs)
         obj._pack()  # every parameter of the finished module into one arena per dtype
@@ -434,6 +459,7 @@ class Module(metaclass=_ModuleMeta):
         object.__setattr__(self, "_s", _State())
         object.__setattr__(self, "_built", False)
         object.__setattr__(self, "_vc", [None, None])  # (key, views) of _views
+        object.__setattr__(self, "_lock", threading.RLock())  # see _one_caller
 
     def __setattr__(self, name, value):
         params = self.__dict__.get("_params")
