@@ -95,7 +95,7 @@ def to_torch_state_dict(model: Module) -> "OrderedDict[str, np.ndarray]":
     out = OrderedDict()
     for tkey, bname, transposed in torch_names(model):
         a = params[bname].data
-        out[tkey] = np.ascontiguousarray(a.T if transposed else a)
+        out[tkey] = np.array(a.T if transposed else a, order="C", copy=True)
     return out
 
 

@@ -91,10 +91,11 @@ class History:
             json.dump(doc, f, indent=1)
             f.write("\n")
 
-    def plot(self, path, title: str | None = None) -> None:
-        """Save a PNG of the training loss (and validation loss) per epoch to ``path``; the
-        y axis is logarithmic when the plotted losses are positive and span more than a
-        decade. Needs matplotlib (the optional extra ``plot``)."""
+    def plot(self, path, title: str | None = None):
+        """Save a PNG (640x400 pixels) of the training loss (and validation loss) per epoch to
+        ``path`` and return the matplotlib ``Figure``; the y axis is logarithmic when the
+        plotted losses are positive and span more than a decade. Needs matplotlib (the
+        optional extra ``plot``: ``pip install 'blasnet[plot]'``)."""
         if not self.loss:
             raise ValueError("History.plot: the history is empty (no epoch to plot)")
         Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
@@ -118,6 +119,7 @@ class History:
         ax.legend()
         fig.tight_layout()
         fig.savefig(os.fspath(path), format="png")
+        return fig
 
     @property
     def seconds(self) -> float:
