@@ -490,7 +490,7 @@ def _train(args) -> int:
         return 1
     t_fit = time.perf_counter() - t0
     if args.early_stopping is not None:
-        if stopper.stopped_epoch:
+        if 0 < stopper.stopped_epoch < args.epochs:
             print(f"early stop after epoch {stopper.stopped_epoch}: best val_loss "
                   f"{stopper.best:.6g} at epoch {stopper.best_epoch} (its weights restored)",
                   file=out)
