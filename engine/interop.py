@@ -16,8 +16,11 @@ and layouts (``nn.Linear.weight`` is (out, in), blasnet's ``W`` is (in, out): tr
     Sequential(m0, m1, ...)      nn.Sequential of the children's modules   <i>.<child's keys>
 
 Activations, ``Dropout`` and ``Identity`` have no parameters (PyTorch's ``nn.GELU()``,
-``nn.GELU(approximate="tanh")``, ``nn.ReLU()``, ``nn.SiLU()``, ... in the same slots). A
-module with parameters that is not in the table (``GMLP``, or your own) is a TypeError.
+``nn.GELU(approximate="tanh")``, ``nn.ReLU()``, ``nn.SiLU()``, ... in the same slots). The
+reference modules hold no dropout layers (an FFN's ``dropout`` acts in training only): an
+``nn.Dropout`` added to a PyTorch ``nn.Sequential`` shifts the indices of the layers after
+it. A module with parameters that is not in the table (``GMLP``, or your own) is a
+TypeError.
 The arrays are NumPy; ``torch.from_numpy`` or ``safetensors.numpy.save_file`` take them as
 they are, and ``load_torch_state_dict`` also takes a torch module's ``state_dict()``.
 """

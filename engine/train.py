@@ -467,7 +467,7 @@ def _check_callbacks(callbacks, classify: bool, validation: bool) -> list:
                             f"history), got {type(cb).__name__}")
         monitor = getattr(cb, "monitor", None)
         if monitor is not None and monitor not in recorded:
-            hint = (" (pass validation=(X_val, Y_val))" if monitor.startswith("val_")
+            hint = (" (pass validation=(X_val, Y_val))" if str(monitor).startswith("val_")
                     and not validation else "")
             raise ValueError(f"callbacks[{i}]: {type(cb).__name__} monitors {monitor!r}, which "
                              f"this run does not record; it records {recorded}{hint}")

@@ -171,3 +171,28 @@ def test_cli_early_stopping_and_clipping(tmp_path, capsys):
     assert stopped < 200 and stopped == best + 2
     assert len(_history(tmp_path / "h.csv")["epoch"]) == stopped
     assert "grad norm clipped at 1" in out
+
+
+def test_plot_without_matplotlib_fails_before_training(tmp_path, capsys, monkeypatch):
+    # Check that --plot without matplotlib is a one-line error naming the extra, exit 2,
+    # before any epoch.
+    import sys
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code, out, err = _run(capsys, "--task", "xor", "--model", "mlp", "--epochs", "3", "--plot",
+                          tmp_path / "p.png")
+    assert code == 2 and "blasnet[plot]" in err and "epoch" not in out
+
+
+def test_help_documents_the_new_options(capsys):
+    # Check that train --help describes each option this file exercises.
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    for opt in ("--data", "--x-cols", "--y-cols", "--val-fraction", "--standardize",
+                "--schedule", "--warmup", "--step-size", "--gamma", "--clip-grad-norm",
+                "--early-stopping", "--history", "--plot", "--save"):
+        assert re.search(rf"^\s+{opt}\b.*\S", text, re.M), opt
+    for choice in ("constant", "cosine", "linear", "step", "classification"):
+        assert choice in text
