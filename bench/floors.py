@@ -56,18 +56,34 @@ def replay_fn(fn):
     run once here, recorded), with the same arguments and arrays: the block's own buffers.
     Replayed outputs are the block's work buffers (rewritten by its next call) and its
     gradients (beta=1 calls accumulate, as the block's own do). ``run.calls`` holds the
-    argument tuples as passed (``gemm_args`` fills in the defaults)."""
+    argument tuples as passed (``gemm_args`` fills in the defaults).
+
+    Replayed back to back, the calls compound: a backward GEMM may write a buffer that a
+    forward GEMM reads (the elementwise passes between them are not replayed), so values can
+    grow every replay until they overflow, or shrink into denormals (slow arithmetic). The
+    block's own call rewrites those buffers, so a floor alternating with the block stays
+    put; a floor timed alone calls ``run.restore()`` (untimed) first, which copies back every
+    output as the recorded call left it."""
     with record(["gemm"]) as rec:
         fn()
     calls = tuple(c.args for c in rec.of("gemm"))
     if not calls:
         raise RuntimeError("replay_fn: the function made no GEMM call through kernels.ops.gemm")
     gemm = ops.gemm  # the with block has put the real kernel back: replay calls it directly
+    outputs = {}
+    for args in calls:  # one snapshot per output array (an array may be written twice)
+        outputs.setdefault(id(args[0]), args[0])
+    saved = tuple((out, out.copy()) for out in outputs.values())
 
     def run():
         for args in calls:
             gemm(*args)
+
+    def restore():
+        for out, values in saved:
+            np.copyto(out, values)
     run.calls = calls
+    run.restore = restore
     return run
 
 

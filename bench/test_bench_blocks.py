@@ -47,12 +47,13 @@ def test_block(benchmark, built, threads, block, shape, kind):
     gemms = floors.gemm_list(block, sh)
     info = dict(block=block, shape=shape, kind=kind, flops=floors.gemm_flops(gemms),
                 n_gemms=len(gemms), rows=sh.rows)
-    floor = None
+    floor = setup = None
     c = built(block, shape)
     if kind in ("floor", "fwd_bwd", "step") and "floor" not in c:
         c["floor"] = floors.replay_fn(c["fwd_bwd"])  # the block's own GEMMs, own buffers
     if kind == "floor":
         fn = c["floor"]
+        setup = fn.restore  # timed alone, back to back: restored first (floors.replay_fn)
     else:
         if kind == "fwd_bwd":
             fn = c["fwd_bwd"]
@@ -64,6 +65,7 @@ def test_block(benchmark, built, threads, block, shape, kind):
         elif kind == "step":
             fn = c["step"]
             floor = c["floor"]
+            c["module"].zero_grad()  # what fwd_bwd accumulated is not the step's to apply
         else:
             twin = cases.naive_twin(block, c["module"])
             x, target, dy = c["x"], c["target"], c["dy"]
@@ -74,4 +76,4 @@ def test_block(benchmark, built, threads, block, shape, kind):
                 def fn():
                     twin.step(x, target)
     scaling = shape == SCALING_SHAPE and kind in ("floor", "step")
-    run_benchmark(benchmark, fn, floor, scaling, **info)
+    run_benchmark(benchmark, fn, floor, scaling, setup, **info)

@@ -205,29 +205,38 @@ def clean_median(values, reasons) -> Clean:
 
 
 # ----------------------------------------------------------------------------- measurements
-def paired_ratio(fn, ref, seconds_per_pair: float) -> Clean:
+def paired_ratio(fn, ref, seconds_per_pair: float, setup=None) -> Clean:
     """Median over alternating pairs of time(fn) / time(ref), over the pairs no other process
     disturbed. A shared machine drifts over seconds; two calls back to back see the same
     conditions, so this ratio is steadier than one of two medians taken at different times.
     Disturbed pairs are replaced by more pairs, up to twice the planned count plus 3, while
-    the process's EXTRA_S budget lasts."""
+    the process's EXTRA_S budget lasts. ``setup`` runs, untimed, before every call of
+    either."""
     clock = time.perf_counter
     p = probe()
     p.refresh()
     want = max(MIN_PAIRS, rounds_for(seconds_per_pair))
     ratios, reasons = [], []
+
+    def timed(f):
+        if setup is not None:
+            setup()
+        t0 = clock()
+        f()
+        return clock() - t0
     while len(ratios) < 2 * want + 3:
         i = len(ratios)
         s0 = p.sample()
         if i % 2:
-            t0 = clock(); ref(); t1 = clock(); fn(); t2 = clock()  # noqa: E702
-            ratios.append((t2 - t1) / (t1 - t0))
+            t_ref = timed(ref)
+            t_fn = timed(fn)
         else:
-            t0 = clock(); fn(); t1 = clock(); ref(); t2 = clock()  # noqa: E702
-            ratios.append((t1 - t0) / (t2 - t1))
+            t_fn = timed(fn)
+            t_ref = timed(ref)
+        ratios.append(t_fn / t_ref)
         reasons.append(p.disturbed(s0, p.sample()))
         if i >= want:  # a replacement pair
-            spend_extra(t2 - t0)
+            spend_extra(t_fn + t_ref)
         if reasons.count(None) >= want or (i + 1 >= want and extra_left() <= 0):
             break
         if all_disturbed(reasons):
@@ -312,18 +321,19 @@ def run_benchmark(benchmark, fn, floor=None, scaling=False, setup=None, **info):
     (CpuProbe, sampled in the round's untimed setup and teardown). The median over the clean
     rounds goes into ``extra_info`` as ``median_clean`` (with ``median_clean_kept`` = [kept,
     total]); when fewer than half the rounds are clean, up to as many rounds again are timed
-    outside pytest-benchmark to find clean ones. ``setup`` (e.g. evicting the caches) runs,
-    untimed, before every timed call of ``fn``. ``info`` (block, shape, kind, flops, ...)
+    outside pytest-benchmark to find clean ones. ``setup`` (e.g. evicting the caches, or
+    restoring a replayed floor's buffers) runs, untimed, before every timed call of ``fn``
+    (the scaling pairs' included). ``info`` (block, shape, kind, flops, ...)
     goes into ``extra_info`` with the thread count. With ``floor``, the median ratio of
     alternating fn/floor pairs is stored too (``paired_ratio``, clean pairs only); with
     ``scaling`` (and more than one thread), the ratio of alternating one-thread/this-many-
     threads pairs (``paired_scaling``): the thread scaling measured side by side in one
     process."""
-    if setup is not None and (floor is not None or scaling):
-        raise ValueError("setup: not supported with floor or scaling (paired calls)")
+    if setup is not None and floor is not None:
+        raise ValueError("setup: not supported together with floor (paired block/floor calls)")
     per_call = warm_up(fn, setup)  # its first call allocates the work buffers
-    if floor is not None:
-        warm_up(floor)
+    if floor is not None:  # back to back: restored first when it can be (floors.replay_fn)
+        warm_up(floor, getattr(floor, "restore", None))
     rounds = rounds_for(per_call)
     p = probe()
     p.refresh()
@@ -357,6 +367,6 @@ def run_benchmark(benchmark, fn, floor=None, scaling=False, setup=None, **info):
     threads = benchmark.extra_info["threads"]
     if scaling and threads > 1:
         one = on_one_thread(fn)
-        warm_up(one)
+        warm_up(one, setup)
         benchmark.extra_info.update(
-            paired_ratio(one, fn, (1 + threads) * per_call).info("paired_scaling"))
+            paired_ratio(one, fn, (1 + threads) * per_call, setup).info("paired_scaling"))

@@ -174,6 +174,39 @@ def test_replayed_floor_is_the_blocks_own_gemms_on_its_own_buffers(block, shape)
             assert np.isfinite(p.grad).all() and not np.array_equal(p.grad, once[name]), name
 
 
+@pytest.mark.parametrize("block,shape", TINY_CASES, ids=[b for b, _ in TINY_CASES])
+def test_replayed_floor_restore_puts_back_every_output(block, shape):
+    # Check that restore() copies back every array the replay writes, as the recorded call
+    # left it, so that a floor timed alone, restored before each call, never runs on values
+    # that replays compounded (GMLP's dZ buffer feeds a forward GEMM, the sublayer's ds is
+    # read and accumulated into); after many restored calls all stays finite.
+    module = cases.build_module(block, shape)
+    x, _, dy = cases.make_data(block, shape)
+    floor = floors.replay_fn(cases.fwd_bwd_fn(module, x, dy))
+    outs = {id(args[0]): args[0] for args in floor.calls}
+    recorded = {k: out.copy() for k, out in outs.items()}
+    for _ in range(3):
+        floor()
+    floor.restore()
+    for k, out in outs.items():
+        np.testing.assert_array_equal(out, recorded[k])
+    with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(300):
+            floor.restore()
+            floor()
+    assert all(np.isfinite(out).all() for out in outs.values())
+
+
+def test_paired_ratio_runs_setup_before_each_call():
+    # Check that paired_ratio's setup runs right before every call of either side.
+    log = []
+    timing.paired_ratio(lambda: log.append("fn"), lambda: log.append("ref"), 1e-3,
+                        setup=lambda: log.append("setup"))
+    calls = [i for i, x in enumerate(log) if x != "setup"]
+    assert len(calls) >= 2 * timing.MIN_PAIRS
+    assert all(log[i - 1] == "setup" for i in calls)
+
+
 def test_replayed_floor_calls_the_kernel_not_a_recorder():
     # Check that the replay runs the real kernels.ops.gemm: a recording around it sees no
     # call (a replay bound to the recorder of its own recording would append to a finished
