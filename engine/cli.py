@@ -1,7 +1,7 @@
 """``python -m engine`` (or ``blasnet``): ``train`` a model on a synthetic task or on your own
 data (``--data FILE``), or print ``info`` on the versions, BLAS libraries and thread counts.
 
-The default ``train`` is seed 002's experiment (what ``make run`` runs): gMLP 16 -> 128 ->
+The default ``train`` (what ``make run`` runs) is a gated-MLP regression experiment: gMLP 16 -> 128 ->
 512 -> 4 on 1024 samples of the regression task, full batch, AdamW lr 1e-3, 1000 epochs.
 Every output path (``--save``, ``--history``, ``--plot``) and the data are checked before
 the first step.
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train", formatter_class=d, help="train a model on a synthetic task or your own data",
         description="Train a model on a synthetic task or on your own data (--data), report "
                     "its fit, save a checkpoint and check that it reloads. The defaults are "
-                    "seed 002's experiment: a gMLP 16 -> 128 -> 512 -> 4 on 1024 regression "
+                    "a gated-MLP regression experiment: a gMLP 16 -> 128 -> 512 -> 4 on 1024 regression "
                     "samples, full batch, AdamW lr 1e-3, 1000 epochs. The data and every "
                     "output path are checked before the first step.")
     g = t.add_argument_group("model")

@@ -50,7 +50,7 @@ def regression_targets(X: np.ndarray) -> np.ndarray:
 
 
 def regression(n: int = 1024, d_in: int = 16, dtype=np.float32, rng=0):
-    """Seed 002's experiment: ``X`` uniform in [-3, 3]^d_in (N, d_in), ``Y`` (N, 4) the fixed
+    """The default regression task: ``X`` uniform in [-3, 3]^d_in (N, d_in), ``Y`` (N, 4) the fixed
     smooth nonlinear functions of ``regression_targets`` (each with a standard deviation of
     about 0.45 to 0.7 over the input box)."""
     dt = check_dtype(dtype)

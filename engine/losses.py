@@ -74,6 +74,8 @@ class MSELoss(_Loss):
     pass over pred and target instead of two."""
 
     def forward(self, pred, target) -> float:
+        """The mean squared error of ``pred`` against ``target`` (a float); also writes the
+        gradient ``backward`` returns."""
         _check_float("pred", pred, self.dtype)
         if pred.ndim == 0 or pred.size == 0:
             raise ValueError(f"pred: expected a non-empty array of at least 1 dimension, "
@@ -107,6 +109,8 @@ class CrossEntropyLoss(_Loss):
     """
 
     def forward(self, pred, target) -> float:
+        """The mean cross-entropy of softmax(``pred``) against ``target`` (labels or
+        probabilities), a float; the softmax is kept for ``backward`` and ``probs``."""
         _check_float("pred", pred, self.dtype)
         if pred.ndim not in (2, 3) or pred.shape[-1] == 0:
             raise ValueError(f"pred: expected logits of shape (N, C) or (B, T, C), got {pred.shape}")

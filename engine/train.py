@@ -379,6 +379,9 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
     model.train()
     model.zero_grad()
     groups = getattr(optimizer, "param_groups", None)
+    # The optimizer zeroes the gradients inside its update pass, while they are in cache,
+    # when it updates exactly the model's parameters; otherwise model.zero_grad() after it.
+    fused_zero = groups is not None and _same_parameters(optimizer, model)
     t_start = time.perf_counter()
     try:
         for epoch in range(1, epochs + 1):
@@ -418,10 +421,13 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                 model.backward(loss.backward())
                 if clip_grad_norm is not None:
                     _clip_grad_norm(clip_params, clip_grad_norm)
-                optimizer.step()
+                if fused_zero:
+                    optimizer.step(zero_grad=True)
+                else:
+                    optimizer.step()
+                    model.zero_grad()
                 if per_step:
                     scheduler.step()
-                model.zero_grad()
                 total += value * m
                 h.steps += 1
                 h.samples += m
@@ -449,6 +455,15 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
         if end is not None:
             end(model, optimizer, scheduler)
     return h
+
+
+def _same_parameters(optimizer, model) -> bool:
+    """Whether ``optimizer`` (an engine optimizer) updates exactly ``model``'s parameters."""
+    from .optim import Optimizer
+    if not isinstance(optimizer, Optimizer):
+        return False
+    own = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    return own == {id(p) for p in model.parameters()}
 
 
 def _check_callbacks(callbacks, classify: bool, validation: bool) -> list:
