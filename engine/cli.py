@@ -22,15 +22,15 @@ import kernels
 from . import __version__, checkpoint
 from . import data as _data
 from . import lr_scheduler as _lrs
-from .blocks import FFN, GMLP, FFNSublayer
+from . import registry
 from .callbacks import EarlyStopping, check_output_path
 from .data import REGRESSION_OUTPUTS, TASKS, make_task
-from .layers import MLP, Linear, Sequential
+from .layers import Linear, Sequential
 from .losses import CrossEntropyLoss, MSELoss
 from .optim import SGD, AdamW
 from .train import NonFiniteLossError, evaluate, fit, mean_absolute_error, predict, r2_score
 
-MODELS = ("gmlp", "ffn", "sublayer", "mlp")
+MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
 SCHEDULES = ("constant", "cosine", "linear", "step")
 HELD_OUT = 4096  # fresh samples drawn (with another seed) to measure generalisation
 
@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         "train", formatter_class=d, help="train a model on a synthetic task or your own data",
         description="Train a model on a synthetic task or on your own data (--data), report "
                     "its fit, save a checkpoint and check that it reloads. The defaults are "
-                    "a gated-MLP regression experiment: a gMLP 16 -> 128 -> 512 -> 4 on 1024 regression "
-                    "samples, full batch, AdamW lr 1e-3, 1000 epochs. The data and every "
+                    "a gated-MLP regression experiment: a gMLP 16 -> 128 -> 512 -> 4 on 1024 "
+                    "regression samples, full batch, AdamW lr 1e-3, 1000 epochs. The data and every "
                     "output path are checked before the first step.")
     g = t.add_argument_group("model")
     g.add_argument("--model", choices=MODELS, default="gmlp",
@@ -218,21 +218,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ----------------------------------------------------------------------------- train
+# CLI model name -> block registry entry (engine.registry): how each is built.
+_BLOCK_OF = {"gmlp": "GMLP", "ffn": "FFN", "sublayer": "FFNSublayer", "mlp": "MLP"}
+
+
 def build_model(args, d_in: int, d_out: int, seed: int):
-    """The model named by ``args.model`` for a task with ``d_in`` inputs and ``d_out`` outputs."""
+    """The model named by ``args.model`` for a task with ``d_in`` inputs and ``d_out`` outputs:
+    the registry's block, between Linear maps from and to the task's widths where the block
+    keeps its width (FFN, FFNSublayer)."""
     dt, rng = np.dtype(args.dtype), np.random.default_rng(seed)
+    block = registry.get(_BLOCK_OF[args.model])
     if args.model == "gmlp":
-        return GMLP(d_in, args.d_hidden, args.d_ff, d_out, dtype=dt, rng=rng)
+        dims = {"d_in": d_in, "d_model": args.d_hidden, "d_ff": args.d_ff, "d_out": d_out}
+        return block.build(dims, dtype=dt, rng=rng)
     if args.model == "mlp":
-        acts = [args.activation] * len(args.hidden) + [None]
-        return MLP([d_in, *args.hidden, d_out], acts, dtype=dt, rng=rng)
+        return block.build({"sizes": (d_in, *args.hidden, d_out)}, dtype=dt, rng=rng,
+                           activation=args.activation)
     d = args.d_hidden
-    if args.model == "ffn":
-        middle = FFN(d, args.d_ff, args.activation, dtype=dt, rng=rng)
-    else:
-        middle = FFNSublayer(d, args.d_ff, args.activation, norm=args.norm, dtype=dt, rng=rng)
-    return Sequential(Linear(d_in, d, dtype=dt, rng=rng), middle,
-                      Linear(d, d_out, init="xavier", dtype=dt, rng=rng))
+    options = {"activation": args.activation}
+    if args.model == "sublayer":
+        options["norm"] = args.norm
+    first = Linear(d_in, d, dtype=dt, rng=rng)
+    middle = block.build({"d_model": d, "d_ff": args.d_ff}, dtype=dt, rng=rng, **options)
+    return Sequential(first, middle, Linear(d, d_out, init="xavier", dtype=dt, rng=rng))
 
 
 def _describe(args, model, d_in: int, d_out: int) -> str:
