@@ -506,7 +506,8 @@ def fit_setup(comm, model, optimizer, X, Y, *, epochs, batch_size, shuffle, rng)
     that every global batch has at least one row per rank."""
     dp = DataParallel(model, optimizer, comm)
     gen = make_rng(rng)
-    sig = [("X", (X.shape, str(X.dtype), _crc(X))), ("Y", (Y.shape, str(Y.dtype), _crc(Y))),
+    sig = [("X (shape, dtype, CRC-32 of the values)", (X.shape, str(X.dtype), _crc(X))),
+           ("Y (shape, dtype, CRC-32 of the values)", (Y.shape, str(Y.dtype), _crc(Y))),
            ("epochs", epochs), ("batch_size", batch_size), ("shuffle", bool(shuffle)),
            ("the shuffling Generator's state", zlib.crc32(repr(gen.bit_generator.state).encode()))]
     _agree_equal(dp.comm, "the training run", sig)
@@ -537,9 +538,10 @@ class _SavedState:
         return self._sd
 
 
-def save(path, model, optimizer=None, comm=None, /, **metadata) -> None:
-    """``engine.save`` for a data-parallel run (collective): rank 0 writes the file
-    (atomically); an error on rank 0 is raised on every rank."""
+def save(path, model, optimizer=None, /, *, comm=None, scheduler=None, **metadata) -> None:
+    """``engine.save`` for a data-parallel run (collective: every rank calls it, and a
+    ``ShardedAdamW`` gathers its state first): rank 0 writes the file (atomically); an error
+    on rank 0 is raised on every rank."""
     from . import checkpoint
     comm = _comm(comm)
     _agree(comm)
@@ -547,7 +549,8 @@ def save(path, model, optimizer=None, comm=None, /, **metadata) -> None:
     error = None
     if comm.Get_rank() == 0:
         try:
-            checkpoint.save(path, model, None if sd is None else _SavedState(sd), **metadata)
+            checkpoint.save(path, model, None if sd is None else _SavedState(sd),
+                            scheduler=scheduler, **metadata)
         except Exception as e:
             error = e
     _agree(comm, error)
@@ -555,7 +558,7 @@ def save(path, model, optimizer=None, comm=None, /, **metadata) -> None:
         raise error
 
 
-def load(path, model, optimizer=None, comm=None) -> dict:
+def load(path, model, optimizer=None, scheduler=None, *, comm=None) -> dict:
     """``engine.load`` on every rank (collective: each reads ``path``); an error on any
     rank is raised on every rank (a rank whose own load failed changed nothing)."""
     from . import checkpoint
@@ -563,11 +566,10 @@ def load(path, model, optimizer=None, comm=None) -> dict:
     _agree(comm)
     error, meta = None, None
     try:
-        meta = checkpoint.load(path, model, optimizer)
+        meta = checkpoint.load(path, model, optimizer, scheduler)
     except Exception as e:
         error = e
     _agree(comm, error)
     if error is not None:
         raise error
     return meta
-

@@ -146,7 +146,7 @@ def checkpoints():
         dp.step()
     full = opt.state_dict()
     path = comm.bcast(os.path.join(tempfile.mkdtemp(), "zero.npz") if RANK == 0 else None)
-    D.save(path, model, opt, comm, note="zero")
+    D.save(path, model, opt, comm=comm, note="zero")
     res = {}
     if RANK == 0:  # one process, plain AdamW: the same state
         plain_model = GMLP(6, 5, 8, 6, dtype=np.float64, rng=9)
@@ -159,7 +159,7 @@ def checkpoints():
         save(path + ".plain.npz", plain_model, plain)
     fresh = GMLP(6, 5, 8, 6, dtype=np.float64, rng=9)
     back = D.ShardedAdamW(groups(fresh), comm, lr=1e-2)
-    D.load(path, fresh, back, comm)
+    D.load(path, fresh, back, comm=comm)
     sd = back.state_dict()
     res["sharded_reload"] = bool(comm.allreduce(int(sd["steps"] == 2 and all(
         np.array_equal(sd["state"][i][k], full["state"][i][k])
