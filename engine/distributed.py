@@ -423,10 +423,20 @@ class ShardedAdamW(AdamW):
         self._reduced = True
 
     def step(self, zero_grad: bool = False) -> None:
-        """Reduce the gradients (unless ``reduce_gradients`` did), update this rank's slice
-        with AdamW, then gather every rank's slice of the parameters (collective)."""
+        """Reduce the gradients (unless ``reduce_gradients`` did), ``update_shard()``,
+        ``gather_parameters()`` (collective). ``zero_grad=True`` then zeroes the local
+        gradient vector."""
         if not self._reduced:
             self.reduce_gradients()
+        self.update_shard()
+        self.gather_parameters()
+        if zero_grad:
+            self._flats()[1].fill(0.0)
+
+    def update_shard(self) -> None:
+        """AdamW on this rank's slice of the parameters from its reduced gradient (one
+        kernel call over the slice's runs, one per parameter group); counts the step. The
+        other ranks' slices are stale until ``gather_parameters()``."""
         t = self.steps + 1
         items = []
         for g, pieces in zip(self.param_groups, self._shard_plan()):
@@ -436,13 +446,14 @@ class ShardedAdamW(AdamW):
                 items.extend((piece, c) for piece in pieces)
         if items:
             ops.adamw(items)
-        data, grad = self._flats()
-        if self.size > 1:
-            self.comm.Allgatherv(mpi().IN_PLACE, [data, (self._counts, self._displs)])
         self._reduced = False
-        if zero_grad:
-            grad.fill(0.0)
         self.steps = t
+
+    def gather_parameters(self) -> None:
+        """Every rank's updated slice to every rank: one in-place ``Allgatherv``."""
+        if self.size > 1:
+            data = self._flats()[0]
+            self.comm.Allgatherv(mpi().IN_PLACE, [data, (self._counts, self._displs)])
 
     # -- checkpoints: the full AdamW state, gathered ----------------------------------------
     def _param_spans(self):
