@@ -99,6 +99,13 @@ def test_fit_with_comm_equals_fit(equiv, mode):
 
 
 @needs_mpi
+def test_fit_on_one_rank_is_fit(equiv):
+    # Check that fit on a communicator of one rank gives plain fit's parameter bits.
+    r = equiv["fit one rank"]
+    assert r["params_equal"] and r["history_rel_err"] <= 1e-15
+
+
+@needs_mpi
 def test_sharded_optimizer_memory_is_one_kth(equiv):
     # Check that the optimizer memory a rank allocates (tracemalloc: construction and first
     # step) is about 1/K of AdamW's: two moments of a 1/K slice instead of the whole arena.

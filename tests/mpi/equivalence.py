@@ -8,7 +8,7 @@ Checks, all float64 unless named:
   against one process, and whether the ranks' parameters are the same bits after every step;
 - FFN in float32;
 - fit(comm=...) against fit(): shuffled batches that do not divide by K, classification
-  (accuracy), validation; plain and ZeRO-1;
+  (accuracy), validation; plain and ZeRO-1; and fit on a world of one rank (COMM_SELF);
 - optimizer memory per rank, AdamW against ShardedAdamW (tracemalloc);
 - ShardedAdamW checkpoints: saved by rank 0 through engine.distributed.save, loaded into a
   plain AdamW (one process) and back into a ShardedAdamW;
@@ -23,8 +23,7 @@ import zlib
 
 import numpy as np
 
-from engine import (FFN, GMLP, MLP, AdamW, CrossEntropyLoss, FFNSublayer, MSELoss, fit, load,
-                    save)
+from engine import FFN, GMLP, MLP, AdamW, CrossEntropyLoss, FFNSublayer, MSELoss, fit, load
 from engine import distributed as D
 
 comm = D.mpi().COMM_WORLD
@@ -116,6 +115,21 @@ def fit_case(sharded):
             "steps": [hd.steps, hr.steps], "samples": [hd.samples, hr.samples]}
 
 
+def fit_one_rank():
+    """fit(comm=COMM_SELF): a world of one rank is one process."""
+    X = np.random.default_rng(5).standard_normal((30, 6))
+    Y = np.random.default_rng(6).standard_normal((30, 6))
+    runs = []
+    for c in (None, D.mpi().COMM_SELF):
+        model = build("FFN", np.float64)
+        h = fit(model, MSELoss(), AdamW(model.parameters(), lr=1e-2), X, Y, epochs=2,
+                batch_size=7, rng=4, progress=False, comm=c)
+        runs.append((model, h))
+    (a, ha), (b, hb) = runs
+    return {"params_equal": bool(np.array_equal(a.flat_params(), b.flat_params())),
+            "history_rel_err": max(abs(x - y) / abs(y) for x, y in zip(hb.loss, ha.loss))}
+
+
 def memory():
     model = FFN(64, 256, dtype=np.float64, rng=0)
     AdamW(model.parameters()).step()  # the kernel's scratch, allocated once per thread
@@ -156,7 +170,6 @@ def checkpoints():
         res["plain_load"] = (meta == {"note": "zero"} and sd["steps"] == 2 and all(
             np.array_equal(sd["state"][i][k], full["state"][i][k])
             for i in full["state"] for k in ("exp_avg", "exp_avg_sq")))
-        save(path + ".plain.npz", plain_model, plain)
     fresh = GMLP(6, 5, 8, 6, dtype=np.float64, rng=9)
     back = D.ShardedAdamW(groups(fresh), comm, lr=1e-2)
     D.load(path, fresh, back, comm=comm)
@@ -191,6 +204,7 @@ def main():
     res["steps"]["FFN float32 zero1"] = train_steps("FFN", np.float32, True, True)
     res["fit plain"] = fit_case(False)
     res["fit zero1"] = fit_case(True)
+    res["fit one rank"] = fit_one_rank()
     res["memory"] = comm.gather(memory())
     res["checkpoints"] = checkpoints()
     res["dropout"] = dropout_streams()
