@@ -31,9 +31,13 @@ needs_mpi = pytest.mark.skipif(
 TIMEOUT = 120  # seconds per launch: a hang fails the test instead of stalling the suite
 
 
-def launch(k, *args, check=True):
-    """``mpiexec -n k python *args`` from the project root, one BLAS thread per rank."""
-    env = dict(os.environ, BLASNET_NUM_THREADS="1", PYTHONPATH=ROOT)
+def launch(k, *args, check=True, threads=1):
+    """``mpiexec -n k python *args`` from the project root, ``threads`` BLAS threads per
+    rank (None: BLASNET_NUM_THREADS unset)."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("BLASNET_NUM_THREADS", None)
+    if threads is not None:
+        env["BLASNET_NUM_THREADS"] = str(threads)
     proc = subprocess.run([MPIEXEC, "-n", str(k), sys.executable, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT)
     if check and proc.returncode != 0:
@@ -225,16 +229,27 @@ def _assert_same_parameters(a_path, b_path, rtol):
 
 
 @needs_mpi
-@pytest.mark.parametrize("extra", [[], ["--shard-optimizer"]], ids=["plain", "zero1"])
-def test_cli_two_ranks_equal_one_process(tmp_path, one_process, extra):
-    # Check that `mpiexec -n 2 python -m engine train ...` (plain, and with
-    # --shard-optimizer) writes the parameters of the same command run as one process, to
-    # 1e-10 relative; that rank 0 alone prints; and that the header says "2 ranks x 1 threads".
+def test_cli_two_ranks_equal_one_process(tmp_path, one_process):
+    # Check that `mpiexec -n 2 python -m engine train ...` writes the parameters of the same
+    # command run as one process, to 1e-10 relative; that rank 0 alone prints; and that the
+    # header says "2 ranks x 1 threads".
     path = str(tmp_path / "two.npz")
-    proc = launch(2, "-m", "engine", "train", *CLI, *extra, "--save", path)
+    proc = launch(2, "-m", "engine", "train", *CLI, "--save", path)
     _assert_same_parameters(path, one_process, 1e-10)
     assert proc.stdout.count("final loss") == 1
     assert "2 ranks x 1 threads" in proc.stdout.splitlines()[0]
+
+
+@needs_mpi
+def test_cli_shard_optimizer_equals_one_process(tmp_path, one_process):
+    # Check that --shard-optimizer (ZeRO-1) writes one process's parameters too, and that
+    # without BLASNET_NUM_THREADS each rank takes cores / ranks threads.
+    path = str(tmp_path / "zero.npz")
+    proc = launch(2, "-m", "engine", "train", *CLI, "--shard-optimizer", "--save", path,
+                  threads=None)
+    _assert_same_parameters(path, one_process, 1e-10)
+    header = proc.stdout.splitlines()[0]
+    assert f"2 ranks x {max(1, os.cpu_count() // 2)} threads" in header and "ZeRO-1" in header
 
 
 # ----------------------------------------------------------------------------- without MPI
