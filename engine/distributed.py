@@ -24,7 +24,7 @@ from kernels import ops
 from kernels.optim import adamw_consts
 
 from .module import _GENERATION, Module, make_rng, runs
-from .optim import AdamW
+from .optim import AdamW, clip_grad_norm
 
 __all__ = ["DataParallel", "ShardedAdamW", "RankError", "mpi", "world", "launched_size",
            "rank_rng", "save", "load", "INSTALL"]
@@ -261,6 +261,14 @@ class DataParallel:
         if weight is None and self.size > 1:
             g *= 1.0 / self.size
 
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """``engine.clip_grad_norm`` of the averaged gradient (call after
+        ``reduce_gradients``): the same norm and scaling on every rank; with a
+        ``ShardedAdamW`` the norm is summed from the ranks' reduced slices."""
+        if self.sharded:
+            return self.optimizer.clip_grad_norm(max_norm)
+        return clip_grad_norm(self.model.parameters(), max_norm)
+
     def step(self, weight=None) -> None:
         """``reduce_gradients(weight)``, ``optimizer.step()``, ``model.zero_grad()``."""
         self.reduce_gradients(weight)
@@ -421,6 +429,26 @@ class ShardedAdamW(AdamW):
         if weight is None and self.size > 1:
             g[:self._s1 - self._s0] *= 1.0 / self.size
         self._reduced = True
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Scale the reduced gradient so that the global gradient's L2 norm is at most
+        ``max_norm``; return the norm before clipping (collective; as ``engine.clip_grad_norm``
+        on the whole averaged gradient: each rank sums its slice's squares in double)."""
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, np.integer,
+                                                                    np.floating)):
+            raise TypeError(f"max_norm: expected a real number, got {max_norm!r}")
+        if not float(max_norm) > 0.0:
+            raise ValueError(f"max_norm: expected a number > 0, got {max_norm!r}")
+        if not self._reduced:
+            self.reduce_gradients()
+        g = self._flats()[1][:self._s1 - self._s0]  # this rank's slice of the reduced sum
+        (total_sq,) = _agree(self.comm, payload=(float(np.dot(g, g)),))[:1]
+        total = float(np.sqrt(total_sq))
+        if np.isfinite(total):
+            coef = float(max_norm) / (total + 1e-6)
+            if coef < 1.0:
+                g *= coef
+        return total
 
     def step(self, zero_grad: bool = False) -> None:
         """Reduce the gradients (unless ``reduce_gradients`` did), ``update_shard()``,

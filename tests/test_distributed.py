@@ -94,7 +94,8 @@ def test_parameters_bit_identical_across_ranks(equiv):
 @pytest.mark.parametrize("mode", ["plain", "zero1"])
 def test_fit_with_comm_equals_fit(equiv, mode):
     # Check that fit(comm=...) (shuffled batches of 11 over 53 samples, classification,
-    # validation) gives fit's parameters, losses, accuracies and counts.
+    # validation, a cosine schedule, clipping at norm 0.5) gives fit's parameters, losses,
+    # accuracies and counts.
     r = equiv[f"fit {mode}"]
     assert r["rel_err"] <= 1e-12
     assert r["history_rel_err"] <= 1e-12
@@ -200,9 +201,10 @@ def test_uncaught_exception_aborts_the_job():
     # Check that an exception nobody catches on rank 1, while rank 0 waits in a collective,
     # ends the job (non-zero, with rank 1's message) instead of hanging until the timeout.
     proc = launch(2, os.path.join(HERE, "mpi", "abort.py"), check=False)
-    assert proc.returncode != 0
-    assert "deliberate uncaught error on rank 1" in proc.stderr
-    assert "rank 0 passed the collective" not in proc.stdout
+    said = f"exit {proc.returncode}\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}"
+    assert proc.returncode != 0, said
+    assert "deliberate uncaught error on rank 1" in proc.stderr, said
+    assert "rank 0 passed the collective" not in proc.stdout, said
 
 
 # ----------------------------------------------------------------------------- the CLI

@@ -8,7 +8,7 @@ Checks, all float64 unless named:
   against one process, and whether the ranks' parameters are the same bits after every step;
 - FFN in float32;
 - fit(comm=...) against fit(): shuffled batches that do not divide by K, classification
-  (accuracy), validation; plain and ZeRO-1; and fit on a world of one rank (COMM_SELF);
+  (accuracy), validation, a per-step learning-rate schedule, gradient clipping; plain and ZeRO-1; and fit on a world of one rank (COMM_SELF);
 - optimizer memory per rank, AdamW against ShardedAdamW (tracemalloc);
 - ShardedAdamW checkpoints: saved by rank 0 through engine.distributed.save, loaded into a
   plain AdamW (one process) and back into a ShardedAdamW;
@@ -24,6 +24,7 @@ import zlib
 import numpy as np
 
 from engine import FFN, GMLP, MLP, AdamW, CrossEntropyLoss, FFNSublayer, MSELoss, fit, load
+from engine.lr_scheduler import CosineAnnealingLR
 from engine import distributed as D
 
 comm = D.mpi().COMM_WORLD
@@ -104,8 +105,10 @@ def fit_case(sharded):
             opt = D.ShardedAdamW(groups(model), comm, lr=1e-2)
         else:
             opt = AdamW(groups(model), lr=1e-2)
+        sched = CosineAnnealingLR(opt, T_max=15)
         h = fit(model, CrossEntropyLoss(), opt, X, y, epochs=3, batch_size=11, rng=4,
-                validation=(Xv, yv), progress=False, comm=comm if name == "dp" else None)
+                validation=(Xv, yv), progress=False, scheduler=sched, scheduler_interval="step",
+                clip_grad_norm=0.5, comm=comm if name == "dp" else None)
         out[name] = (model, h)
     (ref, hr), (model, hd) = out["ref"], out["dp"]
     hist = max(abs(a - b) / abs(b) for a, b in zip(hd.loss + hd.val_loss, hr.loss + hr.val_loss))
