@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import zlib
 
 import numpy as np
 
 from kernels import ops
+from kernels.memory import aligned_empty
 from kernels.optim import adamw_consts
 
 from .module import _GENERATION, Module, make_rng, runs
@@ -84,7 +86,9 @@ def _install_excepthook(MPI) -> None:
         world = MPI.COMM_WORLD
         sys.stderr.write(f"rank {world.Get_rank()} of {world.Get_size()}: uncaught "
                          f"{tp.__name__}; aborting the MPI job\n")
+        sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(0.2)  # MPI_Abort ends the job at once: let the launcher forward the text
         world.Abort(1)
 
     sys.excepthook = hook
@@ -358,8 +362,10 @@ class ShardedAdamW(AdamW):
         self._displs = bounds[:k]
         self._s0, self._s1 = bounds[self.rank], bounds[self.rank + 1]
         c = self._s1 - self._s0
-        self._m = np.zeros(c, self._dtype)   # (shard,) exp_avg of this rank's slice
-        self._v = np.zeros(c, self._dtype)   # (shard,) exp_avg_sq of this rank's slice
+        self._m = aligned_empty(c, self._dtype)  # (shard,) exp_avg of this rank's slice
+        self._v = aligned_empty(c, self._dtype)  # (shard,) exp_avg_sq of this rank's slice
+        self._m.fill(0.0)
+        self._v.fill(0.0)
         self._reduced = False
         self._pieces, self._pieces_gen = None, -1
 
