@@ -667,6 +667,7 @@ def _fwd_rows(h, z, bias, g, fn, slope, h_free, i0, i1, rows):
         j = i + rows
         if j > i1:  # remainder block: views of the same scratch, fewer rows
             j = i1
+            sc = tb = None           # one set of views alive at a time
             sc = _scratch(dt, j - i, d)
             tb = sc[5]
         zb = z[i:j]
@@ -686,6 +687,7 @@ def _bwd_rows(dz, dh, z, h, fn, slope, i0, i1, rows):
         j = i + rows
         if j > i1:
             j = i1
+            sc = None
             sc = _scratch(dt, j - i, d)
         fn(dz[i:j], dh[i:j], z[i:j], None if h is None else h[i:j], sc, slope)
 
@@ -693,7 +695,11 @@ def _bwd_rows(dz, dh, z, h, fn, slope, i0, i1, rows):
 def _run_rows(runner, n, d, itemsize, *args):
     """``runner(*args, i0, i1, rows)`` over rows [0, n) of an (n, d) pass, split over threads
     when large (the result does not depend on the split: every element is computed alike)."""
-    block, split_block = _block_rows(d, itemsize), _split_rows(d, itemsize)
+    block = _block_rows(d, itemsize)
+    if n * d < SPLIT_MIN:  # never split (kernels.parallel.split): no closure, no pool call
+        runner(*args, 0, n, block)
+        return
+    split_block = _split_rows(d, itemsize)
 
     def run(i0, i1, slot):
         runner(*args, i0, i1, block if i1 - i0 == n else split_block)
