@@ -97,7 +97,16 @@ _SIGN32 = np.array(0x80000000, np.uint32)  # float32 sign bit
 _UINT = {4: np.uint32, 8: np.uint64}
 
 
-def _scratch(dtype, rows, d):
+# Carved views by (id of the thread's scratch buffer, rows, d), for passes on the calling
+# thread: carving seven views costs more than a small pass itself, and the buffer
+# (kernels.memory) is the same on every call. Each entry holds its buffer, so an id is not
+# reused while its entry exists. Split slices carve afresh: they are large, and whichever
+# pool thread runs one then allocates the same few views every time.
+_VIEWS = {}
+_SLAB = {4: _SPLIT_BLOCK_BYTES // 4, 8: _SPLIT_BLOCK_BYTES // 8}  # elements per slab
+
+
+def _scratch(dtype, rows, d, memo=True):
     """Scratch for one (rows, d) block: ``(a, b, c, d, m, tb, cu)``: four float arrays for the
     chains, a bool array for masks, a float array for the tiled bias, and c viewed as
     unsigned ints (sign-bit arithmetic). All are views of the calling thread's
@@ -106,11 +115,22 @@ def _scratch(dtype, rows, d):
     call, whatever block shapes it sees later."""
     n = rows * d
     isz = dtype.itemsize
-    slab = max(-(-n * isz // ALIGN) * ALIGN, _SPLIT_BLOCK_BYTES) // isz
+    slab = _SLAB[isz] if n * isz <= _SPLIT_BLOCK_BYTES else -(-n * isz // ALIGN) * ALIGN // isz
     raw = _mem_scratch("activations", (6, slab), dtype)
+    owner = raw.base
+    if memo:
+        hit = _VIEWS.get((id(owner), rows, d))
+        if hit is not None and hit[0] is owner:
+            return hit[1]
     a, b, c, dd, tb = raw[:5, :n].reshape(5, rows, d)  # a view: splits the contiguous axis
     m = raw[5].view(np.bool_)[:n].reshape(rows, d)
-    return a, b, c, dd, m, tb, c.view(_UINT[isz])
+    views = (a, b, c, dd, m, tb, c.view(_UINT[isz]))
+    if not memo:
+        return views
+    if len(_VIEWS) >= 256:  # many shapes or threads: start over rather than grow
+        _VIEWS.clear()
+    _VIEWS[(id(owner), rows, d)] = (owner, views)
+    return views
 
 
 def _block_rows(d, itemsize):
@@ -656,10 +676,10 @@ ACTIVATIONS = tuple(REGISTRY)
 # A pass over rows [i0, i1) in blocks of ``rows`` rows on the calling thread's scratch. Large
 # arrays are split into one such slice per thread (kernels.parallel.split); a split slice
 # uses blocks of _SPLIT_BLOCK_BYTES, an inline pass blocks of _BLOCK_BYTES.
-def _fwd_rows(h, z, bias, g, fn, slope, h_free, i0, i1, rows):
+def _fwd_rows(h, z, bias, g, fn, slope, h_free, i0, i1, rows, memo):
     d = z.shape[1]
     dt = z.dtype
-    sc = _scratch(dt, min(rows, i1 - i0), d)
+    sc = _scratch(dt, min(rows, i1 - i0), d, memo)
     tb = sc[5]
     if bias is not None:
         _copyto(tb, bias)            # tiled once per slice, reused by every block
@@ -668,7 +688,7 @@ def _fwd_rows(h, z, bias, g, fn, slope, h_free, i0, i1, rows):
         if j > i1:  # remainder block: views of the same scratch, fewer rows
             j = i1
             sc = tb = None           # one set of views alive at a time
-            sc = _scratch(dt, j - i, d)
+            sc = _scratch(dt, j - i, d, memo)
             tb = sc[5]
         zb = z[i:j]
         if bias is not None:
@@ -679,30 +699,34 @@ def _fwd_rows(h, z, bias, g, fn, slope, h_free, i0, i1, rows):
             fn(h[i:j], zb, g[i:j], sc, slope, h_free)
 
 
-def _bwd_rows(dz, dh, z, h, fn, slope, i0, i1, rows):
+def _bwd_rows(dz, dh, z, h, fn, slope, i0, i1, rows, memo):
     d = z.shape[1]
     dt = z.dtype
-    sc = _scratch(dt, min(rows, i1 - i0), d)
+    sc = _scratch(dt, min(rows, i1 - i0), d, memo)
     for i in range(i0, i1, rows):
         j = i + rows
         if j > i1:
             j = i1
             sc = None
-            sc = _scratch(dt, j - i, d)
+            sc = _scratch(dt, j - i, d, memo)
         fn(dz[i:j], dh[i:j], z[i:j], None if h is None else h[i:j], sc, slope)
 
 
 def _run_rows(runner, n, d, itemsize, *args):
-    """``runner(*args, i0, i1, rows)`` over rows [0, n) of an (n, d) pass, split over threads
-    when large (the result does not depend on the split: every element is computed alike)."""
+    """``runner(*args, i0, i1, rows, memo)`` over rows [0, n) of an (n, d) pass, split over
+    threads when large (the result does not depend on the split: every element is computed
+    alike)."""
     block = _block_rows(d, itemsize)
     if n * d < SPLIT_MIN:  # never split (kernels.parallel.split): no closure, no pool call
-        runner(*args, 0, n, block)
+        runner(*args, 0, n, block, True)
         return
     split_block = _split_rows(d, itemsize)
 
     def run(i0, i1, slot):
-        runner(*args, i0, i1, block if i1 - i0 == n else split_block)
+        if i1 - i0 == n:  # not split after all (one thread)
+            runner(*args, i0, i1, block, True)
+        else:
+            runner(*args, i0, i1, split_block, False)
 
     _split(run, n, d)
 

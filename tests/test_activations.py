@@ -11,7 +11,7 @@ import pytest
 from scipy.special import ndtr
 
 from kernels import activations as A
-from kernels import num_threads, parallel
+from kernels import memory, num_threads, parallel
 from kernels import reference as R
 from gradcheck import numeric_grad
 
@@ -647,7 +647,8 @@ def test_split_passes_allocate_no_arrays(act):
             A.act_backward_cached(dz, h, z)
 
         with num_threads(2):
-            step()
+            for _ in range(3):  # warm-up: the scratch views of every block shape
+                step()
             worst = 0
             tracemalloc.start()
             try:
@@ -665,8 +666,29 @@ def test_split_passes_allocate_no_arrays(act):
 
 def test_scratch_is_cache_line_aligned():
     # Check that every scratch buffer starts on a 64-byte boundary (array-array ufuncs with a
-    # misaligned out run ~2x slower), for both dtypes and odd row widths.
+    # misaligned out run slower), for both dtypes and odd row widths.
     for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
         for rows, d in ((3, 5), (40, 777)):
             for buf in A._scratch(dtype, rows, d):
                 assert buf.ctypes.data % 64 == 0
+
+
+def test_scratch_comes_from_the_shared_runtime():
+    # Check that the block scratch is made of disjoint C-contiguous (rows, d) views of the
+    # calling thread's kernels.memory.scratch("activations") buffer, the same memory on
+    # every call whatever the block shape, and a different buffer on another thread.
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        first = A._scratch(dtype, 40, 777)
+        again = A._scratch(dtype, 7, 33)
+        owner = memory.scratch("activations", 1, dtype).base
+        for buf in first + again:
+            assert buf.shape == (buf.shape[0], buf.shape[1]) and buf.flags.c_contiguous
+            assert np.shares_memory(buf, owner)
+        for i, x in enumerate(first[:6]):  # cu is c's bits
+            for y in first[i + 1:6]:
+                assert not np.shares_memory(x, y)
+        other = []
+        t = threading.Thread(target=lambda: other.extend(A._scratch(dtype, 40, 777)))
+        t.start()
+        t.join()
+        assert not any(np.shares_memory(x, owner) for x in other)
