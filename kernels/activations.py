@@ -116,12 +116,13 @@ def _scratch(dtype, rows, d, memo=True):
     n = rows * d
     isz = dtype.itemsize
     slab = _SLAB[isz] if n * isz <= _SPLIT_BLOCK_BYTES else -(-n * isz // ALIGN) * ALIGN // isz
-    raw = _mem_scratch("activations", (6, slab), dtype)
+    raw = _mem_scratch("activations", 6 * slab, dtype)  # (6 * slab,): 6 slabs
     owner = raw.base
     if memo:
         hit = _VIEWS.get((id(owner), rows, d))
         if hit is not None and hit[0] is owner:
             return hit[1]
+    raw = raw.reshape(6, slab)
     a, b, c, dd, tb = raw[:5, :n].reshape(5, rows, d)  # a view: splits the contiguous axis
     m = raw[5].view(np.bool_)[:n].reshape(rows, d)
     views = (a, b, c, dd, m, tb, c.view(_UINT[isz]))
