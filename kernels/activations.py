@@ -404,22 +404,31 @@ def _neg_exp_clamped(a, z):
     _exp(a, a)
 
 
+def _silu_exp(a, c, z):
+    """c = max(z, -clamp) and a = exp(-c), finite for every z. c stands in for z in the
+    chain: below -clamp silu and act' are tiny either way, and z itself would scale them up
+    again (z / (1 + exp(clamp)) is -1.8 at z = -3e38 in float32)."""
+    _max(z, -_EXP_CLAMP[z.dtype], out=c)
+    _mul(c, -1.0, a)
+    _exp(a, a)
+
+
 def _fwd_silu(h, z, sc, slope, h_free):
-    a = sc[0]
-    _neg_exp_clamped(a, z)
+    a, c = sc[0], sc[2]
+    _silu_exp(a, c, z)               # z is dead from here
     _add(a, 1.0, a)
-    _div(z, a, h)                    # z / (1 + exp(-z)); 5 passes, cheaper than scipy's expit
+    _div(c, a, h)                    # z / (1 + exp(-z)); 5 passes, cheaper than scipy's expit
 
 
 def _fwdg_silu(h, z, g, sc, slope, h_free):
     # h = z s, act' = s (1 + z E s) with E = exp(-z), s = 1/(1+E). 10 passes (5 + 10).
-    a, b = sc[0], sc[1]
-    _neg_exp_clamped(a, z)           # E
+    a, b, c = sc[0], sc[1], sc[2]
+    _silu_exp(a, c, z)               # E; z is dead from here
     _add(a, 1.0, b)
     _div(1.0, b, b)                  # s
     _mul(a, b, a)                    # 1 - s
-    _mul(a, z, a)
-    _mul(z, b, h)                    # h: z is dead from here
+    _mul(a, c, a)
+    _mul(c, b, h)
     _add(a, 1.0, a)
     _mul(a, b, g)
 
@@ -427,12 +436,12 @@ def _fwdg_silu(h, z, g, sc, slope, h_free):
 def _bwd_silu(dz, dh, z, h, sc, slope):
     # act' = s (1 + z (1 - s)) with s = 1/(1+E), E = exp(-z), and 1 - s = E s computed without
     # cancellation. h is not used: z - h would cancel where 1 - s is small. 10 passes.
-    a, b = sc[0], sc[1]
-    _neg_exp_clamped(a, z)           # E
+    a, b, c = sc[0], sc[1], sc[2]
+    _silu_exp(a, c, z)               # E
     _add(a, 1.0, b)
     _div(1.0, b, b)                  # s
     _mul(a, b, a)                    # 1 - s
-    _mul(a, z, a)
+    _mul(a, c, a)
     _add(a, 1.0, a)
     _mul(a, b, a)
     _mul(dh, a, dz)
@@ -826,9 +835,9 @@ def bias_act_forward(h, z, bias=None, act="relu", negative_slope=0.01, grad=None
     ``h``. ``act`` is one of ``ACTIVATIONS``; ``negative_slope`` is leaky_relu's slope.
     float32 ``gelu`` evaluates the normal CDF through a polynomial erfc (within 1.5e-6
     relative of the exact GELU for |z| < 5, 1e-5 out to the underflow: a few float32 ulps);
-    float64 ``gelu`` uses scipy's ndtr. sigmoid/silu clamp exp's argument, so act(z) for
-    z < -88 (float32) / -708 (float64) is a tiny positive (sigmoid) or negative (silu) number
-    instead of an underflowed 0; mish likewise gives tiny numbers below z = -87 / -708.
+    float64 ``gelu`` uses scipy's ndtr. sigmoid, silu and mish clamp exp's argument, so
+    below z = -88 (float32) / -708 (float64) they give the tiny positive (sigmoid) or negative
+    (silu, mish) number of the clamping point instead of an underflowed 0.
     Large arrays are split over the blasnet thread count (kernels.parallel); the result does
     not depend on the split.
     """

@@ -329,6 +329,25 @@ def test_extreme_inputs_no_overflow(dtype, act):
         np.testing.assert_allclose(d[0, 1::2], dm, rtol=1e-6, atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+def test_clamped_exp_far_below_the_clamp(dtype, act):
+    # Check that silu and sigmoid, which clamp exp's argument, stay at their limits (tiny,
+    # |.| < 1e-30) for z far below the clamping point, down to the dtype's most negative
+    # number, in every form, and at z = +max too.
+    big = float(np.finfo(dtype).max)
+    z = np.array([[-1e20, -1e30, -big, big]], dtype)
+    want_h = [0.0, 0.0, 0.0, big if act == "silu" else 1.0]
+    want_g = [0.0, 0.0, 0.0, 1.0 if act == "silu" else 0.0]
+    h, g = np.empty_like(z), np.empty_like(z)
+    with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+        A.bias_act_forward(h, z.copy(), None, act, grad=g)
+        dz = A.act_backward(np.empty_like(z), np.ones_like(z), z, act)
+    np.testing.assert_allclose(h[0], want_h, rtol=1e-6, atol=1e-30)
+    for got in (g, dz):
+        np.testing.assert_allclose(got[0], want_g, rtol=1e-6, atol=1e-30)
+
+
 # ----------------------------------------------------------------------------- bad inputs
 def _arrays(shape=(4, 3), dtype=np.float32):
     return np.zeros(shape, dtype), np.zeros(shape, dtype)
