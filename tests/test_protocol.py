@@ -227,6 +227,113 @@ def test_dx_acc_after_residual_forward(name):
     np.testing.assert_allclose(a, a_before + twin.backward(dy), rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("name", SINGLE)
+def test_residual_may_be_the_input_itself(name):
+    # Check that forward(x, residual=x) (both the caller's arrays) gives f(x) + x.
+    case, rng = CASES[name], np.random.default_rng(30)
+    if case.d_in != case.d_out:
+        pytest.skip("residual must have the output's shape")
+    m, twin = pair(name)
+    x = array(rng, lead("2d"), case.d_in)
+    x_before = x.copy()
+    got = np.array(m.forward(x, residual=x), copy=True)
+    np.testing.assert_allclose(got, np.array(twin.forward(x_before)) + x_before, rtol=1e-13,
+                               atol=1e-13)
+    np.testing.assert_array_equal(x, x_before)
+
+
+@pytest.mark.parametrize("name", SINGLE)
+def test_dx_acc_that_is_dy_is_rejected_or_correct(name):
+    # Check that backward(dy, dx_acc=dy) (the caller's one array as both) either raises
+    # ValueError and changes nothing, or gives dy_before + dx and the plain parameter grads;
+    # never a gradient computed from a half-overwritten dy.
+    case, rng = CASES[name], np.random.default_rng(31)
+    if case.d_in != case.d_out:
+        pytest.skip("dx_acc must have the input's shape")
+    m, twin = pair(name)
+    x, dy = array(rng, lead("2d"), case.d_in), array(rng, lead("2d"), case.d_out)
+    dy_before = dy.copy()
+    m.forward(x)
+    twin.forward(x)
+    dx = np.array(twin.backward(dy_before.copy()), copy=True)
+    try:
+        got = m.backward(dy, dx_acc=dy)
+    except ValueError:
+        np.testing.assert_array_equal(dy, dy_before)
+        for n, p in m.named_parameters():
+            assert not np.any(p.grad), n
+        return
+    assert got is dy
+    np.testing.assert_allclose(dy, dy_before + dx, rtol=1e-13, atol=1e-13)
+    for (n, p), (_, q) in zip(m.named_parameters(), twin.named_parameters()):
+        np.testing.assert_allclose(p.grad, q.grad, rtol=1e-13, atol=1e-13, err_msg=n)
+
+
+def _bad_option(x_like, kind):
+    if kind == "shape":
+        return np.zeros((x_like.shape[0] + 1, *x_like.shape[1:]))
+    if kind == "dtype":
+        return np.zeros(x_like.shape, np.float32)
+    if kind == "f_order":
+        return np.asfortranarray(np.zeros(x_like.shape))
+    return x_like.tolist()
+
+
+OPTION_ERRORS = {"shape": ValueError, "dtype": TypeError, "f_order": ValueError,
+                 "list": TypeError}
+
+
+@pytest.mark.parametrize("kind", [k for k in OPTION_ERRORS if k != "f_order"])
+@pytest.mark.parametrize("name", SINGLE)
+def test_bad_residual_raises_and_changes_nothing(name, kind):
+    # Check that a residual of the wrong shape, dtype, order or type raises (naming
+    # "residual") and the module's state and next step are the twin's.
+    case, rng = CASES[name], np.random.default_rng(32)
+    m, twin = pair(name)
+    x = array(rng, lead("2d"), case.d_in)
+    bad = _bad_option(np.zeros((*lead("2d"), case.d_out)), kind)
+    with pytest.raises(OPTION_ERRORS[kind], match="residual"):
+        m.forward(x, residual=bad)
+    assert_same_state(m, twin)
+    step_both(m, twin, case, 33, "2d")
+
+
+@pytest.mark.parametrize("name", SINGLE)
+def test_f_order_residual_is_rejected_or_correct(name):
+    # Check that a Fortran-ordered residual (the contract asks only for y's shape and dtype)
+    # either raises ValueError naming it and changes nothing, or gives f(x) + r.
+    case, rng = CASES[name], np.random.default_rng(35)
+    m, twin = pair(name)
+    x = array(rng, lead("2d"), case.d_in)
+    r = np.asfortranarray(array(rng, lead("2d"), case.d_out))
+    try:
+        got = np.array(m.forward(x, residual=r), copy=True)
+    except ValueError as err:
+        assert "residual" in str(err), str(err)
+        assert_same_state(m, twin)
+        step_both(m, twin, case, 36, "2d")
+        return
+    np.testing.assert_allclose(got, np.array(twin.forward(x)) + r, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("kind", OPTION_ERRORS)
+@pytest.mark.parametrize("name", SINGLE)
+def test_bad_dx_acc_raises_and_changes_nothing(name, kind):
+    # Check that a dx_acc of the wrong shape, dtype, order or type raises (naming
+    # "dx_acc"), leaves the grads alone and does not use up the forward.
+    case, rng = CASES[name], np.random.default_rng(34)
+    m, twin = pair(name)
+    x, dy = array(rng, lead("2d"), case.d_in), array(rng, lead("2d"), case.d_out)
+    bad = _bad_option(np.zeros_like(x), kind)
+    for mod in (m, twin):
+        mod.forward(x)
+    with pytest.raises(OPTION_ERRORS[kind], match="dx_acc"):
+        m.backward(dy, dx_acc=bad)
+    assert_same_state(m, twin)
+    assert_equal_outputs(copy_out(m.backward(dy)), copy_out(twin.backward(dy)), "dx")
+    assert_same_state(m, twin)
+
+
 # ----------------------------------------------------------------------------- one backward
 @pytest.mark.parametrize("name", SINGLE + ADDNORM)
 def test_second_backward_raises(name):
