@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import losses as _kl
+from kernels import ops
 
 from .module import Module, Workspace, check_dtype
 
 __all__ = ["MSELoss", "CrossEntropyLoss"]
 
-# Fast kernels export check-free cores as ``<name>_unchecked``; fall back to the checked ones.
-_ce_fwd = _kl.softmax_cross_entropy_forward_unchecked
-_ce_bwd = _kl.softmax_cross_entropy_backward_unchecked
-_mse_bwd = _kl.mse_backward_unchecked
-_mse_fwd_bwd = _kl.mse_forward_backward_unchecked
 
 
 def _check_float(name: str, x, dtype) -> None:
@@ -41,17 +36,20 @@ class _Loss(Module):
     def __init__(self, dtype=None):
         super().__init__()
         # None: follow pred (float32 or float64); otherwise pred must have this dtype.
-        self.dtype = None if dtype is None else check_dtype(dtype)
+        object.__setattr__(self, "dtype", None if dtype is None else check_dtype(dtype))
         self._wss = {}  # dtype -> Workspace
         self._saved = None  # (N, C) what backward reads: pred (MSE) or the softmax (CE)
         self._target = None  # the last target, viewed as rows (or (N,) labels)
         self._shape = None  # shape of the last pred
 
-    def _ws(self, dt) -> Workspace:
+    def _ws_for(self, dt) -> Workspace:
         ws = self._wss.get(dt)
         if ws is None:
             ws = self._wss[dt] = Workspace(dt)
         return ws
+
+    def _workspaces(self) -> list:
+        return list(self._wss.values())
 
     def __call__(self, pred, target) -> float:
         return self.forward(pred, target)
@@ -88,8 +86,8 @@ class MSELoss(_Loss):
         cols = pred.shape[-1] if pred.ndim >= 2 else 1
         p2 = pred.reshape(-1, cols)  # views: both are C-contiguous
         t2 = target.reshape(-1, cols)
-        d = self._ws(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused, see backward
-        loss = _mse_fwd_bwd(d, p2, t2)
+        d = self._ws_for(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused, see backward
+        loss = ops.mse_forward_backward(d, p2, t2)
         self._saved, self._target, self._shape = p2, t2, pred.shape
         self._fresh = True
         return float(loss)
@@ -97,9 +95,9 @@ class MSELoss(_Loss):
     def backward(self):
         self._need_forward()
         p2 = self._saved
-        d = self._ws(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused
+        d = self._ws_for(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused
         if not self._fresh:
-            _mse_bwd(d, p2, self._target)
+            ops.mse_backward(d, p2, self._target)
         self._fresh = False
         return d.reshape(self._shape)
 
@@ -141,8 +139,8 @@ class CrossEntropyLoss(_Loss):
         else:
             raise TypeError(f"target: expected integer labels or {pred.dtype} probabilities, "
                             f"got dtype {target.dtype}")
-        probs = self._ws(logits.dtype).get("probs", n, c)  # (N, C) softmax, cached for backward
-        loss = _ce_fwd(probs, logits, t)
+        probs = self._ws_for(logits.dtype).get("probs", n, c)  # (N, C) softmax, cached for backward
+        loss = ops.cross_entropy_forward(probs, logits, t)
         self._saved, self._target, self._shape = probs, t, pred.shape
         return float(loss)
 
@@ -155,6 +153,6 @@ class CrossEntropyLoss(_Loss):
     def backward(self):
         self._need_forward()
         probs = self._saved
-        d = self._ws(probs.dtype).get("dlogits", *probs.shape)  # (N, C) reused
-        _ce_bwd(d, probs, self._target)
+        d = self._ws_for(probs.dtype).get("dlogits", *probs.shape)  # (N, C) reused
+        ops.cross_entropy_backward(d, probs, self._target)
         return d.reshape(self._shape)

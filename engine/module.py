@@ -1,8 +1,12 @@
-"""The Module API: ``Parameter``, ``Module`` and the work-buffer ``Workspace``.
+"""The module protocol: ``Parameter``, the flat parameter ``Arena``, ``Workspace`` and ``Module``.
 
-A module holds its parameters (data + accumulated grad), caches what backward needs, and
-allocates work buffers once for the largest batch it has seen; smaller batches use row
-slices (contiguous, since buffers are C-ordered). Numerics live in ``kernels``.
+Every layer, block, stack and loss is a ``Module``. The base class owns what they share: the
+input and ``dy`` checks, the rule "one backward per forward", the overlap check (an input that
+shares memory with the module's own work buffers is rejected), and the fused options of the
+protocol (``forward(x, residual=r)``, ``backward(dy, dx_acc=a)``). A model's parameters are
+views into one contiguous 64-byte-aligned buffer and their gradients into another (llm.c's
+``params_memory`` / ``grads_memory``), so optimizers, ``zero_grad`` and reductions work on two
+flat vectors. Numerics live in ``kernels``.
 """
 from __future__ import annotations
 
@@ -11,14 +15,16 @@ from collections import OrderedDict
 
 import numpy as np
 
+from kernels import ops
 from kernels.memory import aligned_empty
 
-__all__ = ["Parameter", "Module", "Workspace", "make_rng", "check_dtype", "check_positive_int",
-           "as_rows", "INITS", "init_weight"]
+__all__ = ["Parameter", "Arena", "Module", "Workspace", "make_rng", "check_dtype",
+           "check_positive_int", "check_float", "as_rows", "INITS", "init_weight", "runs"]
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+# ----------------------------------------------------------------------------- checks
 def check_dtype(dtype) -> np.dtype:
     """Return ``dtype`` as a numpy dtype, float32 or float64, else raise TypeError."""
     try:
@@ -40,11 +46,29 @@ def check_positive_int(name: str, v) -> int:
     return int(v)
 
 
+def check_float(name: str, v, low: float = -math.inf, high: float = math.inf,
+                low_open: bool = False, high_open: bool = False) -> float:
+    """``v`` as a finite Python float in the interval: TypeError naming ``name`` for a
+    non-number (bool included), ValueError outside the interval, NaN or infinite."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a number, got {v!r} ({type(v).__name__})")
+    f = float(v)
+    ok = math.isfinite(f) and (f > low if low_open else f >= low) and \
+        (f < high if high_open else f <= high)
+    if not ok:
+        lo = ("(" if low_open else "[") + str(low)
+        hi = str(high) + (")" if high_open else "]")
+        raise ValueError(f"{name}: expected a finite number in {lo}, {hi}, got {v!r}")
+    return f
+
+
 def make_rng(rng) -> np.random.Generator:
     """``rng`` as a Generator: an int seed (or None) makes a fresh one; a Generator is used as is."""
     if isinstance(rng, np.random.Generator):
         return rng
     if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
+        if rng is not None and rng < 0:
+            raise ValueError(f"rng: expected a non-negative int seed, got {rng}")
         return np.random.default_rng(rng)
     raise TypeError(f"rng: expected an int seed or a numpy.random.Generator, got {type(rng).__name__}")
 
@@ -71,73 +95,192 @@ def init_weight(d_in: int, d_out: int, init: str, dtype, rng) -> np.ndarray:
     return w.astype(dtype)
 
 
-def as_rows(x, d: int, dtype, name: str = "x"):
-    """Check a module input and view it as rows: returns ``(x2d, lead_shape)``.
-
-    ``x`` must be a C-contiguous ndarray of ``dtype``, of shape ``(N, d)`` or ``(B, T, d)``;
-    the 2-D view ``(N or B*T, d)`` costs no copy. Raises TypeError/ValueError naming ``name``.
-    """
+def _check_array(name: str, x, dtype) -> None:
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
     if x.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {x.dtype} "
-                        f"(convert with x.astype(np.{np.dtype(dtype)}))")
+                        f"(convert with .astype(np.{np.dtype(dtype)}))")
+
+
+def as_rows(x, d, dtype, name: str = "x"):
+    """Check a module input and view it as rows: returns ``(x2d, lead_shape)``.
+
+    ``x`` must be a C-contiguous ndarray of ``dtype``, of shape ``(N, d)`` or ``(B, T, d)``
+    (``d=None``: any feature size); the 2-D view costs no copy. Raises TypeError/ValueError
+    naming ``name``."""
+    _check_array(name, x, dtype)
     if x.ndim not in (2, 3):
-        raise ValueError(f"{name}: expected shape (N, {d}) or (B, T, {d}), got {x.shape}")
-    if x.shape[-1] != d:
+        want = "(N, d) or (B, T, d)" if d is None else f"(N, {d}) or (B, T, {d})"
+        raise ValueError(f"{name}: expected shape {want}, got {x.shape}")
+    if d is not None and x.shape[-1] != d:
         raise ValueError(f"{name}: expected last dimension {d}, got shape {x.shape}")
     if not x.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {x.strides} "
                          f"for shape {x.shape} (use np.ascontiguousarray)")
     if x.ndim == 3:
-        return x.reshape(-1, d), x.shape[:-1]
+        return x.reshape(-1, x.shape[-1]), x.shape[:-1]
     return x, x.shape[:-1]
 
 
-class Parameter:
-    """A trainable array ``data`` with its accumulated gradient ``grad`` (same shape, dtype
-    and memory order; starts at zero)."""
+def _rows_of(a, shape, dtype, name):
+    """Check ``a`` against an expected full ``shape``; return its 2-D row view (no copy)."""
+    if (not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dtype
+            or not a.flags.c_contiguous):
+        _check_array(name, a, dtype)
+        if a.shape != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+        raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} "
+                         f"for shape {a.shape} (use np.ascontiguousarray)")
+    return a.reshape(-1, shape[-1]) if a.ndim == 3 else a
 
-    __slots__ = ("data", "grad", "name")
 
-    def __init__(self, data: np.ndarray, name: str = "", grad: np.ndarray | None = None):
-        if not isinstance(data, np.ndarray):
-            raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
-        check_dtype(data.dtype)
-        if not (data.flags.c_contiguous or data.flags.f_contiguous):
-            raise ValueError(f"data: expected a contiguous array, got strides {data.strides}")
-        self.data = data
-        if grad is None:
-            grad = np.zeros_like(data)  # keeps data's memory order
-        elif grad.shape != data.shape or grad.dtype != data.dtype:
-            raise ValueError(f"grad: expected shape {data.shape} and dtype {data.dtype}, "
-                             f"got {grad.shape} {grad.dtype}")
-        self.grad = grad
-        self.name = name
+def _shaped(a2, lead):
+    """A 2-D row buffer back in the caller's leading shape."""
+    return a2 if len(lead) == 1 else a2.reshape(*lead, a2.shape[-1])
 
-    @property
-    def shape(self):
-        return self.data.shape
+
+# ----------------------------------------------------------------------------- arena
+_GENERATION = [0]  # bumped whenever parameters move to another arena
+
+
+class Arena:
+    """One model's parameters and gradients as two flat, 64-byte-aligned vectors of one
+    dtype; each ``Parameter`` is a view of its range of both, in its own memory order."""
+
+    __slots__ = ("data", "grad", "params")
+
+    def __init__(self, params: list):
+        dtype = params[0].dtype
+        total = sum(p.size for p in params)
+        self.data = aligned_empty(total, dtype)   # (total,) every parameter, back to back
+        self.grad = aligned_empty(total, dtype)   # (total,) their gradients
+        self.params = tuple(params)
+        off = 0
+        for p in params:
+            n = p.size
+            d, g = self.data[off:off + n], self.grad[off:off + n]
+            np.copyto(_like(d, p), p._data)
+            np.copyto(_like(g, p), p._grad)
+            p._data, p._grad = _like(d, p), _like(g, p)
+            p._arena, p._offset = self, off
+            off += n
+        _GENERATION[0] += 1
 
     @property
     def dtype(self):
         return self.data.dtype
 
+
+def _like(flat, p):
+    """``flat`` shaped as ``p``, in ``p``'s memory order (a Fortran-ordered parameter is a
+    transposed view, as a weight kept transposed for its GEMM)."""
+    if p._forder:
+        return flat.reshape(p.shape[::-1]).T
+    return flat.reshape(p.shape)
+
+
+def _order(a) -> bool:
+    """True for an F-ordered (not C-ordered) array."""
+    return a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous
+
+
+class Parameter:
+    """A trainable array ``data`` with its accumulated gradient ``grad`` (same shape, dtype and
+    memory order; starts at zero), both views into an ``Arena``.
+
+    Assigning ``p.data = a`` or ``p.grad = a`` copies ``a`` into the arena after checking
+    its shape and dtype (any memory layout is accepted, nothing is cast): the arrays the
+    model computes with and the optimizer updates never change."""
+
+    __slots__ = ("_data", "_grad", "name", "_arena", "_offset", "_forder", "shape")
+
+    def __init__(self, data: np.ndarray, name: str = "", grad: np.ndarray | None = None):
+        if not isinstance(data, np.ndarray):
+            raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
+        check_dtype(data.dtype)
+        self.name = name
+        self.shape = data.shape
+        self._forder = _order(data)
+        self._data = data
+        if grad is None:
+            grad = np.zeros(data.shape, data.dtype)
+        else:
+            _check_like("grad", grad, self)
+        self._grad = grad
+        Arena([self])
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._data
+
+    @data.setter
+    def data(self, value) -> None:
+        _check_like("data", value, self)
+        np.copyto(self._data, value)
+
+    @property
+    def grad(self) -> np.ndarray:
+        return self._grad
+
+    @grad.setter
+    def grad(self, value) -> None:
+        _check_like("grad", value, self)
+        np.copyto(self._grad, value)
+
+    @property
+    def dtype(self):
+        return self._data.dtype
+
     @property
     def size(self) -> int:
-        return self.data.size
+        return self._data.size
+
+    @property
+    def arena(self) -> Arena:
+        return self._arena
 
     def zero_grad(self) -> None:
-        self.grad.fill(0.0)
+        self._grad.fill(0.0)
 
     def __repr__(self) -> str:
-        return f"Parameter({self.name!r}, shape={self.data.shape}, dtype={self.data.dtype})"
+        return f"Parameter({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+def _check_like(what: str, value, p: Parameter) -> None:
+    name = f"{p.name}.{what}" if p.name else what
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(value).__name__}")
+    if value.shape != p.shape:
+        raise ValueError(f"{name}: expected shape {p.shape}, got {value.shape}")
+    if value.dtype != p._data.dtype:
+        raise TypeError(f"{name}: expected dtype {p._data.dtype}, got {value.dtype} "
+                        f"(no silent cast: convert with .astype)")
+
+
+def runs(params) -> list:
+    """Maximal runs of ``params`` (in order) that are consecutive in one arena: a list of
+    ``(arena, lo, hi, first, stop)`` with ``params[first:stop]`` at ``arena.data[lo:hi]``."""
+    out = []
+    for i, p in enumerate(params):
+        a, off = p._arena, p._offset
+        if out and out[-1][0] is a and out[-1][2] == off:
+            r = out[-1]
+            out[-1] = (a, r[1], off + p.size, r[3], i + 1)
+        else:
+            out.append((a, off, off + p.size, i, i + 1))
+    return out
+
+
+# ----------------------------------------------------------------------------- workspace
+# id(raw allocation) -> (raw, Workspace): which module's buffer an array is a view of.
+_RAW_OWNER: dict = {}
 
 
 class Workspace:
     """Named work buffers that grow to the largest row count seen and are handed out as row
     slices, so a steady loop allocates nothing. Buffers start on a 64-byte boundary
-    (``kernels.memory``: misaligned ufunc outputs ran up to 2x slower)."""
+    (``kernels.memory``)."""
 
     def __init__(self, dtype):
         self.dtype = np.dtype(dtype)
@@ -147,26 +290,78 @@ class Workspace:
         """A C-contiguous ``(n, *cols)`` view of buffer ``key`` (contents undefined)."""
         buf = self._bufs.get(key)
         if buf is None or buf.shape[0] < n or buf.shape[1:] != cols:
-            buf = self._bufs[key] = aligned_empty((n, *cols), self.dtype)
+            if buf is not None:
+                _RAW_OWNER.pop(id(buf.base), None)
+            buf = self._bufs[key] = aligned_empty((max(n, 1), *cols), self.dtype)
+            _RAW_OWNER[id(buf.base)] = (buf.base, self)
+            _GENERATION[0] += 1
         return buf[:n]
+
+    def buffers(self) -> list:
+        return list(self._bufs.values())
 
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self._bufs.values())
 
+    def __del__(self):
+        for buf in self._bufs.values():
+            _RAW_OWNER.pop(id(buf.base), None)
 
-class Module:
-    """Base class of every layer and block.
 
-    Subclasses set ``Parameter`` and ``Module`` attributes (registered in assignment order,
-    which fixes the order of ``named_parameters``) and implement ``forward``/``backward``.
-    Outputs of ``forward``/``backward`` are views of the module's work buffers: they stay
-    valid until the next call of the same method; copy them to keep them.
-    """
+# ----------------------------------------------------------------------------- Module
+class _State:
+    """What a module remembers between calls (a plain object: ``Module.__setattr__`` is slow)."""
+
+    __slots__ = ("lead", "out_shape", "in_dim", "ready", "ws_ids", "ws_gen", "range",
+                 "range_gen")
 
     def __init__(self):
+        self.lead = None       # leading shape of the last forward's input
+        self.out_shape = None  # shape of its output
+        self.in_dim = None     # last dimension of its input
+        self.ready = False     # a forward is waiting for its backward
+        self.ws_ids = None     # ids of the workspaces of this module and its children
+        self.ws_gen = -1
+        self.range = None      # (arena, lo, hi) of this module's parameters
+        self.range_gen = -1
+
+
+class _ModuleMeta(type):
+    def __call__(cls, *args, **kwargs):
+        obj = super().__call__(*args, **kwargs)
+        obj._pack()  # every parameter of the finished module into one arena per dtype
+        return obj
+
+
+class Module(metaclass=_ModuleMeta):
+    """Base class of every layer, block, stack and loss.
+
+    Subclasses set ``Parameter`` and ``Module`` attributes (registered in assignment order,
+    which fixes the order of ``named_parameters`` and of the arena) and implement
+    ``_forward(x2, residual2)`` / ``_backward(dy2, dx_acc2)`` on 2-D row views. The public
+    ``forward``/``backward`` check their arguments, reject inputs that overlap the module's
+    own buffers, and keep one backward per forward. Outputs are views of work buffers: valid
+    until the next call of the same method; copy them to keep them.
+
+    Class attributes a subclass may set: ``fuses_residual`` / ``fuses_dx_acc`` (its
+    ``_forward``/``_backward`` honour the options themselves; otherwise the base class adds),
+    ``acc_alias_safe`` (its fused ``dx_acc`` may be ``dy`` itself).
+    """
+
+    fuses_residual = False
+    fuses_dx_acc = False
+    acc_alias_safe = False
+    in_features = None   # last input dimension (None: any)
+
+    def __init__(self, dtype=np.float32):
         object.__setattr__(self, "_params", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+        object.__setattr__(self, "dtype", check_dtype(dtype))
+        object.__setattr__(self, "_ws", Workspace(self.dtype))
+        object.__setattr__(self, "_s", _State())
+        object.__setattr__(self, "_built", False)
+        object.__setattr__(self, "_vc", [None, None])  # (key, views) of _views
 
     def __setattr__(self, name, value):
         params = self.__dict__.get("_params")
@@ -180,17 +375,133 @@ class Module:
         elif isinstance(value, Module):
             self._modules[name] = value
             params.pop(name, None)
+        elif name in params or name in self._modules:
+            params.pop(name, None)
+            self._modules.pop(name, None)
         object.__setattr__(self, name, value)
+        if self._built and isinstance(value, (Parameter, Module)):
+            _GENERATION[0] += 1
+            self._pack()
 
-    # -- computation --------------------------------------------------------------------
-    def forward(self, x):
-        raise NotImplementedError(f"{type(self).__name__}.forward")
+    # -- the protocol ---------------------------------------------------------------------
+    def out_features(self, d_in: int) -> int:
+        """The last output dimension for inputs of last dimension ``d_in``."""
+        return d_in
 
-    def backward(self, dy):
-        raise NotImplementedError(f"{type(self).__name__}.backward")
+    def forward(self, x, *, residual=None):
+        """``y = f(x)`` (``+ residual`` when given, an array of y's shape and dtype) for ``x``
+        of shape ``(N, d)`` or ``(B, T, d)``; returns a view of a work buffer."""
+        x2, lead = as_rows(x, self.in_features, self.dtype, "x")
+        self._no_overlap("x", x)
+        s = self._s
+        s.ready = False
+        if residual is None:
+            y2 = self._forward(x2, None)
+        else:
+            res2 = _rows_of(residual, (*lead, self.out_features(x2.shape[1])), self.dtype,
+                            "residual")
+            self._no_overlap("residual", residual)
+            if self.fuses_residual:
+                y2 = self._forward(x2, res2)
+            else:
+                y = self._forward(x2, None)
+                y2 = self._ws.get("residual_out", *y.shape)  # (N, d_out) f(x) + residual
+                ops.add(y2, y, res2)
+        s.lead, s.out_shape, s.in_dim, s.ready = lead, (*lead, y2.shape[1]), x2.shape[1], True
+        return x if y2 is x2 else _shaped(y2, lead)
+
+    def backward(self, dy, *, dx_acc=None):
+        """The input gradient for output gradient ``dy`` (the last forward's output shape);
+        parameter gradients are added into ``p.grad``. With ``dx_acc`` (an array of the
+        input's shape) the input gradient is added into it and ``dx_acc`` is returned."""
+        s = self._s
+        if not s.ready:
+            raise self._no_forward()
+        lead = s.lead
+        dy2 = self._dy_rows(dy, s.out_shape)
+        if dx_acc is None:
+            dx2 = self._backward(dy2, None)
+        else:
+            acc2 = _rows_of(dx_acc, (*lead, s.in_dim), self.dtype, "dx_acc")
+            self._no_overlap("dx_acc", dx_acc)
+            if self.fuses_dx_acc and (self.acc_alias_safe or not np.may_share_memory(acc2, dy2)):
+                dx2 = self._backward(dy2, acc2)
+            else:
+                d = self._backward(dy2, None)
+                dx2 = ops.add(acc2, acc2, d)
+        s.ready = False
+        if dx_acc is not None:
+            return dx_acc
+        return dy if dx2 is dy2 else _shaped(dx2, lead)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+    def _views(self, key):
+        """``_make_views(key)``, redone only when ``key`` (the batch shape) changes: slicing
+        the work buffers costs about a microsecond per view."""
+        c = self._vc
+        if c[0] != key:
+            c[1] = self._make_views(key)
+            c[0] = key
+        return c[1]
+
+    def _make_views(self, key):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _forward(self, x2, res2):  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__}._forward")
+
+    def _backward(self, dy2, acc2):  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__}._backward")
+
+    # -- shared checks ------------------------------------------------------------------------
+    def _no_forward(self) -> RuntimeError:
+        # As PyTorch without retain_graph: a forward allows one backward.
+        return RuntimeError(f"{type(self).__name__}.backward: no forward pass to differentiate "
+                            f"(call forward before backward; each forward allows one backward)")
+
+    def _dy_rows(self, dy, shape, name: str = "dy"):
+        """Check ``dy`` against the last forward's output ``shape``; return it as rows."""
+        if not isinstance(dy, np.ndarray) or dy.shape != shape or dy.dtype != self.dtype \
+                or not dy.flags.c_contiguous:
+            _check_array(name, dy, self.dtype)
+            if dy.shape != shape:
+                raise ValueError(f"{name}: expected shape {shape} (the output of the last "
+                                 f"forward), got {dy.shape}")
+            raise ValueError(f"{name}: expected a C-contiguous array, got strides {dy.strides}")
+        self._no_overlap(name, dy)
+        return dy.reshape(-1, shape[-1]) if dy.ndim == 3 else dy
+
+    def _workspace_ids(self):
+        s = self._s
+        if s.ws_gen != _GENERATION[0]:
+            s.ws_ids = frozenset(id(w) for _, m in self.named_modules() for w in m._workspaces())
+            s.ws_gen = _GENERATION[0]
+        return s.ws_ids
+
+    def _workspaces(self) -> list:
+        """The work-buffer pools of this module itself (not its children)."""
+        return [self._ws]
+
+    def _no_overlap(self, name: str, a) -> None:
+        """Reject ``a`` if it shares memory with a work buffer of this module or a child:
+        BLAS and the kernels would read what they overwrite, or backward would read a cache
+        that a later forward rewrote."""
+        base = a.base
+        if base is None:  # an array owning its memory is no view of a work buffer
+            return
+        hit = _RAW_OWNER.get(id(base))
+        if hit is not None and hit[0] is base:
+            if id(hit[1]) not in self._workspace_ids():
+                return
+        else:  # a view of some other array: compare against every buffer
+            if not any(np.may_share_memory(a, b) for _, m in self.named_modules()
+                       for w in m._workspaces() for b in w.buffers()):
+                return
+        raise ValueError(f"{name}: overlaps a work buffer of this {type(self).__name__} (its "
+                         f"own output or cache, reused by its next call); pass a copy "
+                         f"({name}.copy())")
 
     # -- parameters -----------------------------------------------------------------------
     def named_parameters(self, prefix: str = ""):
@@ -202,7 +513,7 @@ class Module:
 
     def _collect(self, prefix, out, seen):
         for name, p in self._params.items():
-            if id(p) not in seen:
+            if p is not None and id(p) not in seen:
                 seen.add(id(p))
                 out.append((prefix + name, p))
         for name, m in self._modules.items():
@@ -223,9 +534,60 @@ class Module:
     def num_parameters(self) -> int:
         return sum(p.size for p in self.parameters())
 
+    def _pack(self) -> None:
+        """Move every parameter of this module (children included) into one arena per dtype,
+        in ``named_parameters`` order, then let each module re-derive views it keeps."""
+        object.__setattr__(self, "_built", True)
+        params = self.parameters()
+        for dt in {p.dtype for p in params}:
+            Arena([p for p in params if p.dtype == dt])
+        for _, m in self.named_modules():
+            m._params_moved()
+
+    def _params_moved(self) -> None:
+        """Called after this module's parameters moved to a new arena (override to refresh
+        views derived from them)."""
+
+    def _range(self):
+        """``(arena, lo, hi)``: this module's parameters, one contiguous range of one arena
+        (packed anew if they are not: e.g. after a child was given to another parent)."""
+        s = self._s
+        if s.range_gen != _GENERATION[0]:
+            params = self.parameters()
+            if not params:
+                s.range = None
+            else:
+                r = runs(params)
+                if len(r) != 1 or len({p.dtype for p in params}) != 1:
+                    if len({p.dtype for p in params}) != 1:
+                        raise RuntimeError(f"{type(self).__name__}: parameters of more than one "
+                                           f"dtype have no single flat vector")
+                    self._pack()
+                    r = runs(params)
+                s.range = r[0][:3]
+            s.range_gen = _GENERATION[0]
+        return s.range
+
+    def flat_params(self) -> np.ndarray:
+        """All parameters of this module as one 1-D view (no copy) of its arena, in
+        ``named_parameters`` order."""
+        r = self._range()
+        if r is None:
+            return np.empty(0, self.dtype)
+        return r[0].data[r[1]:r[2]]
+
+    def flat_grads(self) -> np.ndarray:
+        """All parameter gradients as one 1-D view of the arena (same layout as flat_params)."""
+        r = self._range()
+        if r is None:
+            return np.empty(0, self.dtype)
+        return r[0].grad[r[1]:r[2]]
+
     def zero_grad(self) -> None:
-        for p in self.parameters():
-            p.grad.fill(0.0)
+        """Set every parameter gradient to zero: one fill of the gradient arena."""
+        r = self._range()
+        if r is not None:
+            r[0].grad[r[1]:r[2]].fill(0.0)
 
     # -- modes ------------------------------------------------------------------------------
     def train(self, mode: bool = True):
@@ -265,12 +627,16 @@ class Module:
         for n, p in named:
             p.data[...] = state[n]
 
+    def workspace_nbytes(self) -> int:
+        """Bytes held in work buffers (cached activations and gradients), children included."""
+        return sum(w.nbytes() for _, m in self.named_modules() for w in m._workspaces())
+
     # -- display --------------------------------------------------------------------------------
     def extra_repr(self) -> str:
         return ""
 
     def __repr__(self) -> str:
-        own = ", ".join(f"{n}={tuple(p.shape)}" for n, p in self._params.items())
+        own = ", ".join(f"{n}={tuple(p.shape)}" for n, p in self._params.items() if p is not None)
         head = type(self).__name__ + "(" + ", ".join(s for s in (self.extra_repr(), own) if s)
         if not self._modules:
             return head + ")"

@@ -1,10 +1,12 @@
-"""Optimizers: ``AdamW`` and ``SGD`` (PyTorch semantics and defaults) and ``clip_grad_norm``.
+"""Optimizers: ``AdamW`` (Loshchilov & Hutter 2019) and ``SGD`` with PyTorch's semantics and
+defaults, and ``clip_grad_norm``.
 
 Each class is bookkeeping over a functional kernel (``kernels.optim``), as PyTorch's
 ``optim.AdamW.step`` is over its functional ``adamw``: the class holds parameter groups,
-moment buffers and the step count; the kernels update in place. AdamW.step hands all its
-parameters to one kernel call (``adamw_update_many_unchecked``), so a step is one pass over
-their concatenated elements and at most one parallel region.
+moment buffers and the step count; the kernels update in place. Parameters live in flat
+arenas (``engine.module``) and the optimizer's buffers are flat too, laid out like them, so
+a step is one kernel call over a few long runs of memory (one run for a whole model in one
+parameter group), at most one parallel region.
 """
 from __future__ import annotations
 
@@ -13,18 +15,15 @@ import numbers
 
 import numpy as np
 
+from kernels import ops
 from kernels import optim as _kopt
+from kernels.memory import aligned_empty
 
-from .module import Module, Parameter
+from .module import _GENERATION, Module, Parameter, runs
 
 __all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm"]
 
-# The unchecked kernels skip per-call argument checks; the optimizer checks every parameter's
-# buffers once, at construction.
-_adamw_many = _kopt.adamw_update_many_unchecked
 _adamw_consts = _kopt.adamw_consts
-_flat_view = _kopt.flat_view
-_sgd_update = _kopt.sgd_update_unchecked
 
 
 # ----------------------------------------------------------------------------- validation
@@ -43,21 +42,6 @@ def _number(where: str, value, low: float = 0.0, high: float | None = None,
     if math.isinf(v):
         raise ValueError(f"{where}: expected a finite number, got {value!r}")
     return v
-
-
-def _order(a: np.ndarray) -> str:
-    return "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "non-contiguous"
-
-
-def _check_layout(p: Parameter) -> None:
-    """The kernels walk data, grad and moments as flat views in memory order: all must agree."""
-    g = p.grad
-    if (not isinstance(g, np.ndarray) or g.shape != p.data.shape or g.dtype != p.data.dtype
-            or _order(g) != _order(p.data)):
-        raise ValueError(f"parameter {p.name or p!r}: grad must match data in shape, dtype and "
-                         f"memory order; data {p.data.shape} {p.data.dtype} {_order(p.data)}-order, "
-                         f"grad {getattr(g, 'shape', None)} {getattr(g, 'dtype', None)} "
-                         f"{_order(g) if isinstance(g, np.ndarray) else type(g).__name__}")
 
 
 def _collect_params(where: str, params) -> list:
@@ -112,7 +96,6 @@ class Optimizer:
                                  f"takes {sorted(self.defaults)}")
             plist = _collect_params(f"{where}['params']", g["params"])
             for p in plist:
-                _check_layout(p)
                 if id(p) in seen:
                     raise ValueError(f"{where}: parameter {p.name or p!r} appears more than once "
                                      f"in the optimizer's parameter groups")
@@ -124,7 +107,20 @@ class Optimizer:
             self.param_groups.append(group)
         if not seen:
             raise ValueError("params: the optimizer got an empty parameter list")
-        self.state = [self._init_state(p) for p in self._all_params()]
+        params = self._all_params()
+        # Per state key and dtype, one flat zeroed buffer laid out like the parameters in
+        # the optimizer's order; state[i][key] are views of it (allocated on first use).
+        self._offsets = []      # element offset of each parameter in its dtype's buffers
+        self._totals: dict = {}
+        for p in params:
+            self._offsets.append(self._totals.get(p.dtype, 0))
+            self._totals[p.dtype] = self._offsets[-1] + p.size
+        self._flat: dict = {}   # key -> {dtype: (total,) buffer}
+        self.state = [{} for _ in params]
+        for k in self._state_keys:
+            self._buffer(k)
+        self._plan = None       # cached runs, rebuilt when parameters move (_GENERATION)
+        self._plan_gen = -1
         self.steps = 0
 
     # -- subclass hooks -------------------------------------------------------------------
@@ -132,9 +128,35 @@ class Optimizer:
         """Validate (and normalise to Python floats) the options of ``group`` in place."""
         raise NotImplementedError
 
-    def _init_state(self, p: Parameter) -> dict:
-        # zeros_like keeps the parameter's memory order (some parameters are F-contiguous).
-        return {k: np.zeros_like(p.data) for k in self._state_keys}
+    def _buffer(self, key: str) -> dict:
+        """The flat buffers of state ``key`` (zeros, created on first use) and each
+        parameter's view of them in ``state[i][key]``, shaped and ordered like the parameter."""
+        bufs = self._flat.get(key)
+        if bufs is None:
+            bufs = self._flat[key] = {}
+            for dt, total in self._totals.items():
+                bufs[dt] = aligned_empty(total, dt)
+                bufs[dt].fill(0.0)
+            if key in self._state_keys:  # optional buffers join state[i] when first used
+                for i, st in enumerate(self.state):
+                    st[key] = self._flat_view_of(key, i)
+        return bufs
+
+    def _runs(self) -> list:
+        """Per group: ``(first, stop, data, grad, state_offset, dtype)`` for each maximal run
+        of its parameters that lies back to back in one arena (cached until parameters move)."""
+        if self._plan_gen != _GENERATION[0]:
+            plan, i = [], 0
+            for g in self.param_groups:
+                plist = g["params"]
+                group = []
+                for a, lo, hi, first, stop in runs(plist):
+                    group.append((i + first, i + stop, a.data[lo:hi], a.grad[lo:hi],
+                                  self._offsets[i + first], a.dtype))
+                plan.append(group)
+                i += len(plist)
+            self._plan, self._plan_gen = plan, _GENERATION[0]
+        return self._plan
 
     def step(self) -> None:
         raise NotImplementedError
@@ -148,6 +170,11 @@ class Optimizer:
         for g in self.param_groups:
             for p in g["params"]:
                 p.grad.fill(0.0)
+
+    def _flat_view_of(self, key: str, idx: int):
+        p, off = self._all_params()[idx], self._offsets[idx]
+        flat = self._flat[key][p.dtype][off:off + p.size]
+        return flat.reshape(p.shape[::-1]).T if p._forder else flat.reshape(p.shape)
 
     def state_dict(self) -> dict:
         """``{"type", "steps", "param_groups", "state"}`` as in PyTorch: groups hold their
@@ -251,7 +278,8 @@ class Optimizer:
                     del own[k]
             for k, v in st.items():
                 if k not in own:
-                    own[k] = np.zeros_like(p.data)
+                    self._buffer(k)
+                    own[k] = self._flat_view_of(k, idx)
                 own[k][...] = v      # copy into our buffer: keeps its memory order
         self.steps = steps
 
@@ -287,9 +315,6 @@ class AdamW(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-        # Per parameter: its data, grad and moment arrays and their flat views, made on the
-        # first step and again if any of those objects is replaced.
-        self._views = [None] * len(self.state)
 
     def _check_options(self, group: dict, where: str) -> None:
         pre = _prefix(where)
@@ -302,28 +327,27 @@ class AdamW(Optimizer):
         group["eps"] = _number(pre + "eps", group["eps"])
         group["weight_decay"] = _number(pre + "weight_decay", group["weight_decay"])
 
-    def step(self) -> None:
-        """One AdamW update of every parameter from its current ``grad``: all parameters of
-        all groups in one kernel call, i.e. one pass over their concatenated elements and at
-        most one parallel region (one per parameter cost a pool round trip each and left
-        the threads' last blocks unbalanced: 2.75 vs 2.2 ms for the large FFN, 2 threads)."""
+    def step(self, zero_grad: bool = False) -> None:
+        """One AdamW update of every parameter from its current ``grad``: one kernel call over
+        the runs of the parameter arenas (one run per group for a whole model), i.e. one pass
+        over their concatenated elements and at most one parallel region. ``zero_grad=True``
+        also sets the gradients to zero (as ``zero_grad()`` after the step would)."""
         t = self.steps + 1  # the kernel's bias correction counts steps from 1
-        state, views, updates, k = self.state, self._views, [], 0
-        for g in self.param_groups:
+        m_bufs, v_bufs = self._flat["exp_avg"], self._flat["exp_avg_sq"]
+        items = []
+        for g, group_runs in zip(self.param_groups, self._runs()):
             lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
             consts = {}  # per dtype, once per group and step (hyper-parameters may change)
-            for p in g["params"]:
-                st = state[k]
-                d, gr, m, s = p.data, p.grad, st["exp_avg"], st["exp_avg_sq"]
-                v = views[k]
-                if v is None or v[0] is not d or v[1] is not gr or v[2] is not m or v[3] is not s:
-                    v = views[k] = (d, gr, m, s, tuple(_flat_view(a) for a in (d, gr, m, s)))
-                c = consts.get(d.dtype)
+            for _, _, data, grad, off, dt in group_runs:
+                c = consts.get(dt)
                 if c is None:
-                    c = consts[d.dtype] = _adamw_consts(d.dtype, t, lr, b1, b2, eps, wd)
-                updates.append((v[4], c))
-                k += 1
-        _adamw_many(updates)
+                    c = consts[dt] = _adamw_consts(dt, t, lr, b1, b2, eps, wd)
+                n = data.shape[0]
+                items.append(((data, grad, m_bufs[dt][off:off + n], v_bufs[dt][off:off + n]), c))
+        ops.adamw(items)
+        if zero_grad:
+            for (_, grad, _, _), _ in items:
+                grad.fill(0.0)
         self.steps = t
 
 
@@ -355,47 +379,46 @@ class SGD(Optimizer):
                              f"dampening == 0, got momentum={group['momentum']}, "
                              f"dampening={group['dampening']}")
 
-    def step(self) -> None:
-        """One SGD update of every parameter from its current ``grad``."""
-        update, state, k = _sgd_update, self.state, 0
-        for g in self.param_groups:
+    def step(self, zero_grad: bool = False) -> None:
+        """One SGD update of every parameter from its current ``grad``, one kernel call per
+        run of the parameter arenas. ``zero_grad=True`` also sets the gradients to zero."""
+        state = self.state
+        for g, group_runs in zip(self.param_groups, self._runs()):
             lr, mom, wd, damp, nest = (g["lr"], g["momentum"], g["weight_decay"],
                                        g["dampening"], g["nesterov"])
-            for p in g["params"]:
+            for first, stop, data, grad, off, dt in group_runs:
                 if mom != 0.0:
-                    st = state[k]
-                    buf = st.get("momentum_buffer")
-                    first = buf is None
-                    if first:  # created on first use, as in PyTorch (then set to g by the kernel)
-                        buf = st["momentum_buffer"] = np.zeros_like(p.data)
-                    update(p.data, p.grad, buf, lr, mom, wd, damp, nest, first)
+                    # As in PyTorch the buffer is created on first use (then set to g).
+                    new = "momentum_buffer" not in state[first]
+                    bufs = self._buffer("momentum_buffer")
+                    for i in range(first, stop):
+                        if "momentum_buffer" not in state[i]:
+                            state[i]["momentum_buffer"] = self._flat_view_of("momentum_buffer", i)
+                    buf = bufs[dt][off:off + data.shape[0]]
+                    ops.sgd(data, grad, buf, lr, mom, wd, damp, nest, new)
                 else:
-                    update(p.data, p.grad, None, lr, 0.0, wd, damp, False, False)
-                k += 1
+                    ops.sgd(data, grad, None, lr, 0.0, wd, damp, False, False)
+                if zero_grad:
+                    grad.fill(0.0)
         self.steps += 1
 
 
 # ----------------------------------------------------------------------------- clipping
-def _flat(a: np.ndarray) -> np.ndarray:
-    """A 1-D view of a C- or F-contiguous array, in memory order (no copy)."""
-    return a.reshape(-1, order="F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C")
-
-
 def clip_grad_norm(params, max_norm: float, error_if_nonfinite: bool = False) -> float:
     """Scale the gradients of ``params`` in place so that their global L2 norm is at most
     ``max_norm``; return the norm before clipping (as ``torch.nn.utils.clip_grad_norm_``).
 
-    The norm is a sum of ``np.dot`` over flat views of the gradients: no temporaries."""
+    The norm is a sum of ``np.dot`` over the flat gradient arenas: no temporaries."""
     plist = _collect_params("params", params)
+    flats = [a.grad[lo:hi] for a, lo, hi, _, _ in runs(plist)]
     if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real):
         raise TypeError(f"max_norm: expected a real number, got {max_norm!r}")
     if not float(max_norm) > 0.0:  # also rejects NaN; +inf means "only measure"
         raise ValueError(f"max_norm: expected a number > 0, got {max_norm!r}")
     max_norm = float(max_norm)
     total_sq = 0.0
-    for p in plist:
-        g = _flat(p.grad)
-        total_sq += float(np.dot(g, g))  # BLAS dot, accumulated in Python float (double)
+    for g in flats:  # one BLAS dot per run of the arenas, accumulated in double
+        total_sq += float(np.dot(g, g))
     total = math.sqrt(total_sq)
     if not math.isfinite(total):
         if error_if_nonfinite:
@@ -403,6 +426,6 @@ def clip_grad_norm(params, max_norm: float, error_if_nonfinite: bool = False) ->
         return total
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
-        for p in plist:
-            p.grad *= coef
+        for g in flats:
+            g *= coef
     return total

@@ -372,8 +372,7 @@ def test_gmlp_gating_does_not_depend_on_thread_split():
     # Check that the gating passes give bit-identical results inline (1 thread) and split over
     # 2 threads, on arrays large enough to be split, and match the formulas: forward
     # A = (1 + tanh(g)) * p; backward from (S, P/2, dA): 2 dZg = dA S (P/2) (2 - S), 2 dP = dA S.
-    from engine import blocks as B
-    from kernels import num_threads
+    from kernels import num_threads, ops
     rows, n = 2048, 300  # (f, n) transposed layout: 614400 elements, above the split size
     rng = np.random.default_rng(3)
     g0 = rng.standard_normal(rows * n).astype(np.float32)
@@ -383,12 +382,10 @@ def test_gmlp_gating_does_not_depend_on_thread_split():
     for threads in (1, 2):
         with num_threads(threads):
             a, g, p = np.empty_like(g0), g0.copy(), p0.copy()
-            B._split_flat(B._gate_forward, rows, n, (a, g, p), B._GATE_BLOCK_BYTES,
-                          B._SPLIT_BLOCK_BYTES, 4)
+            ops.gate_forward(a, g, p)
             fwd = (a.copy(), g.copy())
             da = da0.copy()
-            B._split_flat(B._gate_backward, rows, n, (g, p, da), B._GATE_BLOCK_BYTES,
-                          B._SPLIT_BLOCK_BYTES, 4)
+            ops.gate_backward(g, p, da)
             out.append(fwd + (g, p))
     for x1, x2 in zip(*out):
         np.testing.assert_array_equal(x1, x2)
@@ -406,19 +403,18 @@ def test_work_buffers_start_on_a_cache_line(name):
     x = np.ones((7, D_IN.get(name, 6)), np.float32)
     m.backward(np.ones_like(m.forward(x)))
     for _, mod in m.named_modules():
-        for key, buf in getattr(mod, "_ws", None)._bufs.items():
-            assert buf.ctypes.data % 64 == 0, (name, key)
+        for buf in mod._ws.buffers():
+            assert buf.ctypes.data % 64 == 0, name
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_ffn_sublayer_post_large_batch_matches_naive(threads):
     # Check LayerNorm(x + FFN(x)) when x + b2 spans several row tiles (and, at 2 threads,
     # slices over threads), including a remainder tile: 2100 rows of width 512.
-    from engine import blocks as B
     from kernels import num_threads
     rng = np.random.default_rng(9)
     d = 512
-    n = 8 * B._tile_rows(d, 8) + 52
+    n = 2100  # 512 KiB row tiles of 128 float64 rows: 16 full tiles and a remainder
     with num_threads(threads):
         m = FFNSublayer(d, 16, "gelu", norm="post", dtype=F64, rng=8)
         _randomize(m, rng)
@@ -430,11 +426,11 @@ def test_ffn_sublayer_post_large_batch_matches_naive(threads):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_ffn_large_batch_matches_naive(threads):
     # Check FFN(x) when the b2 fill of y is large enough to be split over threads.
-    from engine import blocks as B
     from kernels import num_threads
+    from kernels.parallel import SPLIT_MIN
     rng = np.random.default_rng(10)
     d = 512
-    n = B._SPLIT_MIN // d + 37
+    n = SPLIT_MIN // d + 37
     with num_threads(threads):
         m = FFN(d, 16, "gelu", dtype=F64, rng=8)
         _randomize(m, rng)

@@ -165,23 +165,23 @@ def test_adamw_step_is_one_region_with_the_bits_of_per_parameter_updates(monkeyp
         np.testing.assert_array_equal(opt.state[k]["exp_avg_sq"], v, err_msg=p.name)
 
 
-def test_adamw_step_follows_replaced_arrays():
-    # Check that when a parameter's grad or data array is replaced between steps (another
-    # object of the same shape), the next step reads and writes the new arrays, not the
-    # ones it saw before.
+def test_adamw_step_follows_assigned_arrays():
+    # Check that assigning a parameter's data or grad between steps copies the values into
+    # the arrays the optimizer updates: the next step reads and writes them, and the
+    # assigned source array is left alone.
     rng = np.random.default_rng(12)
     ps = _params(rng)
     start = [p.data.copy() for p in ps]
     opt = AdamW(ps, lr=1e-2)
     _run(opt, ps, 2)
-    old_data = ps[0].data
-    ps[0].data = old_data.copy()
+    source = np.asfortranarray(ps[0].data)  # same values, another layout
+    ps[0].data = source
     ps[1].grad = np.zeros_like(ps[1].grad)
-    before_old = old_data.copy()
-    for k, p in enumerate(ps):  # the third step's gradients, into the (new) grad arrays
+    before_source = source.copy()
+    for k, p in enumerate(ps):  # the third step's gradients
         p.grad[...] = _grad(p.data, 3, k)
     opt.step()
-    np.testing.assert_array_equal(old_data, before_old)  # the old array is left alone
+    np.testing.assert_array_equal(source, before_source)  # the source array is left alone
     want, _, _ = _adamw_reference(start, [(1e-2, 0.9, 0.999, 1e-8, 1e-2)] * 3, 3)
     for k, p in enumerate(ps):
         np.testing.assert_allclose(p.data, want[k], rtol=1e-12, atol=1e-14, err_msg=p.name)
@@ -440,10 +440,15 @@ def test_clip_grad_norm_non_finite():
         clip_grad_norm([p], 0.0)
 
 
-def test_grad_in_other_memory_order_is_rejected():
-    # Check that a parameter whose grad is C-ordered while its data is F-ordered is refused
-    # (the update walks both as flat views in memory order).
-    data = np.asfortranarray(np.ones((3, 4)))
-    p = Parameter(data, "w", grad=np.zeros((3, 4)))
-    with pytest.raises(ValueError, match="memory order"):
-        AdamW([p])
+def test_grad_in_other_memory_order_is_copied_into_the_parameters_layout():
+    # Check that a C-ordered grad given to an F-ordered parameter is copied into the
+    # parameter's own layout (the update walks data and grad as flat views in memory
+    # order), so the step equals the one of a C-ordered twin.
+    rng = np.random.default_rng(4)
+    w, g = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    p = Parameter(np.asfortranarray(w), "w", grad=np.ascontiguousarray(g))
+    twin = Parameter(w.copy(), "w", grad=g.copy())
+    assert p.grad.flags.f_contiguous and not p.grad.flags.c_contiguous
+    AdamW([p], lr=0.1).step()
+    AdamW([twin], lr=0.1).step()
+    np.testing.assert_array_equal(p.data, twin.data)
