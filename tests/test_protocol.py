@@ -113,6 +113,55 @@ def test_forward_rejects_own_output_as_residual(name, shape):
     step_both(m, twin, case, 9, shape)
 
 
+@pytest.mark.parametrize("name", [n for n in SINGLE_OWNING if CASES[n].d_in == CASES[n].d_out])
+def test_forward_rejects_own_input_gradient_as_residual(name):
+    # Check that the module's input-gradient buffer (a child's, for composites) is rejected
+    # as residual before anything runs: no child's cache or dropout draw changes.
+    case, rng = CASES[name], np.random.default_rng(37)
+    m, twin = pair(name)
+    dx = _warm(m, twin, case, rng, "2d")
+    dx_before = dx.copy()
+    x = array(rng, lead("2d"), case.d_in)
+    _rejected(lambda: m.forward(x, residual=dx))
+    np.testing.assert_array_equal(dx, dx_before)
+    assert_same_state(m, twin)
+    step_both(m, twin, case, 38, "2d")
+
+
+def _composites():
+    """Composites whose first child maps (N, 6) -> (N, 6), with that child."""
+    from engine import MLP, FFNSublayer, Linear, ReLU, Sequential
+    f64 = np.float64
+    return {
+        "mlp": (lambda: MLP([6, 6, 6], ["tanh", None], dtype=f64, rng=0), lambda m: m[0]),
+        "sequential": (lambda: Sequential(Linear(6, 6, dtype=f64, rng=0), ReLU(dtype=f64),
+                                          Linear(6, 6, dtype=f64, rng=1)), lambda m: m[0]),
+        "sublayer_pre": (lambda: FFNSublayer(6, 10, norm="pre", dtype=f64, rng=0),
+                         lambda m: m.norm),
+        "sublayer_post": (lambda: FFNSublayer(6, 10, norm="post", dtype=f64, rng=0),
+                          lambda m: m.ffn),
+    }
+
+
+@pytest.mark.parametrize("name", ["mlp", "sequential", "sublayer_pre", "sublayer_post"])
+def test_forward_rejects_a_childs_output_as_residual(name):
+    # Check that a residual aliasing the output buffer of an earlier child is rejected: that
+    # child rewrites it during the forward, before the residual is added.
+    make, child = _composites()[name]
+    m = make()
+    rng = np.random.default_rng(39)
+    x1, x2 = rng.standard_normal((5, 6)), rng.standard_normal((5, 6))
+    h = child(m).forward(x1)  # a view of the child's output buffer
+    h_copy = h.copy()
+    try:
+        got = np.array(m.forward(x2, residual=h), copy=True)
+    except ValueError as err:
+        assert "overlaps" in str(err), str(err)
+        return
+    pytest.fail("not rejected; forward(x2) + residual would be "
+                f"{np.abs(got - (np.array(make().forward(x2)) + h_copy)).max():.3g} off")
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", SINGLE)
 def test_residual_equals_forward_plus_residual(name, shape):
