@@ -360,3 +360,69 @@ def test_optimizer_made_before_the_model_is_nested(opt, scope):
         assert np.shares_memory(p.data, model.flat_params()), n
     y2 = model.forward(x)
     np.testing.assert_allclose(y2, _naive(want, x), rtol=1e-12, atol=1e-12)
+
+
+def _rule(opt, p, grads):
+    """The parameters after one step per gradient in ``grads``, from the update rules."""
+    mom, v, buf = np.zeros_like(p), np.zeros_like(p), None
+    for t, g in enumerate(grads, start=1):
+        if opt == "adamw":
+            p = p * (1 - LR * WD)
+            mom = B1 * mom + (1 - B1) * g
+            v = B2 * v + (1 - B2) * g * g
+            p = p - LR * (mom / (1 - B1 ** t)) / (np.sqrt(v / (1 - B2 ** t)) + EPS)
+        else:
+            d = g + WD * p
+            buf = d if buf is None else MOM * buf + d
+            p = p - LR * buf
+    return p
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+def test_optimizer_state_follows_parameters_nested_between_steps(opt):
+    # Check that moments / momentum buffers stay with their parameters when the module is
+    # placed into a Sequential (its parameters move to the new arena) between two steps.
+    rng = np.random.default_rng(12)
+    b = FFN(8, 12, "relu", dtype=F64, rng=rng)
+    randomize(b, rng)
+    o = OPTIMIZERS[opt](b.parameters())
+    p0 = b.flat_params().copy()
+    b.forward(rng.standard_normal((5, 8)))
+    b.backward(rng.standard_normal((5, 8)))
+    g1 = b.flat_grads().copy()
+    o.step()
+    o.zero_grad()
+    model = Sequential(Linear(6, 8, dtype=F64, rng=rng), b, Linear(8, 6, dtype=F64, rng=rng))
+    model.forward(rng.standard_normal((5, 6)))
+    model.backward(rng.standard_normal((5, 6)))
+    g2 = b.flat_grads().copy()
+    try:
+        o.step()
+    except (RuntimeError, ValueError) as err:
+        assert str(err)
+        return
+    np.testing.assert_allclose(b.flat_params(), _rule(opt, p0, [g1, g2]), rtol=1e-11,
+                               atol=1e-14)
+    assert np.shares_memory(b.flat_params(), model.flat_params())
+
+
+@pytest.mark.parametrize("order", ["reversed", "two_groups"])
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+@pytest.mark.parametrize("name", ["gmlp", "sequential", "sublayer_post"])
+def test_optimizer_in_another_order_than_the_arena(name, opt, order):
+    # Check that parameters handed to the optimizer in another order than the arena's
+    # (reversed, or split over two groups) are updated exactly as the rules say.
+    m = CASES[name].build(0)
+    params = m.parameters()
+    if order == "reversed":
+        o = OPTIMIZERS[opt](params[::-1])
+    else:
+        o = OPTIMIZERS[opt]([{"params": params[1::2]}, {"params": params[0::2]}])
+    fp0 = m.flat_params().copy()
+    grads = []
+    for seed in (13, 14):
+        o.zero_grad()
+        _fb(m, name, seed)
+        grads.append(m.flat_grads().copy())
+        o.step()
+    np.testing.assert_allclose(m.flat_params(), _rule(opt, fp0, grads), rtol=1e-11, atol=1e-14)
