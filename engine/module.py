@@ -11,6 +11,8 @@ flat vectors. Numerics live in ``kernels``.
 from __future__ import annotations
 
 import math
+import operator
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -185,6 +187,76 @@ def _order(a) -> bool:
     return a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous
 
 
+def _view_property(what: str) -> property:
+    """``p.data`` / ``p.grad``: reading returns the arena view (a C-level getter: it is read
+    on every kernel call); assigning copies into it after ``_check_like``."""
+    slot = "_" + what
+
+    def assign(p, value):
+        _check_like(what, value, p)
+        np.copyto(getattr(p, slot), value)
+    return property(operator.attrgetter(slot), assign,
+                    doc=f"The parameter's {what}: a view into its arena; assignment copies.")
+
+
+class Parameter:
+    """A trainable array ``data`` with its accumulated gradient ``grad`` (same shape, dtype and
+    memory order; starts at zero), both views into an ``Arena``.
+
+    Assigning ``p.data = a`` or ``p.grad = a`` copies ``a`` into the arena after checking
+    its shape and dtype (any memory layout is accepted, nothing is cast): the arrays the
+    model computes with and the optimizer updates never change."""
+
+    __slots__ = ("_data", "_grad", "name", "_arena", "_offset", "_forder", "shape")
+
+    def __init__(self, data: np.ndarray, name: str = "", grad: np.ndarray | None = None):
+        if not isinstance(data, np.ndarray):
+            raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
+        check_dtype(data.dtype)
+        self.name = name
+        self.shape = data.shape
+        self._forder = _order(data)
+        self._data = data
+        if grad is None:
+            grad = np.zeros(data.shape, data.dtype)
+        else:
+            _check_like("grad", grad, self)
+        self._grad = grad
+        Arena([self])
+
+    data = _view_property("data")
+    grad = _view_property("grad")
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+
+def _like(flat, p):
+    """``flat`` shaped as ``p``, in ``p``'s memory order (a Fortran-ordered parameter is a
+    transposed view, as a weight kept transposed for its GEMM)."""
+    if p._forder:
+        return flat.reshape(p.shape[::-1]).T
+    return flat.reshape(p.shape)
+
+
+def _order(a) -> bool:
+    """True for an F-ordered (not C-ordered) array."""
+    return a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous
+
+
+def _view_property(what: str) -> property:
+    """``p.data`` / ``p.grad``: reading returns the arena view (a C-level getter: it is read
+    on every kernel call); assigning copies into it after ``_check_like``."""
+    slot = "_" + what
+
+    def assign(p, value):
+        _check_like(what, value, p)
+        np.copyto(getattr(p, slot), value)
+    return property(operator.attrgetter(slot), assign,
+                    doc=f"The parameter's {what}: a view into its arena; assignment copies.")
+
+
 class Parameter:
     """A trainable array ``data`` with its accumulated gradient ``grad`` (same shape, dtype and
     memory order; starts at zero), both views into an ``Arena``.
@@ -273,7 +345,7 @@ def runs(params) -> list:
 
 
 # ----------------------------------------------------------------------------- workspace
-# id(raw allocation) -> (raw, Workspace): which module's buffer an array is a view of.
+# id(raw allocation) -> weak refs (raw, Workspace): which module's buffer an array views.
 _RAW_OWNER: dict = {}
 
 
@@ -293,7 +365,7 @@ class Workspace:
             if buf is not None:
                 _RAW_OWNER.pop(id(buf.base), None)
             buf = self._bufs[key] = aligned_empty((max(n, 1), *cols), self.dtype)
-            _RAW_OWNER[id(buf.base)] = (buf.base, self)
+            _RAW_OWNER[id(buf.base)] = (weakref.ref(buf.base), weakref.ref(self))
             _GENERATION[0] += 1
         return buf[:n]
 
@@ -492,10 +564,12 @@ class Module(metaclass=_ModuleMeta):
         if base is None:  # an array owning its memory is no view of a work buffer
             return
         hit = _RAW_OWNER.get(id(base))
-        if hit is not None and hit[0] is base:
-            if id(hit[1]) not in self._workspace_ids():
+        if hit is not None and hit[0]() is base:
+            if id(hit[1]()) not in self._workspace_ids():
                 return
-        else:  # a view of some other array: compare against every buffer
+        elif isinstance(base, np.ndarray) and base.flags.owndata:
+            return  # a view of another allocation (work buffers own theirs)
+        else:  # a view of memory NumPy does not own: compare against every buffer
             if not any(np.may_share_memory(a, b) for _, m in self.named_modules()
                        for w in m._workspaces() for b in w.buffers()):
                 return
