@@ -159,7 +159,7 @@ def test_activation_module_at_extreme_inputs(act, dtype):
 
 
 @pytest.mark.parametrize("act", NEW)
-def test_activation_module_reports_its_name(act):
+def test_activation_module_computes_the_named_function(act):
     # Check that the module built by name computes that activation (not a fallback):
     # relu2 and mish differ from relu and from each other at z = -1 and z = 2.
     z = np.array([[-1.0, 2.0]])
