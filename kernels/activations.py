@@ -41,7 +41,7 @@ __all__ = [
 # smaller blocks pay more Python overhead per element, larger ones spill out of L2.
 _BLOCK_BYTES = 128 * 1024
 # Row blocks of a pass split over threads: each ufunc call takes the GIL back, so split
-# passes make 4x fewer calls per element (docs/performance-activations.md).
+# passes make 4x fewer calls per element (docs/performance.md).
 _SPLIT_BLOCK_BYTES = 512 * 1024
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
