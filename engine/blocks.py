@@ -26,7 +26,8 @@ def _check_p(name, p) -> float:
 
 
 def _check_eps(eps) -> float:
-    return check_float("eps", eps, 0.0)
+    # eps > 0: with eps = 0 a constant row (variance 0) normalises to 0/0 = NaN.
+    return check_float("eps", eps, 0.0, low_open=True)
 
 
 # ----------------------------------------------------------------------------- Dropout

@@ -5,14 +5,22 @@ alone in a ``.safetensors`` file (the ``safetensors`` package's format, optional
 
 The write is atomic (a temporary file in the same directory, fsync, then ``os.replace``), and
 loading checks everything before it changes anything: on any error the model, the optimizer
-and the scheduler are left as they were.
+and the scheduler are left as they were. A damaged file (flipped bits, a truncation, a
+header declaring more data than the file holds) is a ``CheckpointError``, found before any
+large allocation: every array's declared size is checked against the bytes stored for it,
+and its CRC-32 (the zip member's for ``.npz``, one per tensor in the metadata of the
+``.safetensors`` files blasnet writes) against its contents.
 """
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import re
 import tempfile
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -51,7 +59,10 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
     appears under ``path`` only once it is complete; a failure part-way leaves any previous
     file there untouched.
     """
-    path = os.fspath(path)
+    path = _fspath(path)
+    _check_model(model)
+    if optimizer is not None:
+        _check_optimizer(optimizer, model, saving=True)
     try:
         meta_json = json.dumps(metadata, allow_nan=True)
     except (TypeError, ValueError) as e:
@@ -62,6 +73,7 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
             raise TypeError(f"scheduler: expected a learning-rate scheduler, got "
                             f"{type(scheduler).__name__}")
         sched = scheduler.state_dict()
+    path = _writable_target(path)
     if path.lower().endswith(SAFETENSORS):
         if optimizer is not None or scheduler is not None:
             raise ValueError(f"{path}: a .safetensors checkpoint holds parameters only; save the "
@@ -91,18 +103,121 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
 def _save_safetensors(path: str, model, meta_json: str) -> None:
     st = _safetensors_numpy()
     tensors = {name: np.ascontiguousarray(p.data) for name, p in model.named_parameters()}
-    # safetensors metadata is str -> str: the user's metadata goes in as one JSON string.
+    # safetensors metadata is str -> str: the user's metadata goes in as one JSON string;
+    # the format has no checksum of its own, so each tensor's CRC-32 goes in beside it.
     header = {"format": FORMAT, "version": str(FORMAT_VERSION), "model": type(model).__name__,
-              "metadata": meta_json}
+              "metadata": meta_json,
+              "crc32": json.dumps({k: _crc32(v) for k, v in tensors.items()})}
     data = st.save(tensors, metadata=header)
     _atomic_write(path, lambda f: f.write(data))
 
 
+def _crc32(a: np.ndarray) -> int:
+    """CRC-32 of an array's bytes in C order."""
+    return zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"))
+
+
+# ----------------------------------------------------------------------------- checks
+def _fspath(path) -> str:
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+
+
+def _check_model(model) -> None:
+    from .module import Module
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected an engine Module (a layer, block or model), got "
+                        f"{type(model).__name__}")
+
+
+def _check_optimizer(optimizer, model, saving: bool) -> None:
+    """``optimizer`` must be an engine optimizer, and when saving, one of ``model``'s
+    parameters (``save`` also takes any object with ``state_dict()``, e.g. a state gathered
+    beforehand)."""
+    from .optim import Optimizer, check_optimizer_of
+    if isinstance(optimizer, Optimizer):
+        if saving:
+            check_optimizer_of(optimizer, model)
+    elif not saving or not callable(getattr(optimizer, "state_dict", None)):
+        raise TypeError(f"optimizer: expected an engine optimizer (AdamW, SGD), got "
+                        f"{type(optimizer).__name__}")
+
+
+def _writable_target(path: str) -> str:
+    """The file ``save`` replaces for ``path``: a symbolic link is followed (the link stays,
+    its target is replaced, as ``open(path, "w")`` would write through it); a directory or a
+    file without write permission is refused, even for a user who could replace it."""
+    real = os.path.realpath(path)
+    if os.path.isdir(real):
+        raise IsADirectoryError(errno.EISDIR, f"{path}: is a directory; save writes a file",
+                                path)
+    if os.path.exists(real):
+        st = os.stat(real)
+        if not st.st_mode & 0o222 or not os.access(real, os.W_OK):
+            raise PermissionError(errno.EACCES, f"{path}: the file is read-only; save does not "
+                                  f"replace it (make it writable or remove it first)", path)
+    return real
+
+
+# ----------------------------------------------------------------------------- writing
+_TMP_END = ".tmp"
+
+
+def _temp_prefix(directory: str, base: str) -> str:
+    """``.<name>.<crc>.<pid>.``: mkstemp appends 8 random characters and ``.tmp``. The name
+    is cut to fit the file system's name limit; the CRC-32 of the whole name keeps two long
+    names with one beginning apart."""
+    try:
+        limit = os.pathconf(directory, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):
+        limit = 255
+    raw = os.fsencode(base)
+    tag = f"{zlib.crc32(raw):08x}"
+    tail = f".{tag}.{os.getpid()}."
+    room = max(0, limit - 1 - len(tail) - 8 - len(_TMP_END))
+    short = os.fsdecode(raw[:room]) if len(raw) > room else base
+    return "." + short + tail
+
+
+def _remove_stale_temps(directory: str, prefix: str) -> None:
+    """Remove the temporary files that earlier saves of the same target left behind when
+    their process was killed: names ``prefix`` (without its pid) + ``<pid>.<8 chars>.tmp``
+    whose process no longer runs on this machine. Others' and our own are left alone."""
+    stem = prefix[:prefix.rstrip(".").rfind(".") + 1]  # ".<name>.<crc>."
+    pattern = re.compile(re.escape(stem) + r"(\d+)\.[A-Za-z0-9_]{8}" + re.escape(_TMP_END) + "$")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        m = pattern.match(name)
+        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # another user's process (or an odd pid): keep its file
+    return True
+
+
 def _atomic_write(path: str, write) -> None:
-    """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``."""
+    """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``
+    (after removing stale temporary files of killed saves of the same ``path``)."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                               suffix=".tmp")
+    prefix = _temp_prefix(directory, os.path.basename(path))
+    _remove_stale_temps(directory, prefix)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=_TMP_END)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -150,6 +265,7 @@ def _read_safetensors(path: str):
     _safetensors_numpy()  # the install hint if the package is missing
     from safetensors import safe_open
     try:
+        # The package checks every tensor's offsets against the file before reading it.
         with safe_open(path, framework="numpy") as f:
             meta = f.metadata() or {}
             arrays = {_PARAM + k: f.get_tensor(k) for k in f.keys()}
@@ -163,49 +279,171 @@ def _read_safetensors(path: str):
             raise CheckpointError(f"{path}: not a blasnet checkpoint (header format "
                                   f"{meta['format']!r})")
         version = meta.get("version", "")
-        if not version.isdigit() or not 1 <= int(version) <= FORMAT_VERSION:
+        if not (version.isascii() and version.isdigit()) or not 1 <= int(version) <= FORMAT_VERSION:
             raise CheckpointError(f"{path}: checkpoint format version {version!r}; this "
                                   f"blasnet reads versions 1 to {FORMAT_VERSION}")
-        try:
-            header["metadata"] = json.loads(meta.get("metadata", "{}"))
-        except ValueError as e:
-            raise CheckpointError(f"{path}: corrupt checkpoint metadata ({e})") from None
+        header["metadata"] = _json_field(path, "metadata", meta.get("metadata", "{}"), dict)
+        if "crc32" in meta:
+            crcs = _json_field(path, "crc32", meta["crc32"], dict)
+            names = {k[len(_PARAM):] for k in arrays}
+            if set(crcs) != names:
+                raise CheckpointError(f"{path}: corrupt safetensors file (its checksums name "
+                                      f"{sorted(crcs)}, its tensors {sorted(names)})")
+            for name in sorted(names):
+                if crcs[name] != _crc32(arrays[_PARAM + name]):
+                    raise CheckpointError(f"{path}: corrupt safetensors file (tensor {name} "
+                                          f"fails its CRC-32 check)")
     return header, arrays
+
+
+def _json_field(path: str, what: str, text, kind):
+    """``text`` parsed as JSON, which must give a ``kind``; else CheckpointError."""
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path}: corrupt checkpoint {what} ({e})") from None
+    if not isinstance(value, kind):
+        raise CheckpointError(f"{path}: corrupt checkpoint {what} (expected a JSON "
+                              f"{'object' if kind is dict else kind.__name__}, got "
+                              f"{type(value).__name__})")
+    return value
+
+
+# Largest uncompressed/compressed ratio deflate can reach (RFC 1951 blocks): a member that
+# declares more is lying about its size.
+_DEFLATE_MAX_RATIO = 1032
+
+
+def _read_npz(path: str, f, size: int) -> dict:
+    """Every member of the .npz archive open as ``f`` (``size`` bytes) as an array. Checks,
+    before reading a member's data: no duplicate or foreign names, no encryption, a known
+    compression, stored sizes inside the file, a declared shape and dtype whose size is
+    exactly the bytes the member holds; then the member's CRC-32."""
+    with zipfile.ZipFile(f) as z:
+        infos = z.infolist()
+        seen = set()
+        for info in infos:
+            name = info.filename
+            if name in seen:  # numpy would silently keep the last of the two
+                raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r} appears "
+                                      f"twice)")
+            seen.add(name)
+            if not name.endswith(".npy") or not (name.startswith((_PARAM, _OPTIM))
+                                                 or name == _HEADER + ".npy"):
+                raise CheckpointError(f"{path}: not a blasnet checkpoint (unexpected member "
+                                      f"{name!r})")
+            if info.flag_bits & 0x1:
+                raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r} is marked "
+                                      f"encrypted)")
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r}: unknown "
+                                      f"compression method {info.compress_type})")
+            ratio = 1 if info.compress_type == zipfile.ZIP_STORED else _DEFLATE_MAX_RATIO
+            if (info.header_offset + info.compress_size > size
+                    or info.file_size > ratio * info.compress_size + 64):
+                raise CheckpointError(f"{path}: truncated or corrupt checkpoint (member "
+                                      f"{name!r} declares {info.file_size} bytes in "
+                                      f"{info.compress_size}; the file has {size})")
+        arrays = {}
+        for info in infos:
+            with z.open(info) as m:
+                arrays[info.filename[:-4]] = _read_npy(path, info, m)
+    return arrays
+
+
+def _read_npy(path: str, info, m) -> np.ndarray:
+    """The array in the .npy member ``m``: its header's shape and dtype must account for
+    exactly the member's bytes (so nothing larger than the file is allocated)."""
+    name = info.filename
+    version = np.lib.format.read_magic(m)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(m)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(m)
+    else:
+        raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r}: .npy version "
+                              f"{version})")
+    if dtype.hasobject or not isinstance(shape, tuple) or \
+            not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r}: shape {shape}, "
+                              f"dtype {dtype})")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes != info.file_size - m.tell():
+        raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r} declares shape "
+                              f"{shape} of {dtype}, {nbytes} bytes, and holds "
+                              f"{info.file_size - m.tell()})")
+    data = m.read(nbytes)
+    if len(data) != nbytes or m.read(1):  # reading to the end checks the CRC-32
+        raise CheckpointError(f"{path}: truncated checkpoint (member {name!r})")
+    a = np.frombuffer(data, dtype)
+    return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
 
 
 def _read(path: str):
     """All arrays of the checkpoint at ``path`` and its header, read eagerly."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(9)
-            size = os.fstat(f.fileno()).st_size
+        f = open(path, "rb")
     except IsADirectoryError:
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file") from None
-    if magic[:4] != b"PK\x03\x04" and _is_safetensors(magic, size):
+    with f:
+        magic = f.read(9)
+        size = os.fstat(f.fileno()).st_size
+        if magic[:4] != b"PK\x03\x04" and _is_safetensors(magic, size):
+            kind = SAFETENSORS
+        elif magic[:4] != b"PK\x03\x04":
+            raise CheckpointError(f"{path}: not a blasnet checkpoint (not an .npz archive"
+                                  + (")" if path.lower().endswith(".npz") else
+                                     " nor a safetensors file)"))
+        else:
+            kind = ".npz"
+            f.seek(0)
+            try:
+                arrays = _read_npz(path, f, size)
+            except CheckpointError:
+                raise
+            except Exception as e:  # zipfile and numpy raise a dozen types on damaged input
+                raise CheckpointError(f"{path}: truncated or corrupt checkpoint "
+                                      f"({type(e).__name__}: {e})") from None
+    if kind == SAFETENSORS:
         return _read_safetensors(path)
-    if magic[:4] != b"PK\x03\x04":
-        raise CheckpointError(f"{path}: not a blasnet checkpoint (not an .npz archive"
-                              + (")" if path.lower().endswith(".npz") else
-                                 " nor a safetensors file)"))
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({type(e).__name__}: {e})") from None
     if _HEADER not in arrays:
         raise CheckpointError(f"{path}: not a blasnet checkpoint (no {_HEADER} entry)")
-    try:
-        header = json.loads(str(arrays.pop(_HEADER)[()]))
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{path}: corrupt checkpoint header ({e})") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
+    h = arrays.pop(_HEADER)
+    if h.shape != () or h.dtype.kind != "U":
+        raise CheckpointError(f"{path}: corrupt checkpoint header (a {h.dtype} array of "
+                              f"shape {h.shape})")
+    header = _json_field(path, "header", str(h[()]), dict)
+    if header.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a blasnet checkpoint (header format "
-                              f"{header.get('format') if isinstance(header, dict) else header!r})")
+                              f"{header.get('format')!r})")
     version = header.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:  # bool is no version
         raise CheckpointError(f"{path}: checkpoint format version {version!r}; this blasnet reads "
                               f"versions 1 to {FORMAT_VERSION}")
+    _check_header(path, header, arrays)
     return header, arrays
+
+
+def _check_header(path: str, header: dict, arrays: dict) -> None:
+    """The header's fields have their types, and its parameter list matches the arrays."""
+    for key, kinds in (("metadata", (dict,)), ("optimizer", (dict, type(None))),
+                       ("scheduler", (dict, type(None))), ("params", (dict,))):
+        if key in header and not isinstance(header[key], kinds):
+            raise CheckpointError(f"{path}: corrupt checkpoint header ({key!r} is a "
+                                  f"{type(header[key]).__name__})")
+    header.setdefault("metadata", {})
+    declared = header.get("params")
+    if declared is None:
+        return
+    stored = {k[len(_PARAM):]: v for k, v in arrays.items() if k.startswith(_PARAM)}
+    if set(declared) != set(stored):
+        raise CheckpointError(f"{path}: corrupt checkpoint (the header lists parameters "
+                              f"{sorted(declared)}, the file holds {sorted(stored)})")
+    for name, v in stored.items():
+        if declared[name] != [list(v.shape), str(v.dtype)]:
+            raise CheckpointError(f"{path}: corrupt checkpoint (parameter {name}: the header "
+                                  f"says {declared[name]}, the array is {list(v.shape)} "
+                                  f"{v.dtype})")
 
 
 def load(path, model, optimizer=None, scheduler=None) -> dict:
@@ -220,7 +458,13 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     holds parameters only (with blasnet's names: for PyTorch's, see
     ``engine.load_torch_state_dict``).
     """
-    path = os.fspath(path)
+    path = _fspath(path)
+    _check_model(model)
+    if optimizer is not None:
+        _check_optimizer(optimizer, model, saving=False)
+    if scheduler is not None and getattr(scheduler, "_check_state_dict", None) is None:
+        raise TypeError(f"scheduler: expected a scheduler of engine.lr_scheduler, got "
+                        f"{type(scheduler).__name__}")
     header, arrays = _read(path)
 
     # Model parameters: check all names, shapes and dtypes before copying anything.
@@ -254,12 +498,12 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
         for k, v in arrays.items():
             if k.startswith(_OPTIM):
                 idx, _, key = k[len(_OPTIM):].partition("/")
-                if not idx.isdigit() or not key:
+                if not (idx.isascii() and idx.isdigit() and str(int(idx)) == idx) or not key:
                     raise CheckpointError(f"{path}: corrupt optimizer entry {k!r}")
                 state.setdefault(int(idx), {})[key] = v
         try:
             checked = optimizer._check_state_dict({**optim, "state": state})
-        except (KeyError, ValueError, TypeError) as e:
+        except Exception as e:  # whatever an edited header holds, it is the file's fault
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             raise CheckpointError(f"{path}: the optimizer state does not fit "
                                   f"{type(optimizer).__name__}: {msg}") from None
@@ -271,13 +515,10 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
             why = ("a safetensors file holds parameters only" if header.get("safetensors")
                    else "it was saved without a scheduler")
             raise CheckpointError(f"{path}: the checkpoint holds no scheduler state ({why})")
-        check = getattr(scheduler, "_check_state_dict", None)
-        if check is None:
-            raise TypeError(f"scheduler: expected a scheduler of engine.lr_scheduler, got "
-                            f"{type(scheduler).__name__}")
+        check = scheduler._check_state_dict
         try:
             sched_checked = check(sd)
-        except (KeyError, ValueError, TypeError) as e:
+        except Exception as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             raise CheckpointError(f"{path}: the scheduler state does not fit "
                                   f"{type(scheduler).__name__}: {msg}") from None

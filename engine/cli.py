@@ -141,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "2-D (cross-entropy); xor: the 4 XOR points (cross-entropy); sine: y = "
                         "sin(x) on [-pi, pi] (MSE). With --data: regression or classification "
                         "(default: inferred, an integer target column is class labels)")
-    g.add_argument("--samples", type=_positive, default=None, metavar="N",
+    g.add_argument("--samples", type=_int_at_least(2, "an integer >= 2 (R^2 and accuracy need "
+                                                    "two samples or more)"),
+                   default=None, metavar="N",
                    help="training samples (default: 1024 regression, 1000 spiral, 256 sine; "
                         "xor always has 4)")
     g.add_argument("--data", default=None, metavar="FILE",
@@ -198,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dtype of data, parameters and buffers")
     g.add_argument("--threads", type=_positive, default=None, metavar="N",
                    help="BLAS threads (default: BLASNET_NUM_THREADS, else the libraries' own)")
-    g.add_argument("--seed", type=int, default=0,
+    g.add_argument("--seed", type=_nonnegative_int, default=0,
                    help="seed of the data, the initialisation and the shuffling")
     g.add_argument("--log-every", type=_positive, default=None, metavar="N",
                    help="print the loss every N epochs (default: epochs / 10)")
@@ -312,6 +314,9 @@ def _check_args(args) -> None:
                           "--val-fraction > 0")
     if args.step_size is not None and args.schedule != "step":
         raise _UsageError("--step-size: only with --schedule step")
+    if args.momentum != 0.0 and args.optimizer != "sgd":
+        raise _UsageError(f"--momentum: only with --optimizer sgd ({args.optimizer} would "
+                          f"ignore it; AdamW's betas are fixed at (0.9, 0.999))")
     if args.shard_optimizer and args.optimizer != "adamw":
         raise _UsageError("--shard-optimizer: ZeRO-1 shards AdamW's moments (use --optimizer "
                           "adamw)")

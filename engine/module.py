@@ -32,6 +32,8 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # ----------------------------------------------------------------------------- checks
 def check_dtype(dtype) -> np.dtype:
     """Return ``dtype`` as a numpy dtype, float32 or float64, else raise TypeError."""
+    if dtype is None:  # np.dtype(None) is float64: a silent choice the caller did not make
+        raise TypeError("dtype: expected float32 or float64, got None")
     try:
         dt = np.dtype(dtype)
     except TypeError:

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
+
+try:  # the C functions behind ``signal``: an order of magnitude cheaper per call
+    import _signal as _sig
+except ImportError:  # pragma: no cover - other Python implementations
+    import signal as _sig
 
 import numpy as np
 
@@ -21,23 +27,70 @@ from kernels.memory import aligned_empty
 
 from .module import _GENERATION, Module, Parameter, runs
 
-__all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm"]
+__all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm", "defer_keyboard_interrupt",
+           "check_optimizer_of"]
 
 _adamw_consts = _kopt.adamw_consts
 
 
+# ----------------------------------------------------------------------------- Ctrl-C
+_MAIN_THREAD = threading.main_thread().ident
+_SIGINT = 2
+_held = [0, None, None]  # [nesting depth, the handler replaced, a SIGINT held (signum, frame)]
+
+
+def _hold_sigint(signum, frame):
+    _held[2] = (signum, frame)
+
+
+class defer_keyboard_interrupt:
+    """Context manager: a SIGINT (Ctrl-C) that arrives inside the block is held and delivered
+    (the previous handler runs, by default raising KeyboardInterrupt) when the block ends, so
+    an update such as ``optimizer.step()`` is never left half done. Nestable; acts on the main
+    thread only (where Python runs signal handlers) and only when SIGINT has a Python
+    handler; elsewhere it does nothing."""
+
+    __slots__ = ("_on",)
+
+    def __enter__(self):
+        self._on = False
+        if threading.get_ident() != _MAIN_THREAD:
+            return self
+        if _held[0] == 0:
+            if not callable(_sig.getsignal(_SIGINT)):  # ignored, default or set from C
+                return self
+            _held[1], _held[2] = _sig.signal(_SIGINT, _hold_sigint), None
+        _held[0] += 1
+        self._on = True
+        return self
+
+    def __exit__(self, *exc):
+        if not self._on:
+            return False
+        _held[0] -= 1
+        if _held[0] == 0:
+            old, pending = _held[1], _held[2]
+            _sig.signal(_SIGINT, old)
+            _held[1] = _held[2] = None
+            if pending is not None:
+                old(*pending)  # the default handler raises KeyboardInterrupt here
+        return False
+
+
 # ----------------------------------------------------------------------------- validation
 def _number(where: str, value, low: float = 0.0, high: float | None = None,
-            high_open: bool = False) -> float:
-    """``value`` as a float in [low, high] (or [low, high) with ``high_open``), else raise."""
+            high_open: bool = False, low_open: bool = False) -> float:
+    """``value`` as a float in [low, high] (open ends with ``low_open``/``high_open``), else
+    raise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{where}: expected a real number, got {value!r} ({type(value).__name__})")
     v = float(value)
-    if math.isnan(v) or v < low or (high is not None and (v >= high if high_open else v > high)):
+    if (math.isnan(v) or (v <= low if low_open else v < low)
+            or (high is not None and (v >= high if high_open else v > high))):
         if high is None:
-            want = f">= {low}"
+            want = f"{'>' if low_open else '>='} {low}"
         else:
-            want = f"in [{low}, {high}{')' if high_open else ']'}"
+            want = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise ValueError(f"{where}: expected a number {want}, got {value!r}")
     if math.isinf(v):
         raise ValueError(f"{where}: expected a finite number, got {value!r}")
@@ -121,6 +174,8 @@ class Optimizer:
             self._buffer(k)
         self._plan = None       # cached runs, rebuilt when parameters move (_GENERATION)
         self._plan_gen = -1
+        # Per group, the option values last checked: step() checks again only what changed.
+        self._checked = [tuple(g[k] for k in self.defaults) for g in self.param_groups]
         self.steps = 0
 
     # -- subclass hooks -------------------------------------------------------------------
@@ -160,6 +215,22 @@ class Optimizer:
 
     def step(self) -> None:
         raise NotImplementedError
+
+    def _check_groups(self) -> None:
+        """Check the options of every group that changed since they were last checked (a
+        schedule or the caller may write ``group["lr"]`` between steps): a NaN or a string
+        raises here, naming the option, before anything is updated."""
+        keys, multi = tuple(self.defaults), len(self.param_groups) > 1
+        for gi, g in enumerate(self.param_groups):
+            last = self._checked[gi]
+            if all(g.get(k, _checked_missing) is v for k, v in zip(keys, last)):
+                continue
+            where = f"param group {gi}" if multi else ""
+            missing = [k for k in keys if k not in g]
+            if missing:
+                raise ValueError(f"{_prefix(where)}options {missing} missing from the group")
+            self._check_options(g, where)
+            self._checked[gi] = tuple(g[k] for k in keys)
 
     # -- common API -----------------------------------------------------------------------
     def _all_params(self) -> list:
@@ -301,6 +372,9 @@ def _prefix(where: str) -> str:
     return f"{where}: " if where else ""
 
 
+_checked_missing = object()  # an option deleted from a group: never "unchanged"
+
+
 # ----------------------------------------------------------------------------- AdamW
 class AdamW(Optimizer):
     """AdamW (Loshchilov & Hutter), PyTorch's algorithm and defaults: decoupled weight decay
@@ -324,31 +398,38 @@ class AdamW(Optimizer):
             raise ValueError(f"{pre}betas: expected a pair (beta1, beta2), got {betas!r}")
         group["betas"] = (_number(pre + "betas[0]", betas[0], 0.0, 1.0, high_open=True),
                           _number(pre + "betas[1]", betas[1], 0.0, 1.0, high_open=True))
-        group["eps"] = _number(pre + "eps", group["eps"])
+        # eps > 0: with eps = 0 a parameter whose gradients were all zero gets 0/0 = NaN.
+        group["eps"] = _number(pre + "eps", group["eps"], low_open=True)
         group["weight_decay"] = _number(pre + "weight_decay", group["weight_decay"])
 
     def step(self, zero_grad: bool = False) -> None:
         """One AdamW update of every parameter from its current ``grad``: one kernel call over
         the runs of the parameter arenas (one run per group for a whole model), i.e. one pass
         over their concatenated elements and at most one parallel region. ``zero_grad=True``
-        also sets the gradients to zero (as ``zero_grad()`` after the step would)."""
-        t = self.steps + 1  # the kernel's bias correction counts steps from 1
-        m_bufs, v_bufs = self._flat["exp_avg"], self._flat["exp_avg_sq"]
-        items = []
-        for g, group_runs in zip(self.param_groups, self._runs()):
-            lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
-            consts = {}  # per dtype, once per group and step (hyper-parameters may change)
-            for _, _, data, grad, off, dt in group_runs:
-                c = consts.get(dt)
-                if c is None:
-                    c = consts[dt] = _adamw_consts(dt, t, lr, b1, b2, eps, wd)
-                n = data.shape[0]
-                items.append(((data, grad, m_bufs[dt][off:off + n], v_bufs[dt][off:off + n]), c))
-        ops.adamw(items)
-        if zero_grad:
-            for (_, grad, _, _), _ in items:
-                grad.fill(0.0)
-        self.steps = t
+        also sets the gradients to zero (as ``zero_grad()`` after the step would).
+
+        The options are checked first (a rejected step changes nothing), and a Ctrl-C during
+        the update is delivered after it: the step is applied whole or not at all."""
+        with defer_keyboard_interrupt():
+            self._check_groups()
+            t = self.steps + 1  # the kernel's bias correction counts steps from 1
+            m_bufs, v_bufs = self._flat["exp_avg"], self._flat["exp_avg_sq"]
+            items = []
+            for g, group_runs in zip(self.param_groups, self._runs()):
+                lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
+                consts = {}  # per dtype, once per group and step (hyper-parameters may change)
+                for _, _, data, grad, off, dt in group_runs:
+                    c = consts.get(dt)
+                    if c is None:
+                        c = consts[dt] = _adamw_consts(dt, t, lr, b1, b2, eps, wd)
+                    n = data.shape[0]
+                    items.append(((data, grad, m_bufs[dt][off:off + n],
+                                   v_bufs[dt][off:off + n]), c))
+            ops.adamw(items)
+            if zero_grad:
+                for (_, grad, _, _), _ in items:
+                    grad.fill(0.0)
+            self.steps = t
 
 
 # ----------------------------------------------------------------------------- SGD
@@ -381,26 +462,45 @@ class SGD(Optimizer):
 
     def step(self, zero_grad: bool = False) -> None:
         """One SGD update of every parameter from its current ``grad``, one kernel call per
-        run of the parameter arenas. ``zero_grad=True`` also sets the gradients to zero."""
-        state = self.state
-        for g, group_runs in zip(self.param_groups, self._runs()):
-            lr, mom, wd, damp, nest = (g["lr"], g["momentum"], g["weight_decay"],
-                                       g["dampening"], g["nesterov"])
-            for first, stop, data, grad, off, dt in group_runs:
-                if mom != 0.0:
-                    # As in PyTorch the buffer is created on first use (then set to g).
-                    new = "momentum_buffer" not in state[first]
-                    bufs = self._buffer("momentum_buffer")
-                    for i in range(first, stop):
-                        if "momentum_buffer" not in state[i]:
-                            state[i]["momentum_buffer"] = self._flat_view_of("momentum_buffer", i)
-                    buf = bufs[dt][off:off + data.shape[0]]
-                    ops.sgd(data, grad, buf, lr, mom, wd, damp, nest, new)
-                else:
-                    ops.sgd(data, grad, None, lr, 0.0, wd, damp, False, False)
-                if zero_grad:
-                    grad.fill(0.0)
-        self.steps += 1
+        run of the parameter arenas. ``zero_grad=True`` also sets the gradients to zero.
+        Options are checked first; a Ctrl-C during the update is delivered after it."""
+        with defer_keyboard_interrupt():
+            self._check_groups()
+            state = self.state
+            for g, group_runs in zip(self.param_groups, self._runs()):
+                lr, mom, wd, damp, nest = (g["lr"], g["momentum"], g["weight_decay"],
+                                           g["dampening"], g["nesterov"])
+                for first, stop, data, grad, off, dt in group_runs:
+                    if mom != 0.0:
+                        # As in PyTorch the buffer is created on first use (then set to g).
+                        new = "momentum_buffer" not in state[first]
+                        bufs = self._buffer("momentum_buffer")
+                        for i in range(first, stop):
+                            if "momentum_buffer" not in state[i]:
+                                state[i]["momentum_buffer"] = self._flat_view_of(
+                                    "momentum_buffer", i)
+                        buf = bufs[dt][off:off + data.shape[0]]
+                        ops.sgd(data, grad, buf, lr, mom, wd, damp, nest, new)
+                    else:
+                        ops.sgd(data, grad, None, lr, 0.0, wd, damp, False, False)
+                    if zero_grad:
+                        grad.fill(0.0)
+            self.steps += 1
+
+
+# ----------------------------------------------------------------------------- ownership
+def check_optimizer_of(optimizer, model) -> None:
+    """Raise ValueError unless every parameter ``optimizer`` updates is one of ``model``'s: an
+    optimizer built on another model's parameters would update those and train nothing."""
+    own = {id(p) for p in model.parameters()}
+    params = optimizer._all_params()
+    foreign = [p for p in params if id(p) not in own]
+    if foreign:
+        first = foreign[0]
+        raise ValueError(f"optimizer: {len(foreign)} of its {len(params)} parameters (e.g. "
+                         f"{first.name or 'unnamed'} of shape {first.shape}) are not parameters "
+                         f"of the {type(model).__name__} model, so it would train nothing of "
+                         f"it; build it on model.parameters()")
 
 
 # ----------------------------------------------------------------------------- clipping

@@ -8,6 +8,7 @@ epoch allocates no batch-sized arrays; the model's own work buffers do the rest.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -19,20 +20,33 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .losses import CrossEntropyLoss
-from .module import make_rng
+from .losses import CrossEntropyLoss, MSELoss
+from .module import Module, make_rng
+from .optim import Optimizer, check_optimizer_of, defer_keyboard_interrupt
 from .optim import clip_grad_norm as _clip_grad_norm
 
-__all__ = ["fit", "evaluate", "predict", "History", "NonFiniteLossError", "r2_score",
-           "mean_absolute_error"]
+__all__ = ["fit", "evaluate", "predict", "History", "NonFiniteLossError", "TrainingInterrupted",
+           "r2_score", "mean_absolute_error"]
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; ``epoch`` and ``step`` (both from 1) say where."""
+    """The loss became NaN or infinite; ``epoch`` and ``step`` (both from 1) say where, and
+    ``history`` holds the epochs completed before it (set by ``fit``)."""
 
     def __init__(self, message: str, epoch: int, step: int, loss: float):
         super().__init__(message)
         self.epoch, self.step, self.loss = epoch, step, loss
+        self.history = None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped ``fit``. The model and the optimizer hold the state after the last
+    complete optimizer step (``history.steps`` of them; gradients zeroed); ``history`` holds
+    the completed epochs; ``epoch`` and ``step`` (from 1) say where it stopped."""
+
+    def __init__(self, message: str, history, epoch: int, step: int):
+        super().__init__(message)
+        self.history, self.epoch, self.step = history, epoch, step
 
 
 @dataclass
@@ -143,6 +157,9 @@ def _matplotlib():
 
 
 # ----------------------------------------------------------------------------- checks
+# fit, evaluate and predict check every argument and the whole data set before they change
+# anything (parameters, gradients, optimizer state, the model's mode): a rejected call
+# changes nothing. Arrays must be C-contiguous in every mode (nothing is copied silently).
 def _check_xy(X, Y, what: str = ""):
     for name, a in ((what + "X", X), (what + "Y", Y)):
         if not isinstance(a, np.ndarray):
@@ -166,6 +183,117 @@ def _batch_size(batch_size, n: int) -> int:
     if batch_size is None:
         return n
     return min(_check_int("batch_size", batch_size, 1), n)
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected an engine Module (a layer, block or model), got "
+                        f"{type(model).__name__}")
+
+
+def _check_loss(loss) -> None:
+    if not (callable(getattr(loss, "forward", None)) and callable(getattr(loss, "backward", None))):
+        raise TypeError(f"loss: expected a loss with forward(pred, target) and backward() "
+                        f"(MSELoss, CrossEntropyLoss), got {type(loss).__name__}")
+
+
+def _known(model) -> bool:
+    """Whether ``model`` and all its children are engine classes, whose ``dtype``,
+    ``in_features`` and ``out_features`` describe what they compute (a user's subclass
+    may override ``forward`` without them: its data is checked by the model and the loss)."""
+    return all(type(m).__module__.startswith("engine.") for _, m in model.named_modules())
+
+
+def _in_features(model):
+    """The last input dimension ``model`` takes (None: any), for an engine model."""
+    f = model.in_features
+    if f is None and model.children() and getattr(model, "_seq", None):
+        return _in_features(model._seq[0])  # Sequential, MLP: the first layer's
+    return f
+
+
+def _check_c(name: str, a) -> None:
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} for "
+                         f"shape {a.shape} (use np.ascontiguousarray; fit, evaluate and "
+                         f"predict copy nothing)")
+
+
+def _check_finite(name: str, a) -> None:
+    # min and max propagate NaN: two passes over the data, no temporary arrays.
+    if a.size and not (math.isfinite(np.min(a)) and math.isfinite(np.max(a))):
+        at = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+        raise ValueError(f"{name}: expected finite values, got {a[at]} at index {at}")
+
+
+def _check_x(model, X, name: str, finite: bool):
+    """Check ``X`` for ``model``; return the output width for it (None: unknown)."""
+    _check_c(name, X)
+    if not _known(model):
+        if finite and np.issubdtype(X.dtype, np.floating):
+            _check_finite(name, X)
+        return None
+    if X.dtype != model.dtype:
+        raise TypeError(f"{name}: expected dtype {model.dtype} (the model's), got {X.dtype} "
+                        f"(convert with .astype(np.{model.dtype}))")
+    d = _in_features(model)
+    if X.ndim not in (2, 3) or (d is not None and X.shape[-1] != d):
+        want = "(N, d) or (B, T, d)" if d is None else f"(N, {d}) or (B, T, {d})"
+        raise ValueError(f"{name}: expected shape {want}, got {X.shape}")
+    if finite:
+        _check_finite(name, X)
+    return model.out_features(X.shape[-1])
+
+
+def _check_target(model, loss, X, Y, width, name: str, finite: bool) -> None:
+    """Check ``Y`` for ``loss`` on ``model``'s outputs for ``X`` (``width`` wide, or None)."""
+    _check_c(name, Y)
+    lead = X.shape[:-1]
+    known = width is not None
+    if isinstance(loss, CrossEntropyLoss) and np.issubdtype(Y.dtype, np.integer):
+        if known and Y.shape != lead:
+            raise ValueError(f"{name}: expected integer labels of shape {lead} (X's without "
+                             f"the feature axis), got {Y.shape}")
+        lo, hi = int(np.min(Y)), int(np.max(Y))
+        if lo < 0 or (known and hi >= width):
+            classes = f"[0, {width})" if known else "[0, classes)"
+            raise ValueError(f"{name}: expected labels in {classes} (the model has "
+                             f"{width if known else 'its'} outputs), got values in [{lo}, {hi}]")
+        return
+    if isinstance(loss, (CrossEntropyLoss, MSELoss)):
+        if not np.issubdtype(Y.dtype, np.floating):
+            what = "integer labels or probabilities" if isinstance(loss, CrossEntropyLoss) \
+                else "targets"
+            raise TypeError(f"{name}: expected {what} of a float dtype, got dtype {Y.dtype}")
+        if known:
+            if Y.dtype != model.dtype:
+                raise TypeError(f"{name}: expected dtype {model.dtype} (the model's), got "
+                                f"{Y.dtype} (convert with .astype(np.{model.dtype}))")
+            if Y.shape != (*lead, width):
+                raise ValueError(f"{name}: expected shape {(*lead, width)} (the model's "
+                                 f"output for X), got {Y.shape}")
+        if finite:
+            _check_finite(name, Y)
+
+
+def _check_data(model, loss, X, Y, what: str = "", finite: bool = True) -> None:
+    _check_xy(X, Y, what)
+    width = _check_x(model, X, what + "X", finite)
+    _check_target(model, loss, X, Y, width, what + "Y", finite)
+
+
+@contextlib.contextmanager
+def _exclusive(model, what: str):
+    """Hold the model's lock for a whole fit/evaluate/predict: a concurrent call from
+    another thread raises before it switches the mode under a running loop."""
+    lock = model._lock
+    if not lock.acquire(False):
+        raise RuntimeError(f"{what}: the model is in use by another thread; a model is used by "
+                           f"one thread at a time (build one model per thread)")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 # ----------------------------------------------------------------------------- accuracy
@@ -267,10 +395,18 @@ class _Progress:
 # ----------------------------------------------------------------------------- loops
 def evaluate(model, loss, X, Y, batch_size=None):
     """``(mean loss, accuracy or None)`` of ``model`` on ``(X, Y)`` in eval mode (the model's
-    mode is restored afterwards). Accuracy is given for ``CrossEntropyLoss``."""
-    _check_xy(X, Y)
+    mode is restored afterwards). Accuracy is given for ``CrossEntropyLoss``. Every argument
+    is checked before the model is touched (NaN inputs are allowed: they give a NaN loss)."""
+    _check_model(model)
+    _check_loss(loss)
+    _check_data(model, loss, X, Y, finite=False)
+    bs = _batch_size(batch_size, X.shape[0])
+    with _exclusive(model, "evaluate"):
+        return _evaluate(model, loss, X, Y, bs)
+
+
+def _evaluate(model, loss, X, Y, bs):
     n = X.shape[0]
-    bs = _batch_size(batch_size, n)
     was_training = model.training
     model.eval()
     classify = isinstance(loss, CrossEntropyLoss)
@@ -291,23 +427,26 @@ def evaluate(model, loss, X, Y, batch_size=None):
 def predict(model, X, batch_size=None) -> np.ndarray:
     """The model's outputs for ``X`` in eval mode, as a new array (the model's mode is
     restored afterwards). ``batch_size`` bounds the work buffers (``None``: all at once)."""
+    _check_model(model)
     if not isinstance(X, np.ndarray):
         raise TypeError(f"X: expected a numpy.ndarray, got {type(X).__name__}")
     if X.ndim == 0 or X.shape[0] == 0:
         raise ValueError(f"X: expected at least one sample, got shape {X.shape}")
+    _check_x(model, X, "X", finite=False)
     n = X.shape[0]
     bs = _batch_size(batch_size, n)
-    was_training = model.training
-    model.eval()
-    out = None
-    try:
-        for s in range(0, n, bs):
-            y = model.forward(X[s:s + bs])  # a view of the model's work buffer
-            if out is None:
-                out = np.empty((n,) + y.shape[1:], y.dtype)  # (N, ...) the result
-            out[s:s + y.shape[0]] = y
-    finally:
-        model.train(was_training)
+    with _exclusive(model, "predict"):
+        was_training = model.training
+        model.eval()
+        out = None
+        try:
+            for s in range(0, n, bs):
+                y = model.forward(X[s:s + bs])  # a view of the model's work buffer
+                if out is None:
+                    out = np.empty((n,) + y.shape[1:], y.dtype)  # (N, ...) the result
+                out[s:s + y.shape[0]] = y
+        finally:
+            model.train(was_training)
     return out
 
 
@@ -336,41 +475,89 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
       being the global batch (``engine.distributed``; every rank gets the same History,
       rank 0 prints).
 
+    Every argument and the whole data set (dtypes, shapes, C-contiguity, finite values,
+    labels in range) are checked before anything changes: a rejected call leaves the
+    parameters, gradients, optimizer and the model's mode as they were.
+
     A NaN/inf loss raises ``NonFiniteLossError`` naming the epoch and step before that
-    step's update, so the model keeps the parameters of the last good step. The model is
-    left in training mode.
+    step's update, so the model keeps the parameters of the last good step (the History so
+    far is on the exception). Ctrl-C raises ``TrainingInterrupted`` (a KeyboardInterrupt):
+    an optimizer step is applied whole or not at all, the gradients are zeroed, and the
+    History so far is on the exception. The model is left in training mode.
     """
-    _check_xy(X, Y)
-    epochs = _check_int("epochs", epochs, 0)
-    n = X.shape[0]
-    bs = _batch_size(batch_size, n)
+    if comm is None:
+        setup = _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng,
+                           validation, progress, callbacks, scheduler, scheduler_interval,
+                           clip_grad_norm)
+    else:  # every rank learns whether any rank rejected its arguments (none waits alone)
+        from .distributed import _agree
+        error = setup = None
+        try:
+            setup = _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng,
+                               validation, progress, callbacks, scheduler, scheduler_interval,
+                               clip_grad_norm)
+        except (TypeError, ValueError) as e:
+            error = e
+        _agree(comm, error)
+        if error is not None:
+            raise error
+    epochs, bs, val_bs, gen, bar, callbacks = setup
+    with _exclusive(model, "fit"):
+        return _fit(model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation, val_bs,
+                    bar, callbacks, scheduler, scheduler_interval, clip_grad_norm, comm)
+
+
+def _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng, validation,
+               progress, callbacks, scheduler, scheduler_interval, clip_grad_norm):
+    """Every check of ``fit``'s arguments; changes nothing."""
+    _check_model(model)
+    _check_loss(loss)
     for name in ("step", "zero_grad"):
         if not callable(getattr(optimizer, name, None)):
             raise TypeError(f"optimizer: expected an optimizer with step() and zero_grad(), "
                             f"got {type(optimizer).__name__}")
+    if isinstance(optimizer, Optimizer):
+        check_optimizer_of(optimizer, model)
+    _check_data(model, loss, X, Y)
+    epochs = _check_int("epochs", epochs, 0)
+    bs = _batch_size(batch_size, X.shape[0])
+    if not isinstance(shuffle, (bool, np.bool_)):
+        raise TypeError(f"shuffle: expected a bool, got {shuffle!r}")
     if validation is not None:
         if not isinstance(validation, (tuple, list)) or len(validation) != 2:
             raise TypeError("validation: expected a pair (X_val, Y_val)")
-        _check_xy(*validation, what="validation ")
+        _check_data(model, loss, *validation, what="validation ")
+        val_bs = _batch_size(batch_size, validation[0].shape[0])
+    else:
+        val_bs = None
     classify = isinstance(loss, CrossEntropyLoss)
     callbacks = _check_callbacks(callbacks, classify, validation is not None)
     _check_scheduler(scheduler, scheduler_interval, optimizer)
-    per_step = scheduler is not None and scheduler_interval == "step"
-    per_epoch = scheduler is not None and scheduler_interval == "epoch"
     if clip_grad_norm is not None:
         if (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, numbers.Real)
                 or not clip_grad_norm > 0):
             raise ValueError(f"clip_grad_norm: expected a max norm > 0 (or None), got "
                              f"{clip_grad_norm!r}")
-        clip_params = model.parameters()
     gen = make_rng(rng)
+    bar = _Progress(progress, epochs)
+    return epochs, bs, val_bs, gen, bar, callbacks
+
+
+def _fit(model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation, val_bs, bar,
+         callbacks, scheduler, scheduler_interval, clip_grad_norm, comm) -> History:
+    n = X.shape[0]
+    classify = isinstance(loss, CrossEntropyLoss)
+    per_step = scheduler is not None and scheduler_interval == "step"
+    per_epoch = scheduler is not None and scheduler_interval == "epoch"
+    if clip_grad_norm is not None:
+        clip_params = model.parameters()
     dp = None
     if comm is not None:  # data parallel: checks the ranks agree, broadcasts parameters
         from .distributed import fit_setup
         dp = fit_setup(comm, model, optimizer, X, Y, epochs=epochs, batch_size=bs,
                        shuffle=shuffle, rng=gen)
-        progress = progress if dp.rank == 0 else False
-    bar = _Progress(progress, epochs)
+        if dp.rank != 0:
+            bar = _Progress(False, epochs)
     steps_per_epoch = -(-n // bs)
     full = bs == n
     gather = shuffle and not full
@@ -392,11 +579,11 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
     # when it updates exactly the model's parameters; otherwise model.zero_grad() after it.
     fused_zero = groups is not None and _same_parameters(optimizer, model)
     t_start = time.perf_counter()
+    epoch = step = 0
     try:
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
-            if groups:
-                h.lr.append(float(groups[0]["lr"]))
+            lr0 = float(groups[0]["lr"]) if groups else None
             if gather:
                 # Shuffle a fresh 0..N-1 each epoch, so the order depends only on the
                 # Generator's state (a run resumed with that state continues identically).
@@ -439,29 +626,35 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                         dp.clip_grad_norm(clip_grad_norm)
                     else:
                         _clip_grad_norm(clip_params, clip_grad_norm)
-                if fused_zero:
-                    optimizer.step(zero_grad=True)
-                else:
-                    optimizer.step()
-                    model.zero_grad()
-                if per_step:
-                    scheduler.step()
-                total += value * m
-                h.steps += 1
-                h.samples += m
-            h.loss.append(total / n)
-            if classify:
-                if dp is not None:
-                    hit, rows = dp.allsum(hit, rows)
-                h.accuracy.append(hit / rows)
+                with defer_keyboard_interrupt():  # the update and its bookkeeping: all or none
+                    if fused_zero:
+                        optimizer.step(zero_grad=True)
+                    else:
+                        optimizer.step()
+                        model.zero_grad()
+                    if per_step:
+                        scheduler.step()
+                    total += value * m
+                    h.steps += 1
+                    h.samples += m
+            if classify and dp is not None:
+                hit, rows = dp.allsum(hit, rows)
+            vl = va = None
             if validation is not None:
-                vl, va = evaluate(model, loss, validation[0], validation[1], batch_size)
-                h.val_loss.append(vl)
-                if va is not None:
-                    h.val_accuracy.append(va)
-            h.epoch_time.append(time.perf_counter() - t0)
-            if per_epoch:
-                scheduler.step()
+                vl, va = _evaluate(model, loss, validation[0], validation[1], val_bs)
+            with defer_keyboard_interrupt():  # the epoch's History row: whole or absent
+                if groups:
+                    h.lr.append(lr0)
+                h.loss.append(total / n)
+                if classify:
+                    h.accuracy.append(hit / rows)
+                if vl is not None:
+                    h.val_loss.append(vl)
+                    if va is not None:
+                        h.val_accuracy.append(va)
+                h.epoch_time.append(time.perf_counter() - t0)
+                if per_epoch:
+                    scheduler.step()
             stop = False
             for cb in callbacks:  # every callback sees every epoch, as in Keras
                 stop = bool(cb.on_epoch_end(epoch, h)) or stop
@@ -470,7 +663,19 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                 break
         if dp is not None:
             dp.finish()
+    except KeyboardInterrupt:
+        model.zero_grad()  # a half-accumulated gradient belongs to no step
+        bar.close()
+        where = (f"epoch {epoch}/{epochs}, step {step}/{steps_per_epoch}" if epoch else
+                 "before the first epoch")
+        raise TrainingInterrupted(
+            f"training interrupted (Ctrl-C) at {where}: the model and the optimizer hold the "
+            f"state after optimizer step {h.steps}, the last complete one (gradients zeroed); "
+            f"the exception's .history holds the {len(h)} completed epoch(s)",
+            h, epoch, step) from None
     except Exception as exc:
+        if isinstance(exc, NonFiniteLossError):
+            exc.history = h
         if dp is not None:  # meet the other ranks in their next collective step
             dp.fail(exc)
         raise
@@ -530,14 +735,18 @@ def _check_scheduler(scheduler, interval, optimizer) -> None:
 
 # ----------------------------------------------------------------------------- metrics
 def r2_score(y_true, y_pred) -> np.ndarray:
-    """Coefficient of determination per output column: 1 - SS_res / SS_tot (float64, (d,))."""
+    """Coefficient of determination per output column: 1 - SS_res / SS_tot (float64, (d,));
+    NaN for a column whose true values are all equal (SS_tot = 0: R^2 is undefined)."""
     t = np.asarray(y_true, np.float64).reshape(len(y_true), -1)
     p = np.asarray(y_pred, np.float64).reshape(len(y_pred), -1)
     if t.shape != p.shape:
         raise ValueError(f"y_pred: expected shape {t.shape} (y_true's), got {p.shape}")
     ss_res = ((t - p) ** 2).sum(axis=0)
     ss_tot = ((t - t.mean(axis=0)) ** 2).sum(axis=0)
-    return 1.0 - ss_res / ss_tot
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = 1.0 - ss_res / ss_tot
+    r2[ss_tot == 0.0] = np.nan
+    return r2
 
 
 def mean_absolute_error(y_true, y_pred) -> np.ndarray:

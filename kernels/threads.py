@@ -18,22 +18,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 
 import scipy.linalg.blas  # noqa: E402,F401  (load scipy's OpenBLAS so the controller sees it)
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
-__all__ = ["ENV_VAR", "set_num_threads", "get_num_threads", "num_threads", "blas_info",
-           "elementwise_threads"]
+__all__ = ["ENV_VAR", "MAX_THREADS", "set_num_threads", "get_num_threads", "num_threads",
+           "blas_info", "elementwise_threads", "usable_cores"]
 
 ENV_VAR = "BLASNET_NUM_THREADS"
+# Above this a count is a typo, not a setting (and past 2**31 the C call itself overflows).
+MAX_THREADS = 1024
 
 _controller = ThreadpoolController()
 
 
-def _check_count(n, what: str) -> int:
-    """Return ``n`` as a positive int, or raise naming ``what``."""
+def _check_count(n, what: str, high: int | None = MAX_THREADS) -> int:
+    """Return ``n`` as an int in [1, high], or raise naming ``what``."""
     if isinstance(n, bool) or not isinstance(n, (int, str)) and not hasattr(n, "__index__"):
         raise TypeError(f"{what}: expected a positive integer, got {n!r} ({type(n).__name__})")
     try:
@@ -42,7 +45,17 @@ def _check_count(n, what: str) -> int:
         raise ValueError(f"{what}: expected a positive integer, got {n!r}") from None
     if value < 1:
         raise ValueError(f"{what}: expected a positive integer, got {n!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{what}: expected a positive integer <= {high}, got {n!r}")
     return value
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS reports it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _owner(path: str) -> str:
@@ -112,6 +125,12 @@ def blas_info() -> list[dict]:
 
 _env = os.environ.get(ENV_VAR)
 if _env is not None and _env.strip() != "":
-    set_num_threads(_check_count(_env, ENV_VAR))
+    _n = _check_count(_env, ENV_VAR, high=None)
+    if _n > usable_cores():
+        # More threads than cores only makes them wait on each other: use the cores.
+        warnings.warn(f"{ENV_VAR}={_env.strip()} exceeds the {usable_cores()} usable cores; "
+                      f"using {usable_cores()}", RuntimeWarning, stacklevel=2)
+        _n = usable_cores()
+    set_num_threads(_n)
 else:  # OpenBLAS's own count (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / the cores)
     _elementwise = max(1, get_num_threads())

@@ -153,17 +153,17 @@ def test_ranks_with_different_data_are_rejected(faults):
 
 @needs_mpi
 def test_bad_data_on_one_rank_stops_every_rank(faults):
-    # Check that a label only rank 1 sees stops rank 1 with its ValueError and rank 0 with a
-    # RankError carrying that message.
+    # Check that a label only rank 1 has stops rank 1 with its ValueError (fit's check of the
+    # data) and rank 0 with a RankError carrying that message.
     (k0, m0), (k1, m1) = faults["bad_label"]
-    assert k1 == "ValueError" and "labels must lie in [0, 3)" in m1
+    assert k1 == "ValueError" and "labels in [0, 3)" in m1
     assert k0 == "RankError" and "rank 1 of 2" in m0 and m1 in m0
 
 
 @needs_mpi
 def test_nonfinite_loss_stops_every_rank(faults):
-    # Check that a NaN in rank 1's rows makes the global loss NaN: NonFiniteLossError on
-    # every rank, at the same step.
+    # Check that a NaN arising in rank 1's forward makes the global loss NaN:
+    # NonFiniteLossError on every rank, at the same step.
     (k0, m0), (k1, m1) = faults["nan_input"]
     assert k0 == k1 == "NonFiniteLossError" and m0 == m1 and "step 1/1" in m0
 

@@ -117,17 +117,28 @@ def test_full_batch_first_loss_is_the_initial_loss():
 
 
 # ----------------------------------------------------------------------------- non-finite
+class NaNInSecondBatch(Spy):
+    """Spy whose second forward sees a NaN in sample 7 (fit rejects NaN data up front, so
+    the NaN must arise inside the model, as an overflow would)."""
+
+    def forward(self, x):
+        if len(self.seen) == 1:
+            x = x.copy()
+            x[2, 1] = np.nan  # row 2 of the second batch of 5 is sample 7
+        return super().forward(x)
+
+
 def test_non_finite_loss_stops_with_epoch_and_step_and_keeps_last_good_step():
     # Check that a NaN in sample 7 (second batch of 5, no shuffle) stops training at epoch 1,
     # step 2 with NonFiniteLossError, and the parameters are those after step 1 (computed
     # here with a hand-written step on the first batch).
     X, Y = _linear_task()
-    X[7, 1] = np.nan
     lin = Linear(3, 2, dtype=np.float64, rng=0)
     ref = Linear(3, 2, dtype=np.float64, rng=0)
     opt = AdamW(lin.parameters(), lr=0.1)
     with pytest.raises(NonFiniteLossError, match=r"epoch 1/3, step 2/4") as err:
-        fit(lin, MSELoss(), opt, X, Y, 3, batch_size=5, shuffle=False, progress=False)
+        fit(NaNInSecondBatch(lin), MSELoss(), opt, X, Y, 3, batch_size=5, shuffle=False,
+            progress=False)
     assert (err.value.epoch, err.value.step) == (1, 2)
     assert np.isnan(err.value.loss)
     ref_opt, loss = AdamW(ref.parameters(), lr=0.1), MSELoss()

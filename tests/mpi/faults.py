@@ -4,7 +4,8 @@ Rank 0 prints one JSON line: per case, ``[[type, message], ...]`` by rank, and w
 communicator still works at the end (no rank is left inside a collective).
 
 Cases: ranks with different models; ranks with different data; a label out of range in
-rank 1's rows only; a NaN in rank 1's rows (a non-finite global loss); rank 1's backward
+rank 1's copy of the data only (rejected by rank 1's checks before any step); a NaN arising
+in rank 1's forward (a non-finite global loss); rank 1's backward
 raising in the middle of fit; a last batch with fewer rows than ranks; rank 0 failing to
 save a checkpoint.
 """
@@ -46,6 +47,24 @@ class Faulty(Module):
         return self.inner.backward(dy)
 
 
+class NaNOnRank1(Module):
+    """Wraps a module; on rank 1 its forward turns the batch's last row into NaN (fit rejects
+    NaN data before training, so the NaN has to arise inside the model)."""
+
+    def __init__(self, inner):
+        super().__init__(np.float64)
+        self.inner = inner
+
+    def forward(self, x):
+        if RANK == 1:
+            x = x.copy()
+            x[-1, 0] = np.nan
+        return self.inner.forward(x)
+
+    def backward(self, dy):
+        return self.inner.backward(dy)
+
+
 def different_models():
     model = FFN(4, 8 + RANK, dtype=np.float64, rng=0)
     D.DataParallel(model, AdamW(model.parameters()), comm)
@@ -66,14 +85,15 @@ def classify_data():
 
 def bad_label():
     X, y, model = classify_data()
-    y[-1] = 7  # the last row belongs to rank 1 (contiguous shares, no shuffling)
+    if RANK == 1:
+        y[-1] = 7  # only rank 1's data: its checks fail, rank 0's pass
     fit(model, CrossEntropyLoss(), AdamW(model.parameters()), X, y, epochs=2,
         batch_size=16, shuffle=False, progress=False, comm=comm)
 
 
 def nan_input():
-    X, y, model = classify_data()
-    X[-1, 0] = np.nan
+    X, y, inner = classify_data()
+    model = NaNOnRank1(inner)
     fit(model, CrossEntropyLoss(), AdamW(model.parameters()), X, y, epochs=2,
         batch_size=16, shuffle=False, progress=False, comm=comm)
 
