@@ -227,6 +227,15 @@ class Sequential(Module):
                                  f"modules[{seen[id(m)]}]; a module caches one forward at a "
                                  f"time, so build a second instance")
             seen[id(m)] = i
+        for i, m in enumerate(modules):  # the same instance inside two children, too
+            for name, sub in list(m.named_modules())[1:]:
+                if id(sub) in seen:
+                    raise ValueError(f"modules[{i}]: its child {name} is the same "
+                                     f"{type(sub).__name__} instance as modules[{seen[id(sub)]}]"
+                                     f"; a module caches one forward at a time, so build a "
+                                     f"second instance")
+                seen[id(sub)] = i
+        for i, m in enumerate(modules):
             setattr(self, str(i), m)
         self._seq = tuple(modules)
         self._rev = tuple(reversed(modules))

@@ -308,7 +308,7 @@ class Workspace:
         return sum(b.nbytes for b in self._bufs.values())
 
     def __del__(self):
-        for buf in self._bufs.values():
+        for buf in getattr(self, "_bufs", {}).values():  # {} if __init__ was cut short
             _RAW_OWNER.pop(id(buf.base), None)
 
 

@@ -59,7 +59,8 @@ class defer_keyboard_interrupt:
         if _held[0] == 0:
             if not callable(_sig.getsignal(_SIGINT)):  # ignored, default or set from C
                 return self
-            _held[1], _held[2] = _sig.signal(_SIGINT, _hold_sigint), None
+            _held[2] = None  # before the handler is in place: it may set this at once
+            _held[1] = _sig.signal(_SIGINT, _hold_sigint)
         _held[0] += 1
         self._on = True
         return self
@@ -69,8 +70,9 @@ class defer_keyboard_interrupt:
             return False
         _held[0] -= 1
         if _held[0] == 0:
-            old, pending = _held[1], _held[2]
+            old = _held[1]
             _sig.signal(_SIGINT, old)
+            pending = _held[2]  # read after the restore: a SIGINT until then was held
             _held[1] = _held[2] = None
             if pending is not None:
                 old(*pending)  # the default handler raises KeyboardInterrupt here

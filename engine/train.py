@@ -408,10 +408,10 @@ def evaluate(model, loss, X, Y, batch_size=None):
 def _evaluate(model, loss, X, Y, bs):
     n = X.shape[0]
     was_training = model.training
-    model.eval()
     classify = isinstance(loss, CrossEntropyLoss)
     hits, total, hit, rows = _Hits(), 0.0, 0, 0
     try:
+        model.eval()
         for s in range(0, n, bs):  # row slices of C-contiguous arrays: views, no copies
             xb, yb = X[s:s + bs], Y[s:s + bs]
             pred = model.forward(xb)
@@ -437,9 +437,9 @@ def predict(model, X, batch_size=None) -> np.ndarray:
     bs = _batch_size(batch_size, n)
     with _exclusive(model, "predict"):
         was_training = model.training
-        model.eval()
         out = None
         try:
+            model.eval()
             for s in range(0, n, bs):
                 y = model.forward(X[s:s + bs])  # a view of the model's work buffer
                 if out is None:
@@ -485,26 +485,60 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
     an optimizer step is applied whole or not at all, the gradients are zeroed, and the
     History so far is on the exception. The model is left in training mode.
     """
-    if comm is None:
-        setup = _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng,
-                           validation, progress, callbacks, scheduler, scheduler_interval,
-                           clip_grad_norm)
-    else:  # every rank learns whether any rank rejected its arguments (none waits alone)
-        from .distributed import _agree
-        error = setup = None
-        try:
+    run = _Run()  # how far the run got: what a Ctrl-C reports
+    try:
+        if comm is None:
             setup = _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng,
                                validation, progress, callbacks, scheduler, scheduler_interval,
                                clip_grad_norm)
-        except (TypeError, ValueError) as e:
-            error = e
-        _agree(comm, error)
-        if error is not None:
-            raise error
-    epochs, bs, val_bs, gen, bar, callbacks = setup
-    with _exclusive(model, "fit"):
-        return _fit(model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation, val_bs,
-                    bar, callbacks, scheduler, scheduler_interval, clip_grad_norm, comm)
+        else:  # every rank learns whether any rank rejected its arguments (none waits alone)
+            from .distributed import _agree
+            error = setup = None
+            try:
+                setup = _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle,
+                                   rng, validation, progress, callbacks, scheduler,
+                                   scheduler_interval, clip_grad_norm)
+            except (TypeError, ValueError) as e:
+                error = e
+            _agree(comm, error)
+            if error is not None:
+                raise error
+        epochs, bs, val_bs, gen, bar, callbacks = setup
+        run.epochs = epochs
+        with _exclusive(model, "fit"):
+            return _fit(run, model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation,
+                        val_bs, bar, callbacks, scheduler, scheduler_interval, clip_grad_norm,
+                        comm)
+    except KeyboardInterrupt:
+        raise run.interrupted(model) from None
+
+
+class _Run:
+    """Where a ``fit`` run is, for the report of a Ctrl-C: its History, epoch and step, and
+    whether training started (the model was switched to training mode and its gradients
+    zeroed)."""
+
+    def __init__(self):
+        self.h, self.epochs, self.steps_per_epoch = History(), 0, 0
+        self.epoch = self.step = 0
+        self.started = False
+
+    def interrupted(self, model) -> TrainingInterrupted:
+        h = self.h
+        if self.started:
+            with defer_keyboard_interrupt():
+                model.zero_grad()  # a half-accumulated gradient belongs to no step
+                model.train()      # as fit leaves it (also if a validation pass was cut)
+            where = (f"at epoch {self.epoch}/{self.epochs}, step "
+                     f"{self.step}/{self.steps_per_epoch}" if self.epoch else
+                     "before the first step")
+            text = (f"training interrupted (Ctrl-C) {where}: the model and the optimizer hold "
+                    f"the state after optimizer step {h.steps}, the last complete one "
+                    f"(gradients zeroed, training mode); the exception's .history holds the "
+                    f"{len(h)} completed epoch(s)")
+        else:
+            text = "training interrupted (Ctrl-C) before it started: nothing was changed"
+        return TrainingInterrupted(text, h, self.epoch, self.step)
 
 
 def _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng, validation,
@@ -543,8 +577,8 @@ def _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng, v
     return epochs, bs, val_bs, gen, bar, callbacks
 
 
-def _fit(model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation, val_bs, bar,
-         callbacks, scheduler, scheduler_interval, clip_grad_norm, comm) -> History:
+def _fit(run, model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation, val_bs,
+         bar, callbacks, scheduler, scheduler_interval, clip_grad_norm, comm) -> History:
     n = X.shape[0]
     classify = isinstance(loss, CrossEntropyLoss)
     per_step = scheduler is not None and scheduler_interval == "step"
@@ -552,36 +586,37 @@ def _fit(model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation, val
     if clip_grad_norm is not None:
         clip_params = model.parameters()
     dp = None
-    if comm is not None:  # data parallel: checks the ranks agree, broadcasts parameters
-        from .distributed import fit_setup
-        dp = fit_setup(comm, model, optimizer, X, Y, epochs=epochs, batch_size=bs,
-                       shuffle=shuffle, rng=gen)
-        if dp.rank != 0:
-            bar = _Progress(False, epochs)
-    steps_per_epoch = -(-n // bs)
-    full = bs == n
-    gather = shuffle and not full
-    if gather:
-        identity = np.arange(n)                               # (N,) 0..N-1
-        order = np.empty_like(identity)                       # (N,) this epoch's order
-        xbuf = np.empty((bs,) + X.shape[1:], X.dtype)         # (bs, ...) gathered batch
-        ybuf = np.empty((bs,) + Y.shape[1:], Y.dtype)         # (bs, ...) its targets
-    for cb in callbacks:  # first: a callback that rejects its setup leaves the model as it was
-        begin = getattr(cb, "on_train_begin", None)
-        if begin is not None:
-            begin(model, optimizer, scheduler)
-    hits = _Hits()
-    h = History()
-    model.train()
-    model.zero_grad()
-    groups = getattr(optimizer, "param_groups", None)
-    # The optimizer zeroes the gradients inside its update pass, while they are in cache,
-    # when it updates exactly the model's parameters; otherwise model.zero_grad() after it.
-    fused_zero = groups is not None and _same_parameters(optimizer, model)
-    t_start = time.perf_counter()
-    epoch = step = 0
+    h = run.h
+    steps_per_epoch = run.steps_per_epoch = -(-n // bs)
     try:
+        if comm is not None:  # data parallel: checks the ranks agree, broadcasts parameters
+            from .distributed import fit_setup
+            dp = fit_setup(comm, model, optimizer, X, Y, epochs=epochs, batch_size=bs,
+                           shuffle=shuffle, rng=gen)
+            if dp.rank != 0:
+                bar = _Progress(False, epochs)
+        full = bs == n
+        gather = shuffle and not full
+        if gather:
+            identity = np.arange(n)                               # (N,) 0..N-1
+            order = np.empty_like(identity)                       # (N,) this epoch's order
+            xbuf = np.empty((bs,) + X.shape[1:], X.dtype)         # (bs, ...) gathered batch
+            ybuf = np.empty((bs,) + Y.shape[1:], Y.dtype)         # (bs, ...) its targets
+        for cb in callbacks:  # first: a callback that rejects its setup leaves the model as it was
+            begin = getattr(cb, "on_train_begin", None)
+            if begin is not None:
+                begin(model, optimizer, scheduler)
+        hits = _Hits()
+        groups = getattr(optimizer, "param_groups", None)
+        # The optimizer zeroes the gradients inside its update pass, while they are in cache,
+        # when it updates exactly the model's parameters; otherwise model.zero_grad() after it.
+        fused_zero = groups is not None and _same_parameters(optimizer, model)
+        run.started = True
+        model.train()
+        model.zero_grad()
+        t_start = time.perf_counter()
         for epoch in range(1, epochs + 1):
+            run.epoch = epoch
             t0 = time.perf_counter()
             lr0 = float(groups[0]["lr"]) if groups else None
             if gather:
@@ -591,6 +626,7 @@ def _fit(model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation, val
                 gen.shuffle(order)
             total, hit, rows = 0.0, 0, 0
             for step in range(1, steps_per_epoch + 1):
+                run.step = step
                 s, e = (step - 1) * bs, min(step * bs, n)
                 if dp is not None:  # this rank's rows of the global batch
                     s, e = dp.share(s, e)
@@ -663,17 +699,11 @@ def _fit(model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation, val
                 break
         if dp is not None:
             dp.finish()
-    except KeyboardInterrupt:
-        model.zero_grad()  # a half-accumulated gradient belongs to no step
-        bar.close()
-        where = (f"epoch {epoch}/{epochs}, step {step}/{steps_per_epoch}" if epoch else
-                 "before the first epoch")
-        raise TrainingInterrupted(
-            f"training interrupted (Ctrl-C) at {where}: the model and the optimizer hold the "
-            f"state after optimizer step {h.steps}, the last complete one (gradients zeroed); "
-            f"the exception's .history holds the {len(h)} completed epoch(s)",
-            h, epoch, step) from None
-    except Exception as exc:
+        for cb in callbacks:
+            end = getattr(cb, "on_train_end", None)
+            if end is not None:
+                end(model, optimizer, scheduler)
+    except Exception as exc:  # (a KeyboardInterrupt goes to fit, which reports it from run)
         if isinstance(exc, NonFiniteLossError):
             exc.history = h
         if dp is not None:  # meet the other ranks in their next collective step
@@ -681,10 +711,6 @@ def _fit(model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation, val
         raise
     finally:
         bar.close()
-    for cb in callbacks:
-        end = getattr(cb, "on_train_end", None)
-        if end is not None:
-            end(model, optimizer, scheduler)
     return h
 
 
