@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 from scipy.special import erf as _erf
+from scipy.special import expit as _expit
 
 ACTIVATIONS = ("identity", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
@@ -150,6 +151,47 @@ def dropout_backward(dx, dout, mask):
     """dx = dout * mask (the mask of the forward pass)."""
     dx[...] = dout * mask
     return dx
+
+
+# ----------------------------------------------------------------------------- gMLP gating
+def gate_forward(a, g, p):
+    """Spatial gating of gMLP (Liu et al. 2021), halved-input convention of kernels.gating:
+    in (g, p) = (Zg/2, P/2); out a = sigmoid(Zg) * P and g = S = 2 * sigmoid(Zg)."""
+    zg, pp = 2.0 * g, 2.0 * p
+    s = _expit(zg)
+    a[...] = s * pp
+    g[...] = 2.0 * s
+    return a
+
+
+def gate_backward(g, p, da):
+    """Backward of ``gate_forward``: in (g, p, da) = (S, P/2, dA); out g = 2 dZg and
+    p = 2 dP with dP = dA * sigmoid(Zg), dZg = dA * P * sigmoid(Zg) * (1 - sigmoid(Zg)).
+    ``da`` is left as it was (the fast kernel leaves it undefined)."""
+    s, pp = g / 2.0, 2.0 * p
+    dzg = da * pp * s * (1.0 - s)
+    dp = da * s
+    g[...] = 2.0 * dzg
+    p[...] = 2.0 * dp
+    return g
+
+
+# ----------------------------------------------------------------------------- row fills
+def fill_rows(y, b=None, res=None):
+    """y = b in every row, y = res, or y = res + b (b of shape (d,), y and res (n, d))."""
+    if res is None:
+        y[...] = b
+    elif b is None:
+        y[...] = res
+    else:
+        y[...] = res + b
+    return y
+
+
+def add(out, a, b):
+    """out = a + b."""
+    out[...] = a + b
+    return out
 
 
 # ----------------------------------------------------------------------------- losses

@@ -27,7 +27,7 @@ def _split(fn, n, d):
 
 def fill_rows(y, b=None, res=None):
     """``y[i] = b`` (``b`` of shape (d,)), ``y = res`` or ``y[i] = res[i] + b`` for a C-contiguous
-    (n, d) ``y`` and ``res`` (no checks; ``b`` and ``res`` not both None)."""
+    (n, d) ``y`` and ``res`` (no checks; ``b`` and ``res`` not both None). ``y`` may be ``res``."""
     n, d = y.shape
     if res is None:
         if n * d < _SPLIT_MIN:
@@ -39,8 +39,11 @@ def fill_rows(y, b=None, res=None):
         np.copyto(y, res)
         return y
     if n * d < _SPLIT_MIN:
-        np.copyto(y, b)
-        np.add(y, res, out=y)
+        if np.may_share_memory(y, res):  # y is res: filling y with b first would lose res
+            np.add(y, b, out=y)
+        else:
+            np.copyto(y, b)
+            np.add(y, res, out=y)
         return y
     rows = max(1, min(n, _SPLIT_BLOCK_BYTES // (d * y.itemsize)))
     tile = scratch("rows.tile", (rows, d), y.dtype)  # shared read-only by the threads
