@@ -10,11 +10,23 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas as _blas
 
-__all__ = ["gemm", "gemm_unchecked", "gemv_colsum", "check_array"]
+from .memory import ones as _ones
 
+__all__ = ["gemm", "gemm_unchecked", "gemv_colsum", "check_array", "routines"]
+
+# The package's one table of scipy BLAS routines; every kernel gets its routines from here.
 _GEMM = {np.dtype(np.float32): _blas.sgemm, np.dtype(np.float64): _blas.dgemm}
 _GEMV = {np.dtype(np.float32): _blas.sgemv, np.dtype(np.float64): _blas.dgemv}
-_ONES: dict = {}  # (dtype, n) -> ones vector, reused by gemv_colsum
+# The pairs ``routines`` hands out, fixed at import: the model GEMMs (``gemm``) are what a
+# GEMM floor counts, so a kernel's own BLAS calls (LayerNorm's rank-1 updates) stay out of
+# anything that wraps ``_GEMM`` (kernels.instrument records them as the kernel they serve).
+_ROUTINES = {dt: (_GEMM[dt], _GEMV[dt]) for dt in _GEMM}
+
+
+def routines(dtype):
+    """``(gemm, gemv)``: scipy's Fortran BLAS routines for ``dtype`` (float32 or float64), for
+    kernels that call them on Fortran views directly (layernorm, losses)."""
+    return _ROUTINES[dtype]
 
 
 def check_array(name: str, x, ndim: int | None = None, dtype=None, shape=None) -> None:
@@ -90,10 +102,6 @@ def gemv_colsum(out, x, beta=1.0):
         if beta == 0.0:
             out.fill(0.0)
         return out
-    key = (x.dtype, n)
-    ones = _ONES.get(key)
-    if ones is None:
-        ones = _ONES[key] = np.ones(n, x.dtype)
     # x.T is Fortran (d, N); y = x.T @ ones.
-    _GEMV[x.dtype](1.0, x.T, ones, beta, out, 0, 1, 0, 1, 0, 1)
+    _GEMV[x.dtype](1.0, x.T, _ones(n, x.dtype), beta, out, 0, 1, 0, 1, 0, 1)
     return out

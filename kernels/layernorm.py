@@ -6,20 +6,15 @@ through BLAS, the variance through np.vecdot (see below). It runs on the calling
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
-from scipy.linalg import blas as _blas
 
-from .gemm import check_array
-from .memory import aligned_empty
+from .gemm import check_array, routines
+from .memory import ones, scratch
 
 __all__ = ["layernorm_forward", "layernorm_backward",
            "layernorm_forward_unchecked", "layernorm_backward_unchecked"]
 
-_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
-_GEMV = {_F32: _blas.sgemv, _F64: _blas.dgemv}
-_GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
 # Per (rows, d) scratch buffer. Measured fwd+bwd on (2048, 512) and (4096, 1024): 32 KiB
 # blocks ~1.4x slower (Python overhead), 64-512 KiB within noise, 256 KiB marginally best
 # (again in session 2: 128 and 512 KiB no better).
@@ -39,7 +34,6 @@ _BLOCK_BYTES = 256 * 1024
 #   between the ~13-17 ufunc calls of each block (a thread that finds the GIL taken
 #   sleeps and wakes 10-20 us late; calls are 5-30 us) eat the second core. Also beware:
 #   np.vecdot and np.matmul keep the GIL unless they loop over more than 500 rows.
-_SCRATCH = threading.local()
 
 # Where the time goes (measured, 64 x 512 float32 block, one thread): any broadcasting
 # ufunc (x - mean[:, None], x * gamma) runs through numpy's buffered iterator, allocating a
@@ -56,25 +50,17 @@ _SCRATCH = threading.local()
 # misaligned ufunc outputs cost up to 2x (kernels.memory; bwd 1.7 -> 1.5 ms here).
 
 
-def _scratch(dtype, d):
-    try:
-        return _SCRATCH.bufs[dtype, d]
-    except AttributeError:
-        _SCRATCH.bufs = {}
-    except KeyError:
-        pass
+def _buffers(dtype, d):
+    """(rows, A, B, r1, r2, ones_d, ones_r): this thread's scratch (kernels.memory), kept
+    transposed, (d, rows) in Fortran order: the layout BLAS wants."""
     rows = max(1, _BLOCK_BYTES // (d * dtype.itemsize))
-    # Scratch is kept transposed, (d, rows) in Fortran order: the layout BLAS wants.
-    s = _SCRATCH.bufs[dtype, d] = (
-        rows,
-        aligned_empty((rows, d), dtype).T,      # A: (d, rows) scale (fwd); x - mean (bwd)
-        aligned_empty((rows, d), dtype).T,      # B: (d, rows) dout * (x - mean), scales (bwd)
-        np.empty(rows, dtype),                  # r1: (rows,) per-row sums
-        np.empty(rows, dtype),                  # r2: (rows,) per-row sums
-        np.ones((d, 1), dtype),                 # ones_d: (d, 1) row sums and row shifts
-        np.ones((1, rows), dtype),              # ones_r: (1, rows) column sums, beta
-    )
-    return s
+    return (rows,
+            scratch("layernorm.a", (rows, d), dtype).T,  # (d, rows) scale (fwd); x - mean (bwd)
+            scratch("layernorm.b", (rows, d), dtype).T,  # (d, rows) dout * (x - mean), scales
+            scratch("layernorm.r1", rows, dtype),        # (rows,) per-row sums
+            scratch("layernorm.r2", rows, dtype),        # (rows,) per-row sums
+            ones(d, dtype)[:, None],                     # (d, 1) row sums and row shifts
+            ones(rows, dtype)[None, :])                  # (1, rows) column sums, beta
 
 
 # Both passes walk transposed views: a C-contiguous (n, d) array is a Fortran (d, n) one
@@ -89,8 +75,8 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
     n, d = x.shape
     if n == 0:
         return out
-    rows, S, _, _, var, ones_d, ones_r = _scratch(x.dtype, d)
-    gemv, gemm = _GEMV[x.dtype], _GEMM[x.dtype]
+    rows, S, _, _, var, ones_d, ones_r = _buffers(x.dtype, d)
+    gemm, gemv = routines(x.dtype)
     inv_d = 1.0 / d
     d_eps, sqrt_d = d * eps, math.sqrt(d)
     xT, oT = x.T, out.T                         # (d, n) Fortran views
@@ -125,8 +111,8 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     n, d = x.shape
     if n == 0:
         return dx
-    rows, t, P, c1, c2, ones_d, ones_r = _scratch(x.dtype, d)
-    gemv, gemm = _GEMV[x.dtype], _GEMM[x.dtype]
+    rows, t, P, c1, c2, ones_d, ones_r = _buffers(x.dtype, d)
+    gemm, gemv = routines(x.dtype)
     inv_d = 1.0 / d
     xT, gT, dT = x.T, dout.T, dx.T              # (d, n) Fortran views
     mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views

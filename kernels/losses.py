@@ -6,16 +6,13 @@ workspace; softmax's row max, row sums and per-row shifts go through numpy reduc
 BLAS gemv/gemm. Large MSE calls are split over blasnet's threads."""
 from __future__ import annotations
 
-import itertools
 import math
-import threading
 
 import numpy as np
-from scipy.linalg import blas as _blas
 
 from . import parallel as _par
-from .gemm import check_array
-from .memory import aligned_empty
+from .gemm import check_array, routines
+from .memory import constant, ones, scratch
 from .optim import flat_view
 
 __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
@@ -25,41 +22,25 @@ __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
            "mse_forward_backward", "mse_forward_backward_unchecked"]
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
-_GEMV = {_F32: _blas.sgemv, _F64: _blas.dgemv}
-_GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
 _BLOCK_BYTES = 256 * 1024  # per block of rows (softmax) or of flat elements (MSE)
-# Per-thread scratch keyed by (kind, dtype, size), so that threads may call these at once.
 # Softmax + cross-entropy is not split over blasnet's threads (its gemv/gemm calls hold the
-# GIL; the bench's only CE is the MLP's (64, 10)); MSE is (see the MSE section).
-_SCRATCH = threading.local()
+# GIL); MSE is (see the MSE section).
 
 
-def _cache():
-    try:
-        return _SCRATCH.bufs
-    except AttributeError:
-        _SCRATCH.bufs = {}
-        return _SCRATCH.bufs
-
-
-def _rows_scratch(dtype, c):
-    key = ("rows", dtype, c)
-    cache = _cache()
-    s = cache.get(key)
-    if s is None:
-        rows = max(1, _BLOCK_BYTES // (c * dtype.itemsize))
-        s = cache[key] = (
-            rows,
-            np.empty((c, rows), dtype, order="F"),  # W: (C, rows) y * shifted, 1/sum rows
-            np.empty(rows, dtype),                  # mx: (rows,) row max, then 1 / row sum
-            np.empty(rows, dtype),                  # ssum: (rows,) row sums of exp, then lse
-            np.empty(rows, dtype),                  # z: (rows,) target logit or sum(y * s)
-            np.empty(rows, np.intp),                # idx: (rows,) flat indices of the labels
-            np.arange(rows, dtype=np.intp) * c,     # offs: (rows,) flat offset of each row
-            np.ones((c, 1), dtype),                 # ones_c: (C, 1) row sums, row shifts
-            np.ones(rows, dtype),                   # ones_r: (rows,) sums of (rows,) vectors
-        )
-    return s
+def _rows_buffers(dtype, c):
+    """(rows, W, mx, ssum, z, idx, offs, ones_c, ones_r): this thread's softmax scratch
+    (kernels.memory) for ``c`` classes and the constants its BLAS calls read."""
+    rows = max(1, _BLOCK_BYTES // (c * dtype.itemsize))
+    return (rows,
+            scratch("losses.w", (rows, c), dtype).T,  # (C, rows) y * shifted, 1/sum rows
+            scratch("losses.mx", rows, dtype),        # row max, then 1 / row sum
+            scratch("losses.ssum", rows, dtype),      # row sums of exp, then lse
+            scratch("losses.z", rows, dtype),         # target logit or sum(y * s)
+            scratch("losses.idx", rows, np.intp),     # flat indices of the labels
+            constant(("losses.offsets", rows, c),     # flat offset of each row
+                     lambda: np.arange(rows, dtype=np.intp) * c),
+            ones(c, dtype)[:, None],                  # (C, 1) row sums, row shifts
+            ones(rows, dtype))                        # (rows,) sums of (rows,) vectors
 
 
 # ----------------------------------------------------------------------------- softmax + CE
@@ -82,8 +63,8 @@ def softmax_cross_entropy_forward_unchecked(probs, logits, target):
     if n == 0:
         return math.nan
     dt = logits.dtype
-    rows, W, mx, ssum, z, idx, offs, ones_c, ones_r = _rows_scratch(dt, c)
-    gemv, gemm = _GEMV[dt], _GEMM[dt]
+    rows, W, mx, ssum, z, idx, offs, ones_c, ones_r = _rows_buffers(dt, c)
+    gemm, gemv = routines(dt)
     ones_cv, mxrow = ones_c[:, 0], mx[None, :]
     lT, pT = logits.T, probs.T  # (C, N) Fortran views
     labels = target.ndim == 1
@@ -139,7 +120,7 @@ def softmax_cross_entropy_backward_unchecked(dlogits, probs, target):
     n, c = probs.shape
     if n == 0:
         return dlogits
-    rows, _, _, _, z, idx, offs, _, _ = _rows_scratch(probs.dtype, c)
+    rows, _, _, _, z, idx, offs, _, _ = _rows_buffers(probs.dtype, c)
     labels = target.ndim == 1
     if labels:
         pflat, dflat = probs.reshape(-1), dlogits.reshape(-1)
@@ -226,24 +207,6 @@ def softmax_cross_entropy_backward(dlogits, probs, target):
 # rounded, so in any order): the loss does not depend on the thread count.
 _DOT_ROWS = 512
 _DOT_ONE_MAX = 8192
-# Arrays of at least this many elements are split over blasnet's threads (blocks taken from
-# a shared counter, see _mse_run).
-_MSE_SPLIT_MIN = 2 * _par.MIN_ELEMENTS_PER_THREAD
-
-
-def _mse_scratch(dtype, nb, k):
-    """(partials, slots): a (nb,) float64 array for per-block sums and k slot pairs of a
-    (block,) scratch and a (_DOT_ROWS,) row-sum vector, of this thread."""
-    cache = _cache()
-    blk = _BLOCK_BYTES // dtype.itemsize
-    key = ("mse", dtype, blk)
-    s = cache.get(key)
-    if s is None or s[0].size < nb or len(s[1]) < k:
-        part = np.empty(max(nb, 0 if s is None else s[0].size), np.float64)
-        slots = [(aligned_empty(blk, dtype), aligned_empty(_DOT_ROWS, dtype))
-                 for _ in range(max(k, 0 if s is None else len(s[1])))]
-        s = cache[key] = (part, slots)
-    return s
 
 
 def _sumsq(d, v, cols):
@@ -282,7 +245,8 @@ def _grad_scale(n, dtype):
 
 def _mse_run(dp, p, t):
     """sum((p - t)^2) over flat views, as a Python float; with ``dp``, also
-    dp = (p - t) * (2 / n) (dp may be p)."""
+    dp = (p - t) * (2 / n) (dp may be p). Large arrays are split over blasnet's threads,
+    which take blocks from a shared counter (kernels.parallel.split_blocks)."""
     n = p.size
     blk = _BLOCK_BYTES // p.dtype.itemsize
     if n <= _DOT_ONE_MAX and dp is not None:  # small: no scratch, no loop (call overhead)
@@ -292,25 +256,18 @@ def _mse_run(dp, p, t):
         return total
     nb = -(-n // blk)
     scale = _grad_scale(n, p.dtype)
-    k = 1 if n < _MSE_SPLIT_MIN else _par.chunks(n, 1)
-    part, slots = _mse_scratch(p.dtype, nb, k)
-    if k == 1:
-        slot = slots[0]
-        for b in range(nb):
+    k = _par.threads_for(n)
+    part = scratch("losses.mse_part", nb, np.float64)  # per-block sums, any order
+    slots = [(scratch(("losses.mse_d", s), blk, p.dtype),
+              scratch(("losses.mse_rows", s), _DOT_ROWS, p.dtype)) for s in range(k)]
+
+    def worker(blocks, s):
+        slot = slots[s]
+        for b in blocks:
             i = b * blk
             _mse_block(dp, p, t, scale, part, b, i, min(i + blk, n), slot)
-    else:
-        counter = itertools.count()  # next() is atomic under the GIL
-
-        def worker(s, _):
-            slot = slots[s]
-            for b in counter:
-                if b >= nb:
-                    return
-                i = b * blk
-                _mse_block(dp, p, t, scale, part, b, i, min(i + blk, n), slot)
-        _par.parallel_for(worker, k, k)
-    return part[0] if nb == 1 else math.fsum(part[:nb])
+    _par.split_blocks(worker, nb, k)
+    return part[0] if nb == 1 else math.fsum(part)
 
 
 def mse_forward_unchecked(pred, target):
@@ -328,22 +285,14 @@ def mse_backward_unchecked(dpred, pred, target):
     n = p.size
     blk = _BLOCK_BYTES // p.dtype.itemsize
     scale = _grad_scale(n, p.dtype)
-    k = 1 if n < _MSE_SPLIT_MIN else _par.chunks(n, 1)
-    if k == 1:
-        for i in range(0, n, blk):
-            db = dp[i:i + blk]
-            np.subtract(p[i:i + blk], t[i:i + blk], db)
-            np.multiply(db, scale, db)
-    else:
-        bounds = [n * s // k for s in range(k + 1)]
 
-        def run(s, _):
-            for i in range(bounds[s], bounds[s + 1], blk):
-                j = min(i + blk, bounds[s + 1])
-                db = dp[i:j]
-                np.subtract(p[i:j], t[i:j], db)
-                np.multiply(db, scale, db)
-        _par.parallel_for(run, k, k)
+    def run(i0, i1, _):
+        for i in range(i0, i1, blk):
+            j = min(i + blk, i1)
+            db = dp[i:j]
+            np.subtract(p[i:j], t[i:j], db)
+            np.multiply(db, scale, db)
+    _par.split(run, n)
     return dpred
 
 

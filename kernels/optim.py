@@ -8,16 +8,14 @@ region over blasnet's threads for all of them. Every element goes through the sa
 correctly rounded ufuncs whatever the split, so results do not depend on it."""
 from __future__ import annotations
 
-import itertools
 import math
 import numbers
-import threading
 
 import numpy as np
 
 from . import parallel as _par
 from .memory import ALIGN as _ALIGN
-from .memory import aligned_empty as _aligned_empty
+from .memory import scratch
 
 __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_unchecked",
            "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view"]
@@ -39,40 +37,8 @@ _BLOCK_BYTES = 256 * 1024
 # ufunc call costs ~3 us more on two threads and split blocks must be long. Per thread
 # (1M float32 over 2 threads) by block size: 96 Ki 2.43 ms, 128 Ki 2.26, 160 Ki 2.03,
 # 224 Ki 2.04, 320 Ki 2.44 (beyond L2: 3 arrays x 160 Ki x 4 B ~ 2 MiB, the L2 of a core).
-_SPLIT = True
-_PAR_BLOCK_BYTES = 640 * 1024     # AdamW: 160 Ki float32; the scratch is sized for this
+_PAR_BLOCK_BYTES = 640 * 1024     # AdamW split over threads: 160 Ki float32 per block
 _SGD_PAR_BLOCK_BYTES = 512 * 1024  # SGD keeps up to 5 arrays in use per block
-
-_tls = threading.local()  # per-thread scratch: pool threads run the same kernel at once
-
-
-def _scratch(dtype, nbytes):
-    """Two flat scratch buffers of ``nbytes`` for this thread and dtype (allocated once,
-    64-byte aligned: see ``_head``)."""
-    try:
-        return _tls.bufs[dtype, nbytes]
-    except AttributeError:
-        _tls.bufs = {}
-    except KeyError:
-        pass
-    n = nbytes // dtype.itemsize
-    s = _tls.bufs[dtype, nbytes] = (_aligned_empty(n, dtype), _aligned_empty(n, dtype))
-    return s
-
-
-def _slot_scratch(dtype, k):
-    """Scratch pairs of ``_PAR_BLOCK_BYTES`` for the ``k`` slices of a split update made by
-    this thread: slot s serves whichever thread runs slice s, so which pool thread that is
-    does not matter. Allocated once per calling thread, 64-byte aligned."""
-    slots = getattr(_tls, "slots", None)
-    if slots is None:
-        slots = _tls.slots = {}
-    s = slots.get(dtype)
-    n = _PAR_BLOCK_BYTES // dtype.itemsize
-    if s is None or len(s) < k or s[0][0].size < n:
-        s = slots[dtype] = [(_aligned_empty(n, dtype), _aligned_empty(n, dtype))
-                            for _ in range(k)]
-    return s
 
 
 def flat_view(a):
@@ -93,77 +59,53 @@ def _head(a):
     return 0 if addr % size else (-addr % _ALIGN) // size
 
 
-def _walk(chain, items):
+def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES):
     """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over every
-    ``(arrays, consts)`` item in turn, on this thread, in ``_BLOCK_BYTES`` blocks aligned
-    on the first array (``_head``)."""
-    for arrays, consts in items:
-        ta, tb = _scratch(arrays[0].dtype, _BLOCK_BYTES)
-        n, blk = arrays[0].size, ta.size
-        if n <= blk:  # one block: no slicing (small parameters are bound by call overhead)
-            chain(*arrays, ta[:n], tb[:n], *consts)
-            continue
-        h = _head(arrays[0])
-        if h:
-            chain(*[a[:h] for a in arrays], ta[:h], tb[:h], *consts)
-        for i in range(h, n, blk):
-            j = min(i + blk, n)
-            chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
-
-
-def _split(chain, items, k, block_bytes=_PAR_BLOCK_BYTES):
-    """``_walk`` in one parallel region of ``k`` threads over the items' concatenated
-    elements: the threads take ``block_bytes`` blocks (each item's first one up to
-    its first array's 64-byte boundary, its last one shorter) from a shared counter until
-    none is left, so a thread that starts late (the pool thread must wake up first, or its
-    core is busy) takes fewer blocks, and the caller never waits for more than the block
-    another thread is finishing. Block boundaries do not change any result. Bookkeeping is
-    per item, not per block: nothing grows with the element count."""
-    ends, blks, heads, total = [], [], [], 0
-    slots = {}
+    ``(arrays, consts)`` item: one pass over the items' concatenated elements (``total`` in
+    all), split over blasnet's threads in ``block_bytes`` blocks when large, else inline in
+    ``_BLOCK_BYTES`` blocks. Each item's first block ends on its first array's 64-byte
+    boundary (``_head``), its last one is shorter; block boundaries do not change any
+    result. The threads take blocks from a shared counter (kernels.parallel.split_blocks).
+    Bookkeeping is per item, not per block: nothing grows with the element count."""
+    k = _par.threads_for(total)
+    if k == 1:
+        block_bytes = _BLOCK_BYTES
+    ends, blks, heads, nblocks = [], [], [], 0
+    scratch_of = [{} for _ in range(k)]  # slot -> dtype -> (scratch_a, scratch_b)
     for arrays, _ in items:
         dt = arrays[0].dtype
-        if dt not in slots:
-            slots[dt] = _slot_scratch(dt, k)
         blk = block_bytes // dt.itemsize
+        if dt not in scratch_of[0]:
+            for s in range(k):
+                scratch_of[s][dt] = (scratch(("optim.a", s), blk, dt),
+                                     scratch(("optim.b", s), blk, dt))
         n = arrays[0].size
         h = _head(arrays[0]) if n > blk else 0
-        total += (h > 0) + -(-(n - h) // blk)
-        ends.append(total)
+        nblocks += (h > 0) + -(-(n - h) // blk)
+        ends.append(nblocks)
         blks.append(blk)
         heads.append(h)
-    counter = itertools.count()  # next() is atomic under the GIL
 
-    def worker(s, _):
+    def worker(blocks, s):
         q, first = 0, 0  # the item of this thread's last block, and that item's first block
-        for b in counter:
-            if b >= total:
-                return
+        for b in blocks:
             while b >= ends[q]:  # a thread's blocks come in increasing order
                 first = ends[q]
                 q += 1
             arrays, consts = items[q]
-            h, blk = heads[q], blks[q]
+            ta, tb = scratch_of[s][arrays[0].dtype]
+            n, h = arrays[0].size, heads[q]
             b -= first + (h > 0)
             if b < 0:
                 i, j = 0, h
             else:
-                i = h + b * blk
-                j = min(i + blk, arrays[0].size)
-            ta, tb = slots[arrays[0].dtype][s]
-            chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
-    _par.parallel_for(worker, k, k)
-
-
-def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES):
-    """``chain`` over ``items`` (``total`` elements in all): split over blasnet's threads
-    in ``block_bytes`` blocks when large, else inline."""
-    if _SPLIT and total >= _par.MIN_ELEMENTS_PER_THREAD:
-        k = _par.chunks(total, 1)
-        if k > 1:
-            _split(chain, items, k, block_bytes)
-            return
-    _walk(chain, items)
+                i = h + b * blks[q]
+                j = min(i + blks[q], n)
+            if j - i == n:  # the whole item: no slicing (small ones are call-bound)
+                chain(*arrays, ta[:n], tb[:n], *consts)
+            else:
+                chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
+    _par.split_blocks(worker, nblocks, k)
 
 
 # ----------------------------------------------------------------------------- AdamW

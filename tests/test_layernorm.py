@@ -285,7 +285,7 @@ def test_scratch_is_cache_line_aligned():
     # Check that the block scratch (written by ufuncs) starts on a 64-byte boundary:
     # misaligned ufunc outputs run up to 2x slower.
     for dtype in (np.float32, np.float64):
-        rows, A, B = ln._scratch(np.dtype(dtype), 200)[:3]
+        rows, A, B = ln._buffers(np.dtype(dtype), 200)[:3]
         for buf in (A, B):
             assert buf.ctypes.data % 64 == 0
             assert buf.shape == (200, rows) and buf.flags.f_contiguous

@@ -418,7 +418,7 @@ def test_mse_empty_forward_backward_is_nan():
 
 def _split_sizes(dtype):
     # Element counts around the split threshold, with a partial last block.
-    lo = losses._MSE_SPLIT_MIN
+    lo = parallel.SPLIT_MIN
     blk = losses._BLOCK_BYTES // np.dtype(dtype).itemsize
     return [lo - 1, lo, lo + blk // 2 + 3]
 
@@ -428,10 +428,11 @@ def test_mse_split_over_threads_gives_one_thread_results(dtype, monkeypatch):
     # Check that with two threads (arrays from the split threshold up are split over a
     # thread pool) the loss and gradients are bit-identical to one thread's, for sizes
     # around the threshold, and that the split does happen at and above it.
-    calls = []
-    real = parallel.parallel_for
-    monkeypatch.setattr(parallel, "parallel_for",
-                        lambda fn, n, k: (calls.append(k), real(fn, n, k))[1])
+    calls = []  # the thread count of each split (1: ran inline)
+    real_split, real_blocks = parallel.split, parallel.split_blocks
+    monkeypatch.setattr(parallel, "split", lambda *a, **kw: calls.append(real_split(*a, **kw)))
+    monkeypatch.setattr(parallel, "split_blocks",
+                        lambda fn, nb, k: (calls.append(k), real_blocks(fn, nb, k))[1])
     rng = np.random.default_rng(26)
     for n in _split_sizes(dtype):
         pred, target = _mse_arrays(rng, (n,), dtype)
@@ -442,8 +443,8 @@ def test_mse_split_over_threads_gives_one_thread_results(dtype, monkeypatch):
                 dp = np.empty_like(pred)
                 res[t] = (mse_forward(pred, target), mse_forward_backward(dp, pred, target), dp,
                           mse_backward(np.empty_like(pred), pred, target))
-            split = n >= losses._MSE_SPLIT_MIN and t == 2
-            assert calls == ([2, 2, 2] if split else []), (n, t, calls)
+            split = n >= parallel.SPLIT_MIN and t == 2
+            assert calls == ([2, 2, 2] if split else [1, 1, 1]), (n, t, calls)
         assert res[2][0] == res[1][0] and res[2][1] == res[1][1]
         np.testing.assert_array_equal(res[2][2], res[1][2])
         np.testing.assert_array_equal(res[2][3], res[1][3])
@@ -454,7 +455,7 @@ def test_mse_split_no_block_temporaries():
     # Check that a split call allocates no block-sized temporary after a warm-up (a block is
     # 256 KiB; the pool's futures and closures are a few KiB).
     rng = np.random.default_rng(27)
-    pred, target = _mse_arrays(rng, (losses._MSE_SPLIT_MIN + 1000,), np.float32)
+    pred, target = _mse_arrays(rng, (parallel.SPLIT_MIN + 1000,), np.float32)
     dp = np.empty_like(pred)
     with num_threads(2):
         peak = _traced_peak(lambda: mse_forward(pred, target),

@@ -155,16 +155,16 @@ def test_adamw_and_sgd_make_no_parameter_sized_temporaries(dtype):
 
 @pytest.fixture
 def split_on(monkeypatch):
-    """Make sure the split of large updates over blasnet's threads is on (the default) and
-    count the parallel regions (``_split`` calls) the updates make, by chain name."""
-    monkeypatch.setattr(optim, "_SPLIT", True)
+    """List the thread count of each parallel region (kernels.parallel.split_blocks call
+    over more than one thread) the updates make."""
     calls = []
-    real = optim._split
+    real = parallel.split_blocks
 
-    def counting(*args):
-        calls.append(args[0].__name__)
-        return real(*args)
-    monkeypatch.setattr(optim, "_split", counting)
+    def counting(fn, nblocks, k):
+        if k > 1:
+            calls.append(k)
+        return real(fn, nblocks, k)
+    monkeypatch.setattr(parallel, "split_blocks", counting)
     return calls
 
 
@@ -201,7 +201,7 @@ def test_adamw_split_over_threads_is_bit_identical(split_on, dtype, order):
     one = _run_threads(1, update, (p, m, v), 3)
     assert split_on == []
     two = _run_threads(2, update, (p, m, v), 3)
-    assert split_on == ["_adamw_chain"] * 3  # the two-thread run did take the split
+    assert split_on == [2] * 3  # the two-thread run did take the split
     for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), one, two):
         np.testing.assert_array_equal(b, a, err_msg=name)
     p_r, m_r, v_r = p.copy(order="A"), m.copy(order="A"), v.copy(order="A")
@@ -257,7 +257,7 @@ def test_adamw_split_over_threads_allocates_nothing_after_warm_up(split_on):
             peak = tracemalloc.get_traced_memory()[1] - base
         finally:
             tracemalloc.stop()
-    assert split_on == ["_adamw_chain"] * 5
+    assert split_on == [2] * 5
     assert peak < 16 * 1024, f"peak {peak} bytes for a {p.nbytes}-byte parameter"
 
 
@@ -303,7 +303,7 @@ def test_adamw_update_many_matches_per_parameter_updates_bit_for_bit(split_on, d
         for step in (1, 2, 3):
             adamw_update_many(*[[arrs[i] for arrs in many] for i in range(4)], step, 1e-2,
                               0.8, 0.99, 1e-6, 0.1)
-    assert split_on == (["_adamw_chain"] * 3 if nthreads == 2 else [])
+    assert split_on == ([2] * 3 if nthreads == 2 else [])
     with num_threads(1):
         for step in (1, 2, 3):
             for arrs in single:
@@ -374,7 +374,7 @@ def test_adamw_update_many_split_allocates_nothing_after_warm_up(split_on):
             peak = tracemalloc.get_traced_memory()[1] - base
         finally:
             tracemalloc.stop()
-    assert split_on == ["_adamw_chain"] * 5
+    assert split_on == [2] * 5
     assert peak < 16 * 1024, f"peak {peak} bytes"
 
 
