@@ -59,11 +59,12 @@ def _head(a):
     return 0 if addr % size else (-addr % _ALIGN) // size
 
 
-def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES):
+def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False):
     """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over every
     ``(arrays, consts)`` item: one pass over the items' concatenated elements (``total`` in
     all), split over blasnet's threads in ``block_bytes`` blocks when large, else inline in
-    ``_BLOCK_BYTES`` blocks. Each item's first block ends on its first array's 64-byte
+    ``_BLOCK_BYTES`` blocks. With ``zero_grad`` each block of the second array (the
+    gradient) is set to 0 after the chain, while it is still in cache. Each item's first block ends on its first array's 64-byte
     boundary (``_head``), its last one is shorter; block boundaries do not change any
     result. The threads take blocks from a shared counter (kernels.parallel.split_blocks).
     Bookkeeping is per item, not per block: nothing grows with the element count."""
@@ -101,10 +102,11 @@ def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES):
             else:
                 i = h + b * blks[q]
                 j = min(i + blks[q], n)
-            if j - i == n:  # the whole item: no slicing (small ones are call-bound)
-                chain(*arrays, ta[:n], tb[:n], *consts)
-            else:
-                chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
+            # The whole item is not sliced (small ones are bound by call overhead).
+            blocks = arrays if j - i == n else [a[i:j] for a in arrays]
+            chain(*blocks, ta[:j - i], tb[:j - i], *consts)
+            if zero_grad:
+                blocks[1].fill(0)
     _par.split_blocks(worker, nblocks, k)
 
 
@@ -158,22 +160,24 @@ def adamw_consts(dtype, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay
                                      lr / bc1 * sbc2))
 
 
-def adamw_update_many_unchecked(updates):
+def adamw_update_many_unchecked(updates, zero_grad=False):
     """``adamw_update_many`` without argument checks (hot path). ``updates`` is a sequence
     of ``((param, grad, exp_avg, exp_avg_sq), consts)``: four distinct flat views
     (``flat_view``) of one size and dtype, and ``adamw_consts`` of that dtype (each
-    parameter may have its own, e.g. one per parameter group)."""
-    _run(_adamw_chain, updates, sum(u[0][0].size for u in updates))
+    parameter may have its own, e.g. one per parameter group). With ``zero_grad`` every
+    grad is set to 0 in the same pass (the block is in cache: one pass over the gradient
+    fewer than a separate fill)."""
+    _run(_adamw_chain, updates, sum(u[0][0].size for u in updates), zero_grad=zero_grad)
 
 
 def adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9,
-                           beta2=0.999, eps=1e-8, weight_decay=1e-2):
+                           beta2=0.999, eps=1e-8, weight_decay=1e-2, zero_grad=False):
     """``adamw_update`` without argument checks (hot path): four distinct arrays of one
     shape, dtype and memory order (all C- or all Fortran-contiguous)."""
     p = flat_view(param)
     item = ((p, flat_view(grad), flat_view(exp_avg), flat_view(exp_avg_sq)),
             adamw_consts(p.dtype, step, lr, beta1, beta2, eps, weight_decay))
-    _run(_adamw_chain, (item,), p.size)
+    _run(_adamw_chain, (item,), p.size, zero_grad=zero_grad)
     return param
 
 
@@ -213,15 +217,16 @@ def _sgd_chain_no_buf(pb, gb, t1, t2, *consts):
 
 
 def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
-                         dampening=0.0, nesterov=False, first_step=False):
-    """``sgd_update`` without argument checks (hot path); ``grad`` is only read."""
+                         dampening=0.0, nesterov=False, first_step=False, zero_grad=False):
+    """``sgd_update`` without argument checks (hot path); ``grad`` is only read, unless
+    ``zero_grad`` sets it to 0 in the same pass."""
     p, g = flat_view(param), flat_view(grad)
     consts = (lr, momentum, weight_decay, 1.0 - dampening, nesterov, first_step)
     if momentum != 0.0:
         _run(_sgd_chain, (((p, g, flat_view(momentum_buf)), consts),), p.size,
-             _SGD_PAR_BLOCK_BYTES)
+             _SGD_PAR_BLOCK_BYTES, zero_grad)
     else:
-        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size, _SGD_PAR_BLOCK_BYTES)
+        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size, _SGD_PAR_BLOCK_BYTES, zero_grad)
     return param
 
 
@@ -238,8 +243,9 @@ def _check_param(param, name="param"):
         raise ValueError(f"{name}: expected a writeable array")
 
 
-def _check_like(name, a, param):
-    """``a`` must match ``param``: ndarray, dtype, shape and memory order."""
+def _check_like(name, a, param, written=True):
+    """``a`` must match ``param``: ndarray, dtype, shape and memory order; and be writeable
+    if the update writes it."""
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
     if a.dtype != param.dtype:
@@ -253,6 +259,14 @@ def _check_like(name, a, param):
     elif not a.flags.f_contiguous:
         raise ValueError(f"{name}: expected a Fortran-contiguous array like param, got "
                          f"strides {a.strides} for shape {a.shape}")
+    if written and not a.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable array (the update writes it)")
+
+
+def _check_flag(name, x):
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {x!r} ({type(x).__name__})")
+    return bool(x)
 
 
 def _check_number(name, x, lo, hi=None, hi_open=True):
@@ -268,7 +282,7 @@ def _check_number(name, x, lo, hi=None, hi_open=True):
 
 
 def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.999,
-                 eps=1e-8, weight_decay=1e-2):
+                 eps=1e-8, weight_decay=1e-2, zero_grad=False):
     """One AdamW step in place, as PyTorch's ``torch.optim.AdamW`` (``step`` counts from 1):
 
         param *= 1 - lr * weight_decay
@@ -277,15 +291,17 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.
         param -= lr / (1 - beta1**step) * exp_avg / (sqrt(exp_avg_sq / (1 - beta2**step)) + eps)
 
     The four arrays have one shape, float dtype and memory order (all C- or all
-    Fortran-contiguous; any ndim including 0-d) and must not overlap; ``grad`` is only read.
-    Returns ``param``."""
+    Fortran-contiguous; any ndim including 0-d) and must not overlap; ``grad`` is only read,
+    unless ``zero_grad`` sets it to 0 in the same pass (what a separate ``grad.fill(0)``
+    would do, without reading it from memory again). Returns ``param``."""
     _check_param(param)
-    _check_like("grad", grad, param)
+    zero_grad = _check_flag("zero_grad", zero_grad)
+    _check_like("grad", grad, param, written=zero_grad)
     _check_like("exp_avg", exp_avg, param)
     _check_like("exp_avg_sq", exp_avg_sq, param)
     return adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq,
                                   *_check_adamw_options(step, lr, beta1, beta2, eps,
-                                                        weight_decay))
+                                                        weight_decay), zero_grad)
 
 
 def _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay):
@@ -300,13 +316,13 @@ def _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay):
 
 
 def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
-                      beta2=0.999, eps=1e-8, weight_decay=1e-2):
+                      beta2=0.999, eps=1e-8, weight_decay=1e-2, zero_grad=False):
     """``adamw_update`` of every ``(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i])`` with
     one set of options, as one pass over their concatenated elements: large totals are split
     over blasnet's threads in one parallel region (not one per parameter), and small
     parameters ride along. Same bits as ``adamw_update`` on each in turn. The four sequences
     have one length; each quadruple is as ``adamw_update`` wants it; no array may appear
-    twice or overlap another. Returns ``params``."""
+    twice or overlap another. ``zero_grad`` as in ``adamw_update``. Returns ``params``."""
     seqs = {"params": params, "grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
     for name, seq in seqs.items():
         if isinstance(seq, np.ndarray) or not isinstance(seq, (list, tuple)):
@@ -315,10 +331,11 @@ def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
     if not len(params) == len(grads) == len(exp_avgs) == len(exp_avg_sqs):
         raise ValueError("params, grads, exp_avgs, exp_avg_sqs: expected sequences of one "
                          f"length, got {[len(s) for s in seqs.values()]}")
+    zero_grad = _check_flag("zero_grad", zero_grad)
     for i, p in enumerate(params):
         _check_param(p, f"params[{i}]")
         for name in ("grads", "exp_avgs", "exp_avg_sqs"):
-            _check_like(f"{name}[{i}]", seqs[name][i], p)
+            _check_like(f"{name}[{i}]", seqs[name][i], p, name != "grads" or zero_grad)
     opts = _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay)
     consts = {}
     updates = []
@@ -327,12 +344,12 @@ def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
         if c is None:
             c = consts[p.dtype] = adamw_consts(p.dtype, *opts)
         updates.append(((flat_view(p), flat_view(g), flat_view(m), flat_view(v)), c))
-    adamw_update_many_unchecked(updates)
+    adamw_update_many_unchecked(updates, zero_grad)
     return params
 
 
 def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
-               dampening=0.0, nesterov=False, first_step=False):
+               dampening=0.0, nesterov=False, first_step=False, zero_grad=False):
     """One SGD step in place, as PyTorch's ``torch.optim.SGD``:
 
         d = grad + weight_decay * param
@@ -342,10 +359,12 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
         param -= lr * d
 
     ``momentum_buf`` may be None when ``momentum == 0``; otherwise it matches ``param``
-    (shape, dtype, memory order) and is updated in place. ``grad`` is only read. Nesterov
-    needs momentum > 0 and dampening == 0 (as in PyTorch). Returns ``param``."""
+    (shape, dtype, memory order) and is updated in place. ``grad`` is only read, unless
+    ``zero_grad`` sets it to 0 in the same pass. Nesterov needs momentum > 0 and
+    dampening == 0 (as in PyTorch). Returns ``param``."""
     _check_param(param)
-    _check_like("grad", grad, param)
+    zero_grad = _check_flag("zero_grad", zero_grad)
+    _check_like("grad", grad, param, written=zero_grad)
     lr = _check_number("lr", lr, 0.0)
     momentum = _check_number("momentum", momentum, 0.0)
     weight_decay = _check_number("weight_decay", weight_decay, 0.0)
@@ -359,4 +378,4 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
         raise ValueError(f"nesterov: requires momentum > 0 and dampening == 0, got "
                          f"momentum={momentum}, dampening={dampening}")
     return sgd_update_unchecked(param, grad, momentum_buf, lr, momentum, weight_decay,
-                                dampening, bool(nesterov), bool(first_step))
+                                dampening, bool(nesterov), bool(first_step), zero_grad)

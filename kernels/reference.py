@@ -240,25 +240,28 @@ def mse_backward(dpred, pred, target):
 
 # ----------------------------------------------------------------------------- optimizers
 def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.999,
-                 eps=1e-8, weight_decay=1e-2):
+                 eps=1e-8, weight_decay=1e-2, zero_grad=False):
     """One AdamW step (PyTorch semantics); ``step`` counts from 1 for the first update.
 
     param *= 1 - lr * wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-    param -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)."""
+    param -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps); then grad = 0 if zero_grad."""
     param *= 1.0 - lr * weight_decay
     exp_avg[...] = beta1 * exp_avg + (1.0 - beta1) * grad
     exp_avg_sq[...] = beta2 * exp_avg_sq + (1.0 - beta2) * grad * grad
     bc1 = 1.0 - beta1**step
     bc2 = 1.0 - beta2**step
     param -= lr / bc1 * exp_avg / (np.sqrt(exp_avg_sq / bc2) + eps)
+    if zero_grad:
+        grad[...] = 0.0
     return param
 
 
 def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
-               dampening=0.0, nesterov=False, first_step=False):
+               dampening=0.0, nesterov=False, first_step=False, zero_grad=False):
     """One SGD step (PyTorch semantics): g = grad + wd * param; buf = g on the first step,
     else momentum * buf + (1 - dampening) * g; param -= lr * (g + momentum * buf if nesterov
-    else buf). With momentum == 0, param -= lr * g and ``momentum_buf`` may be None."""
+    else buf). With momentum == 0, param -= lr * g and ``momentum_buf`` may be None. Then
+    grad = 0 if zero_grad."""
     g = grad + weight_decay * param
     if momentum != 0.0:
         if first_step:
@@ -267,4 +270,6 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
             momentum_buf[...] = momentum * momentum_buf + (1.0 - dampening) * g
         g = g + momentum * momentum_buf if nesterov else momentum_buf
     param -= lr * g
+    if zero_grad:
+        grad[...] = 0.0
     return param
