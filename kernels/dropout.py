@@ -19,13 +19,11 @@ from .memory import scratch
 __all__ = ["dropout_forward", "dropout_backward",
            "dropout_forward_unchecked", "dropout_backward_unchecked"]
 
-# Elements per block: the draw, the compare/scale and x * mask touch each block while it is
-# in L2. The generator (~4 ns/element for float32) dominates the time, not the block size.
+# Inline blocks: the draw, the compare/scale and x * mask touch each block while it is in L2
+# (the generator dominates the time, not the block size: docs/performance.md, "Dropout").
 _BLOCK_BYTES = 256 * 1024
-# Pipelined (several threads), the caller's draws are the long GIL-free calls (~1.5-2 ns
-# per float32 element here, ~370 us per 1 MiB block) and the pool threads' four passes the
-# short ones. Measured at (2048, 2048) float32, 2 threads: inline 11.4 ms, pipelined with 256 KiB
-# blocks 9.2 ms, 1 MiB blocks 7.8 ms (drawing alone ~6-9 ms).
+# Pipelined blocks: long draws on the caller (GIL released) against the pool threads' four
+# short passes per block.
 _PIPE_BLOCK_BYTES = 1024 * 1024
 
 def _same(a, b):

@@ -1,9 +1,10 @@
-"""Losses: softmax + cross-entropy (integer labels or probability targets) and MSE, each a
-forward returning the mean loss as a Python float and a fused backward; for MSE also
-``mse_forward_backward``, loss and gradient in one pass (what engine.MSELoss uses). Work
-runs in blocks of ~256 KiB with ``probs`` (or a small reused per-thread scratch) as the
-workspace; softmax's row max, row sums and per-row shifts go through numpy reductions and
-BLAS gemv/gemm. Large MSE calls are split over blasnet's threads."""
+"""Losses: softmax + cross-entropy (integer labels or probability targets) and MSE, with the
+mean reduction of PyTorch's CrossEntropyLoss and MSELoss. Each has a forward returning the
+mean loss as a Python float and a fused backward; MSE also ``mse_forward_backward``, loss
+and gradient in one pass (what engine.MSELoss uses). Work runs in blocks of ~256 KiB with
+``probs`` (or per-thread scratch from kernels.memory) as the workspace; softmax's row max,
+row sums and per-row shifts go through numpy reductions and BLAS gemv/gemm. Large MSE calls
+are split over blasnet's threads."""
 from __future__ import annotations
 
 import math
@@ -44,8 +45,8 @@ def _rows_buffers(dtype, c):
 
 
 # ----------------------------------------------------------------------------- softmax + CE
-# No call below broadcasts (numpy's broadcasting ufuncs allocate a 32 KiB iterator buffer
-# per call and run ~3x slower than plain passes): per-row shifts and scales are K=1 gemms,
+# No call below broadcasts (numpy's broadcasting ufuncs allocate an iterator buffer per call
+# and run several times slower than plain passes): per-row shifts and scales are K=1 gemms,
 # row sums gemvs, label gathers np.take/np.put on flat indices. Blocks are walked as
 # Fortran (C, rows) views of the C-contiguous (rows, C) blocks.
 
@@ -202,8 +203,8 @@ def softmax_cross_entropy_backward(dlogits, probs, target):
 # short enough that OpenBLAS never threads them (it threads a dot above 10000 elements,
 # waking numpy's own OpenBLAS pool, not the one the GEMMs use), and more than 500 of them,
 # so numpy releases the GIL (it keeps it for a gufunc with fewer outer iterations): a split
-# call's other thread runs meanwhile. As fast as np.dot over the whole block (0.15-0.16 ms
-# per 1 Mi float32 from memory). Per-block sums are kept and added with math.fsum (exactly
+# call's other thread runs meanwhile; as fast as one np.dot over the block (docs/
+# performance.md, "Losses"). Per-block sums are kept and added with math.fsum (exactly
 # rounded, so in any order): the loss does not depend on the thread count.
 _DOT_ROWS = 512
 _DOT_ONE_MAX = 8192
@@ -238,8 +239,8 @@ def _mse_block(dp, p, t, scale, part, b, i, j, slot):
 
 
 def _grad_scale(n, dtype):
-    """2 / n as a 0-d array of ``dtype``: a multiply costs half a divide here (0.09 vs 0.18
-    ns per float32 element in L2), and a 0-d operand is not converted on every call."""
+    """2 / n as a 0-d array of ``dtype``: a multiply is cheaper than a divide, and a 0-d
+    operand is not converted on every call."""
     return np.array(2.0 / n, dtype)
 
 

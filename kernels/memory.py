@@ -1,8 +1,10 @@
-"""Cache-line-aligned buffers: ``aligned_empty``.
+"""Cache-line-aligned buffers: ``aligned_empty``, the per-thread ``scratch`` allocator of
+every kernel, and the shared read-only ``ones`` and ``constant`` arrays BLAS calls read.
 
-NumPy's own buffers start 16 bytes past a 64-byte boundary. An array-array ufunc writing
-to such an ``out`` ran up to ~2x slower here (0.19 vs 0.10 ns/element, AVX-512 stores split
-over cache lines), so every scratch and work buffer of blasnet comes from here.
+NumPy's own buffers start 16 bytes past a 64-byte boundary, and an array-array ufunc writing
+to such an ``out`` splits its AVX-512 stores over two cache lines (up to 2x slower:
+docs/performance.md, "Aligned buffers"), so every scratch and work buffer of blasnet comes
+from here.
 """
 from __future__ import annotations
 

@@ -1,11 +1,15 @@
-"""In-place optimizer updates: AdamW and SGD with PyTorch's semantics.
+"""In-place optimizer updates: AdamW (Loshchilov & Hutter 2019) and SGD with the semantics of
+PyTorch's ``torch.optim.AdamW`` and ``torch.optim.SGD``.
 
 Parameters and their state are walked as flat views (C- or Fortran-contiguous, never
 copied) in blocks that stay in L2, through small per-thread scratch buffers, so no temporary
 the size of a parameter is ever made (the reference's whole-array AdamW makes 12).
-``adamw_update_many`` updates a list of parameters as one concatenated range: one parallel
-region over blasnet's threads for all of them. Every element goes through the same
-correctly rounded ufuncs whatever the split, so results do not depend on it."""
+``adamw_update_many`` updates a list of parameters (or flat segments of a parameter arena,
+as llm.c's ``params_memory``) as one concatenated range: one parallel region over
+blasnet's threads for all of them. The update is bound by memory traffic, so it can also
+zero the gradient in the same pass (``zero_grad``). Every element goes through the same
+correctly rounded ufuncs whatever the split, so results do not depend on it. Block sizes and
+pass order were chosen by measurement: docs/performance.md, "AdamW and SGD"."""
 from __future__ import annotations
 
 import math
@@ -21,23 +25,12 @@ __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_u
            "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-# Block size in bytes per array on one thread: 64 Ki float32 / 32 Ki float64 elements.
-# Measured on AdamW (2.1M float32): 8 Ki elements 11.1 ms, 16 Ki 9.6, 32 Ki 7.1, 64 Ki 6.4
-# (reference 20 ms); on the current machine 32 Ki 3.6, 64 Ki 3.5, 128 Ki 3.7, 256 Ki 4.8;
-# with the 3-array AdamW chain 64 Ki to 128 Ki all give 3.5.
-# BLAS axpy would save a pass but OpenBLAS threads it above 10000 elements, which on a
-# loaded machine cost ~10x (measured again: 36 ms instead of 5), and its fused multiply-add
-# would round differently from the ufunc chain, so results would depend on the thread count.
-_BLOCK_BYTES = 256 * 1024
-# Large updates are split over blasnet's threads (kernels.parallel.chunks decides on the
-# total element count). What the split costs is the GIL, not memory: the AdamW chain over
-# 1M float32 took 1.75 ms alone, 1.76 in each of two processes at once, 2.05 in each of two
-# threads at once. A thread that finishes a ufunc while the other holds the GIL sleeps, and
-# waking a sleeping thread takes ~35 us here (lock ping-pong: 74 us round trip), so every
-# ufunc call costs ~3 us more on two threads and split blocks must be long. Per thread
-# (1M float32 over 2 threads) by block size: 96 Ki 2.43 ms, 128 Ki 2.26, 160 Ki 2.03,
-# 224 Ki 2.04, 320 Ki 2.44 (beyond L2: 3 arrays x 160 Ki x 4 B ~ 2 MiB, the L2 of a core).
-_PAR_BLOCK_BYTES = 640 * 1024     # AdamW split over threads: 160 Ki float32 per block
+# No BLAS axpy: OpenBLAS threads it on its own, and its fused multiply-add would round
+# differently from the ufunc chain, making results depend on the thread count.
+_BLOCK_BYTES = 256 * 1024          # per array, one thread: the block's passes stay in L2
+# Split over threads, each ufunc call takes the GIL back (kernels.parallel): longer blocks,
+# still within a core's L2 for the 3 arrays of the AdamW chain.
+_PAR_BLOCK_BYTES = 640 * 1024
 _SGD_PAR_BLOCK_BYTES = 512 * 1024  # SGD keeps up to 5 arrays in use per block
 
 
@@ -51,9 +44,7 @@ def _head(a):
     """How many elements of the flat array ``a`` come before its first 64-byte boundary
     (0 if its address is not a multiple of its itemsize). Blocks start there, so that
     block and scratch are both cache-line aligned: NumPy's buffers start 16 bytes past a
-    boundary, and an in-place pass over such a block ran 15-35% slower (a += b, 64 Ki
-    float32 in L2: 7.2 vs 5.3 us); the AdamW chain over 2.1M float32 took 3.5 ms instead
-    of 3.35 on one thread, 2.24 instead of 2.16 on two."""
+    boundary, and in-place passes over such blocks run slower (kernels.memory)."""
     addr = a.__array_interface__["data"][0]
     size = a.itemsize
     return 0 if addr % size else (-addr % _ALIGN) // size
@@ -119,15 +110,12 @@ def _adamw_chain(pb, gb, mb, vb, tb, _, decay, b1_a1, a1, beta2, a2, eps_hat, st
 
     Order: v and the denominator (g, v, scratch), then m in place without scratch (m, g),
     then the update (m, scratch) and p. Between two uses of a block at most two other
-    arrays are touched, except for g, which is only read (clean lines: nothing to write
-    back if evicted); in the textbook order (m, v, update) the written m waits while g, v
-    and the scratch pass. So blocks can be larger in the same L2, and fewer, longer ufunc
-    calls wait less for the GIL when split over threads: 2.1M float32 on 2 threads, 160 Ki
-    blocks, 2.20 ms vs 2.31 (textbook order; 2.37 at its best block size, 128 Ki). m is
-    updated in place as ((m * (b1/a1)) + g) * a1 with a1 = 1 - b1: three roundings like
-    b1 m + a1 g, and b1/a1 is finite (b1 < 1). Time per pass, 2.1M float32 on one thread:
-    the first touch of g, v, m and p (from L3) 0.35-0.42 ms each, the sqrt 0.47, the
-    divide 0.40, the other passes (in L2) 0.15-0.25."""
+    arrays are touched, except for g, which is only read until the end (clean lines:
+    nothing to write back if evicted); in the textbook order (m, v, update) the written m
+    waits while g, v and the scratch pass. So blocks can be larger in the same L2, and
+    fewer, longer ufunc calls wait less for the GIL when split over threads. m is updated
+    in place as ((m * (b1/a1)) + g) * a1 with a1 = 1 - b1: three roundings like
+    b1 m + a1 g, and b1/a1 is finite (b1 < 1)."""
     np.multiply(gb, a2, tb)                    # v = b2 v + (1 - b2) g g
     tb *= gb
     vb *= beta2
@@ -147,7 +135,7 @@ def _adamw_chain(pb, gb, mb, vb, tb, _, decay, b1_a1, a1, beta2, a2, eps_hat, st
 def adamw_consts(dtype, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2):
     """The constants of one AdamW step for parameters of ``dtype``, in the form
     ``adamw_update_many_unchecked`` takes: 0-d arrays of ``dtype`` (a Python float operand
-    costs ~0.2 us more per ufunc call, and is rounded to the array's dtype all the same), the
+    is converted on every ufunc call, and rounded to the array's dtype all the same), the
     decay None when it is exactly 1. The bias corrections are folded in:
     lr/bc1 * m / (sqrt(v)/sbc2 + eps) == (lr/bc1 * sbc2) * m / (sqrt(v) + eps*sbc2), one
     multiply fewer per element, and no division by lr (which may be 0)."""

@@ -3,7 +3,8 @@
 NumPy ufuncs release the GIL while they loop, so row chunks of a large array can run on
 several Python threads at once (the scipy gemm wrapper holds the GIL, so GEMMs are left to
 OpenBLAS's own threads). Each ufunc call still needs the GIL to start, so a chunk must be
-large (>= ~256 Ki elements per thread, blocks of ~512 KiB) or the threads just queue on it.
+large (``MIN_ELEMENTS_PER_THREAD`` elements per thread, blocks of ~512 KiB) or the threads
+just queue on it (docs/performance.md, "Row-parallel elementwise passes").
 The thread count is the one set by ``BLASNET_NUM_THREADS`` / ``set_num_threads`` /
 ``num_threads`` (kernels.threads), so one setting governs GEMMs and elementwise passes.
 """
@@ -18,8 +19,7 @@ from . import threads as _threads
 __all__ = ["split", "split_blocks", "threads_for", "chunks", "parallel_for",
            "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
-# Below this many elements per thread the GIL hand-offs cost more than the second core
-# gives (measured on GELU fwd+bwd, 2048x2048 float32: 128 KiB blocks 1.0x, 512 KiB 1.7x).
+# Below this many elements per thread the GIL hand-offs cost more than the second core gives.
 MIN_ELEMENTS_PER_THREAD = 256 * 1024
 
 _pool: ThreadPoolExecutor | None = None
