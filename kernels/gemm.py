@@ -12,7 +12,8 @@ from scipy.linalg import blas as _blas
 
 from .memory import ones as _ones
 
-__all__ = ["gemm", "gemm_unchecked", "gemv_colsum", "check_array", "routines"]
+__all__ = ["gemm", "gemm_unchecked", "gemv_colsum", "check_array", "check_contiguous",
+           "check_like", "routines"]
 
 # The package's one table of scipy BLAS routines; every kernel gets its routines from here.
 _GEMM = {np.dtype(np.float32): _blas.sgemm, np.dtype(np.float64): _blas.dgemm}
@@ -47,6 +48,37 @@ def check_array(name: str, x, ndim: int | None = None, dtype=None, shape=None) -
             raise ValueError(f"{name}: expected shape {want}, got {x.shape}")
     if not x.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array (shape {x.shape}, strides {x.strides})")
+
+
+def check_contiguous(name: str, x, written: bool = False) -> None:
+    """Raise TypeError/ValueError naming ``name`` unless ``x`` is a C- or Fortran-contiguous
+    float32/float64 ndarray (of any shape), writeable if ``written``."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+    if x.dtype not in _GEMM:
+        raise TypeError(f"{name}: expected dtype float32 or float64, got {x.dtype}")
+    if not (x.flags.c_contiguous or x.flags.f_contiguous):
+        raise ValueError(f"{name}: expected a C- or Fortran-contiguous array, got strides "
+                         f"{x.strides} for shape {x.shape}")
+    if written and not x.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable array")
+
+
+def check_like(name: str, x, ref_name: str, ref, written: bool = False) -> None:
+    """Raise TypeError/ValueError naming ``name`` unless ``x`` is an ndarray with the dtype,
+    shape and memory order (C or Fortran) of ``ref``, writeable if ``written``."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{name}: expected dtype {ref.dtype} (that of {ref_name}), got {x.dtype}")
+    if x.shape != ref.shape:
+        raise ValueError(f"{name}: expected shape {ref.shape} (that of {ref_name}), got {x.shape}")
+    if not (x.flags.c_contiguous if ref.flags.c_contiguous else x.flags.f_contiguous):
+        order = "C" if ref.flags.c_contiguous else "Fortran"
+        raise ValueError(f"{name}: expected a {order}-contiguous array like {ref_name}, got "
+                         f"strides {x.strides} for shape {x.shape}")
+    if written and not x.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable array (the call writes it)")
 
 
 def gemm_unchecked(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):

@@ -28,8 +28,9 @@ _BLOCK_BYTES = 256 * 1024  # per scratch buffer: the block's passes stay in L2
 
 
 def _buffers(dtype, d):
-    """(rows, A, B, r1, r2, ones_d, ones_r): this thread's scratch (kernels.memory), kept
-    transposed, (d, rows) in Fortran order: the layout BLAS wants."""
+    """(rows, A, B, r1, r2, ones_d, ones_r, gemm, gemv): this thread's scratch
+    (kernels.memory), kept transposed, (d, rows) in Fortran order: the layout BLAS wants;
+    the constants and BLAS routines (kernels.gemm) the passes call."""
     rows = max(1, _BLOCK_BYTES // (d * dtype.itemsize))
     return (rows,
             scratch("layernorm.a", (rows, d), dtype).T,  # (d, rows) scale (fwd); x - mean (bwd)
@@ -37,7 +38,8 @@ def _buffers(dtype, d):
             scratch("layernorm.r1", rows, dtype),        # (rows,) per-row sums
             scratch("layernorm.r2", rows, dtype),        # (rows,) per-row sums
             ones(d, dtype)[:, None],                     # (d, 1) row sums and row shifts
-            ones(rows, dtype)[None, :])                  # (1, rows) column sums, beta
+            ones(rows, dtype)[None, :],                  # (1, rows) column sums, beta
+            *routines(dtype))
 
 
 # Both passes walk transposed views: a C-contiguous (n, d) array is a Fortran (d, n) one
@@ -52,10 +54,8 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
     n, d = x.shape
     if n == 0:
         return out
-    rows, S, _, _, var, ones_d, ones_r = _buffers(x.dtype, d)
-    gemm, gemv = routines(x.dtype)
-    inv_d = 1.0 / d
-    d_eps, sqrt_d = d * eps, math.sqrt(d)
+    rows, S, _, _, var, ones_d, ones_r, gemm, gemv = _buffers(x.dtype, d)
+    d_eps, sqrt_d, inv_d = d * eps, math.sqrt(d), 1.0 / d
     xT, oT = x.T, out.T                         # (d, n) Fortran views
     mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views
     gcol, bcol, ones_v = gamma[:, None], beta[:, None], ones_d[:, 0]
@@ -88,8 +88,7 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     n, d = x.shape
     if n == 0:
         return dx
-    rows, t, P, c1, c2, ones_d, ones_r = _buffers(x.dtype, d)
-    gemm, gemv = routines(x.dtype)
+    rows, t, P, c1, c2, ones_d, ones_r, gemm, gemv = _buffers(x.dtype, d)
     inv_d = 1.0 / d
     xT, gT, dT = x.T, dout.T, dx.T              # (d, n) Fortran views
     mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views

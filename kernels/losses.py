@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from . import parallel as _par
-from .gemm import check_array, routines
+from .gemm import check_array, check_contiguous, check_like, routines
 from .memory import constant, ones, scratch
 from .optim import flat_view
 
@@ -22,7 +22,6 @@ __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
            "mse_forward_unchecked", "mse_backward_unchecked",
            "mse_forward_backward", "mse_forward_backward_unchecked"]
 
-_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _BLOCK_BYTES = 256 * 1024  # per block of rows (softmax) or of flat elements (MSE)
 # Softmax + cross-entropy is not split over blasnet's threads (its gemv/gemm calls hold the
 # GIL); MSE is (see the MSE section).
@@ -169,6 +168,15 @@ def _check_target(target, logits):
                          f"({n}, {c}), got shape {target.shape}")
 
 
+def _check_classes(in_name, x, out_name, out, target):
+    """``x`` (N, C) with C >= 1, ``out`` like it, ``target`` labels or probabilities for it."""
+    check_array(in_name, x, ndim=2)
+    if x.shape[1] == 0:
+        raise ValueError(f"{in_name}: expected at least one class, got shape {x.shape}")
+    check_array(out_name, out, ndim=2, dtype=x.dtype, shape=x.shape)
+    _check_target(target, x)
+
+
 def softmax_cross_entropy_forward(probs, logits, target):
     """probs = softmax(logits) row-wise; returns the mean over rows of
     -sum_j y_j log softmax(logits)_j as a Python float.
@@ -177,22 +185,14 @@ def softmax_cross_entropy_forward(probs, logits, target):
     ``logits``). ``target`` is (N,) integer labels in [0, C) (any integer dtype) or (N, C)
     probabilities of the logits' dtype. Stable for any finite logits (the row max is
     subtracted before exp). N == 0 gives nan, like the mean of nothing."""
-    check_array("logits", logits, ndim=2)
-    if logits.shape[1] == 0:
-        raise ValueError(f"logits: expected at least one class, got shape {logits.shape}")
-    check_array("probs", probs, ndim=2, dtype=logits.dtype, shape=logits.shape)
-    _check_target(target, logits)
+    _check_classes("logits", logits, "probs", probs, target)
     return softmax_cross_entropy_forward_unchecked(probs, logits, target)
 
 
 def softmax_cross_entropy_backward(dlogits, probs, target):
     """dlogits = (probs - y) / N, with y the one-hot labels or the probability targets and
     ``probs`` the softmax written by the forward. ``dlogits`` may be ``probs``."""
-    check_array("probs", probs, ndim=2)
-    if probs.shape[1] == 0:
-        raise ValueError(f"probs: expected at least one class, got shape {probs.shape}")
-    check_array("dlogits", dlogits, ndim=2, dtype=probs.dtype, shape=probs.shape)
-    _check_target(target, probs)
+    _check_classes("probs", probs, "dlogits", dlogits, target)
     return softmax_cross_entropy_backward_unchecked(dlogits, probs, target)
 
 
@@ -306,44 +306,21 @@ def mse_forward_backward_unchecked(dpred, pred, target):
     return float(_mse_run(dp, p, t)) / n
 
 
-def _check_same(name, a, ref_name, ref):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
-    if a.dtype != ref.dtype:
-        raise TypeError(f"{name}: expected dtype {ref.dtype} (that of {ref_name}), got {a.dtype}")
-    if a.shape != ref.shape:
-        raise ValueError(f"{name}: expected shape {ref.shape} (that of {ref_name}), got {a.shape}")
-    if not (a.flags.c_contiguous if ref.flags.c_contiguous else a.flags.f_contiguous):
-        order = "C" if ref.flags.c_contiguous else "Fortran"
-        raise ValueError(f"{name}: expected a {order}-contiguous array like {ref_name}, got "
-                         f"strides {a.strides} for shape {a.shape}")
-
-
-def _check_pred(pred):
-    if not isinstance(pred, np.ndarray):
-        raise TypeError(f"pred: expected a numpy.ndarray, got {type(pred).__name__}")
-    if pred.dtype not in (_F32, _F64):
-        raise TypeError(f"pred: expected dtype float32 or float64, got {pred.dtype}")
-    if not (pred.flags.c_contiguous or pred.flags.f_contiguous):
-        raise ValueError(f"pred: expected a C- or Fortran-contiguous array, got strides "
-                         f"{pred.strides} for shape {pred.shape}")
-
-
 def mse_forward(pred, target):
     """mean((pred - target)**2) over all elements, as ``torch.nn.MSELoss()``; a Python float.
 
     ``pred`` and ``target`` have any one shape, one float dtype and one memory order (C or
     Fortran). An empty array gives nan."""
-    _check_pred(pred)
-    _check_same("target", target, "pred", pred)
+    check_contiguous("pred", pred)
+    check_like("target", target, "pred", pred)
     return mse_forward_unchecked(pred, target)
 
 
 def mse_backward(dpred, pred, target):
     """dpred = 2 * (pred - target) / pred.size. ``dpred`` may be ``pred``."""
-    _check_pred(pred)
-    _check_same("target", target, "pred", pred)
-    _check_same("dpred", dpred, "pred", pred)
+    check_contiguous("pred", pred)
+    check_like("target", target, "pred", pred)
+    check_like("dpred", dpred, "pred", pred, written=True)
     return mse_backward_unchecked(dpred, pred, target)
 
 
@@ -352,7 +329,7 @@ def mse_forward_backward(dpred, pred, target):
     over pred and target: writes dpred = 2 * (pred - target) / pred.size (the same bits as
     ``mse_backward``) and returns the loss (the same value as ``mse_forward``). ``dpred``
     may be ``pred``: the loss is computed from each block before it is overwritten."""
-    _check_pred(pred)
-    _check_same("target", target, "pred", pred)
-    _check_same("dpred", dpred, "pred", pred)
+    check_contiguous("pred", pred)
+    check_like("target", target, "pred", pred)
+    check_like("dpred", dpred, "pred", pred, written=True)
     return mse_forward_backward_unchecked(dpred, pred, target)

@@ -18,13 +18,13 @@ import numbers
 import numpy as np
 
 from . import parallel as _par
+from .gemm import check_contiguous, check_like
 from .memory import ALIGN as _ALIGN
 from .memory import scratch
 
 __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_unchecked",
            "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view"]
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 # No BLAS axpy: OpenBLAS threads it on its own, and its fused multiply-add would round
 # differently from the ufunc chain, making results depend on the thread count.
 _BLOCK_BYTES = 256 * 1024          # per array, one thread: the block's passes stay in L2
@@ -219,38 +219,6 @@ def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_dec
 
 
 # ----------------------------------------------------------------------------- checks
-def _check_param(param, name="param"):
-    if not isinstance(param, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(param).__name__}")
-    if param.dtype not in _FLOATS:
-        raise TypeError(f"{name}: expected dtype float32 or float64, got {param.dtype}")
-    if not (param.flags.c_contiguous or param.flags.f_contiguous):
-        raise ValueError(f"{name}: expected a C- or Fortran-contiguous array, got shape "
-                         f"{param.shape} with strides {param.strides}")
-    if not param.flags.writeable:
-        raise ValueError(f"{name}: expected a writeable array")
-
-
-def _check_like(name, a, param, written=True):
-    """``a`` must match ``param``: ndarray, dtype, shape and memory order; and be writeable
-    if the update writes it."""
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
-    if a.dtype != param.dtype:
-        raise TypeError(f"{name}: expected dtype {param.dtype} (that of param), got {a.dtype}")
-    if a.shape != param.shape:
-        raise ValueError(f"{name}: expected shape {param.shape} (that of param), got {a.shape}")
-    if param.flags.c_contiguous:
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{name}: expected a C-contiguous array like param, got strides "
-                             f"{a.strides} for shape {a.shape}")
-    elif not a.flags.f_contiguous:
-        raise ValueError(f"{name}: expected a Fortran-contiguous array like param, got "
-                         f"strides {a.strides} for shape {a.shape}")
-    if written and not a.flags.writeable:
-        raise ValueError(f"{name}: expected a writeable array (the update writes it)")
-
-
 def _check_flag(name, x):
     if not isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{name}: expected True or False, got {x!r} ({type(x).__name__})")
@@ -282,11 +250,11 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.
     Fortran-contiguous; any ndim including 0-d) and must not overlap; ``grad`` is only read,
     unless ``zero_grad`` sets it to 0 in the same pass (what a separate ``grad.fill(0)``
     would do, without reading it from memory again). Returns ``param``."""
-    _check_param(param)
+    check_contiguous("param", param, written=True)
     zero_grad = _check_flag("zero_grad", zero_grad)
-    _check_like("grad", grad, param, written=zero_grad)
-    _check_like("exp_avg", exp_avg, param)
-    _check_like("exp_avg_sq", exp_avg_sq, param)
+    check_like("grad", grad, "param", param, written=zero_grad)
+    check_like("exp_avg", exp_avg, "param", param, written=True)
+    check_like("exp_avg_sq", exp_avg_sq, "param", param, written=True)
     return adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq,
                                   *_check_adamw_options(step, lr, beta1, beta2, eps,
                                                         weight_decay), zero_grad)
@@ -321,9 +289,10 @@ def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
                          f"length, got {[len(s) for s in seqs.values()]}")
     zero_grad = _check_flag("zero_grad", zero_grad)
     for i, p in enumerate(params):
-        _check_param(p, f"params[{i}]")
+        check_contiguous(f"params[{i}]", p, written=True)
         for name in ("grads", "exp_avgs", "exp_avg_sqs"):
-            _check_like(f"{name}[{i}]", seqs[name][i], p, name != "grads" or zero_grad)
+            check_like(f"{name}[{i}]", seqs[name][i], f"params[{i}]", p,
+                       written=name != "grads" or zero_grad)
     opts = _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay)
     consts = {}
     updates = []
@@ -350,9 +319,9 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
     (shape, dtype, memory order) and is updated in place. ``grad`` is only read, unless
     ``zero_grad`` sets it to 0 in the same pass. Nesterov needs momentum > 0 and
     dampening == 0 (as in PyTorch). Returns ``param``."""
-    _check_param(param)
+    check_contiguous("param", param, written=True)
     zero_grad = _check_flag("zero_grad", zero_grad)
-    _check_like("grad", grad, param, written=zero_grad)
+    check_like("grad", grad, "param", param, written=zero_grad)
     lr = _check_number("lr", lr, 0.0)
     momentum = _check_number("momentum", momentum, 0.0)
     weight_decay = _check_number("weight_decay", weight_decay, 0.0)
@@ -361,7 +330,7 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
         if momentum_buf is None:
             raise ValueError(f"momentum_buf: expected an array like param (shape {param.shape},"
                              f" dtype {param.dtype}) when momentum={momentum}, got None")
-        _check_like("momentum_buf", momentum_buf, param)
+        check_like("momentum_buf", momentum_buf, "param", param, written=True)
     if nesterov and (momentum == 0.0 or dampening != 0.0):
         raise ValueError(f"nesterov: requires momentum > 0 and dampening == 0, got "
                          f"momentum={momentum}, dampening={dampening}")

@@ -1,7 +1,6 @@
 """kernels.losses: softmax + cross-entropy and MSE against reference.py, central finite
 differences and independent math."""
 import math
-import threading
 import tracemalloc
 import warnings
 
@@ -253,53 +252,6 @@ def test_ce_backward_rejects_bad_input_naming_it(name, bad, exc):
     args[name] = bad
     with pytest.raises(exc, match=name):
         softmax_cross_entropy_backward(**args)
-
-
-def test_threads_calling_at_once_get_one_thread_results(monkeypatch):
-    # Check that two threads computing cross-entropy (labels and probability targets) and
-    # MSE at the same time, each on its own arrays, get exactly the arrays each gets alone:
-    # the scratch is per thread. Blocks of 4 MiB make each ufunc call long enough that the
-    # other thread runs in between (a class count no other test uses, so the scratch is made
-    # at this block size). The loss values are sums of numpy dot products, which numpy's
-    # OpenBLAS may thread differently when two threads call it at once: they are compared
-    # to float32 rounding.
-    monkeypatch.setattr(losses, "_BLOCK_BYTES", 4 << 20)
-    rng = np.random.default_rng(60)
-    n, c = 3 * _rows_per_block(136, np.float32) + 5, 136
-    problems = [((3 * rng.standard_normal((n, c))).astype(np.float32),
-                 rng.integers(0, c, size=n), _prob_targets(rng, n, c, np.float32))
-                for _ in range(2)]
-
-    def run(logits, labels, y, rounds=1, barrier=None):
-        p1, p2, d1, d2 = (np.empty_like(logits) for _ in range(4))
-        if barrier is not None:
-            barrier.wait()
-        for _ in range(rounds):
-            l1 = losses.softmax_cross_entropy_forward(p1, logits, labels)
-            losses.softmax_cross_entropy_backward(d1, p1, labels)
-            l2 = losses.softmax_cross_entropy_forward(p2, logits, y)
-            losses.softmax_cross_entropy_backward(d2, p2, y)
-            l3 = mse_forward(logits, y)
-        return l1, l2, l3, p1, p2, d1, d2
-
-    alone = [run(*pr) for pr in problems]
-    together = [None, None]
-    barrier = threading.Barrier(2)
-
-    def worker(i):
-        together[i] = run(*problems[i], rounds=4, barrier=barrier)
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    names = ("probs (labels)", "probs (probabilities)", "dlogits (labels)",
-             "dlogits (probabilities)")
-    for a, b in zip(alone, together):
-        for name, u, v in zip(("loss (labels)", "loss (probabilities)", "mse"), a[:3], b[:3]):
-            assert_close(v, u, name, rtol=1e-5, atol=0.0)
-        for name, u, v in zip(names, a[3:], b[3:]):
-            np.testing.assert_array_equal(v, u, err_msg=name)
 
 
 # ----------------------------------------------------------------------------- MSE

@@ -124,3 +124,104 @@ def test_block_and_layer_outputs_are_aligned():
     mlp = MLP([8, 6, 3], ["relu", None], rng=0)
     out = mlp.forward(x)
     assert all(a.ctypes.data % ALIGN == 0 for a in (y, dx, out))
+
+
+# ----------------------------------------------------------------------------- kernels on two threads
+def _layernorm_case(rng, monkeypatch):
+    from kernels import layernorm as ln
+    # 4 MiB blocks make each ufunc call long enough that the other thread runs in between
+    # (a width no other test uses, so the scratch is made at this block size).
+    monkeypatch.setattr(ln, "_BLOCK_BYTES", 4 << 20)
+    d = 264
+    n = 3 * ((4 << 20) // (d * 4)) + 5
+
+    def problem():
+        return (rng.standard_normal((n, d)).astype(np.float32),
+                rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32),
+                rng.standard_normal((n, d)).astype(np.float32))
+
+    def run(x, gamma, beta, dout):
+        out, mean, rstd = np.empty_like(x), np.empty(n, np.float32), np.empty(n, np.float32)
+        dx, dg, db = np.empty_like(x), np.zeros(d, np.float32), np.zeros(d, np.float32)
+        ln.layernorm_forward(out, mean, rstd, x, gamma, beta)
+        ln.layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
+        return dict(out=out, mean=mean, rstd=rstd, dx=dx, dgamma=dg, dbeta=db)
+    return problem, run
+
+
+def _losses_case(rng, monkeypatch):
+    from kernels import losses
+    monkeypatch.setattr(losses, "_BLOCK_BYTES", 4 << 20)  # as above; a class count of its own
+    c = 136
+    n = 3 * ((4 << 20) // (c * 4)) + 5
+
+    def problem():
+        y = rng.random((n, c))
+        return ((3 * rng.standard_normal((n, c))).astype(np.float32), rng.integers(0, c, size=n),
+                (y / y.sum(axis=1, keepdims=True)).astype(np.float32))
+
+    def run(logits, labels, y):
+        p1, p2, d1, d2 = (np.empty_like(logits) for _ in range(4))
+        l1 = losses.softmax_cross_entropy_forward(p1, logits, labels)
+        losses.softmax_cross_entropy_backward(d1, p1, labels)
+        l2 = losses.softmax_cross_entropy_forward(p2, logits, y)
+        losses.softmax_cross_entropy_backward(d2, p2, y)
+        # Loss values are sums of numpy dots, which numpy's OpenBLAS may thread differently
+        # when two threads call it at once: compared to float32 rounding, the arrays exactly.
+        return {"loss (labels)": l1, "loss (probabilities)": l2,
+                "mse": losses.mse_forward(logits, y), "probs (labels)": p1,
+                "probs (probabilities)": p2, "dlogits (labels)": d1,
+                "dlogits (probabilities)": d2}
+    return problem, run
+
+
+def _optim_dropout_case(rng, monkeypatch):
+    from kernels import dropout, dropout_forward, optim
+    monkeypatch.setattr(optim, "_BLOCK_BYTES", 4 << 20)  # long ufunc calls, as above
+    monkeypatch.setattr(dropout, "_BLOCK_BYTES", 4 << 20)
+    n = 3 * (1 << 20) + 11
+
+    def problem():
+        return tuple(rng.random(n).astype(np.float32) for _ in range(5))
+
+    def run(p, g, m, v, x):
+        p, m, v = p.copy(), m.copy(), v.copy()
+        optim.adamw_update(p, g, m, v, 3, 1e-2, zero_grad=False)
+        buf = m.copy()
+        optim.sgd_update(p, g, buf, 0.1, momentum=0.9, weight_decay=0.01)
+        out, mask = np.empty_like(x), np.empty_like(x)
+        dropout_forward(out, mask, x, 0.3, np.random.default_rng(5))
+        return dict(param=p, exp_avg=m, exp_avg_sq=v, momentum_buf=buf, out=out, mask=mask)
+    return problem, run
+
+
+@pytest.mark.parametrize("case", [_layernorm_case, _losses_case, _optim_dropout_case],
+                         ids=["layernorm", "losses", "optim+dropout"])
+def test_kernels_called_from_two_threads_at_once_get_one_thread_results(case, monkeypatch):
+    # Check that two threads running a kernel at the same time, each on its own arrays
+    # (shapes alike, so shared scratch would collide), get exactly what each gets alone:
+    # kernels.memory.scratch is per thread. Elementwise splitting is off (1 thread) so each
+    # caller runs its kernels inline on its own scratch.
+    from kernels import num_threads
+    problem, run = case(np.random.default_rng(60), monkeypatch)
+    problems = [problem(), problem()]
+    together = [None, None]
+    barrier = threading.Barrier(2)
+
+    def worker(i):
+        barrier.wait()
+        for _ in range(4):
+            together[i] = run(*problems[i])
+    with num_threads(1):
+        alone = [run(*pr) for pr in problems]
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for a, b in zip(alone, together):
+        for name in a:
+            if isinstance(a[name], float):
+                assert b[name] == pytest.approx(a[name], rel=1e-5), name
+            else:
+                np.testing.assert_array_equal(b[name], a[name], err_msg=name)
