@@ -117,6 +117,6 @@ def split_blocks(fn, nblocks: int, k: int) -> None:
 
 def parallel_for(fn, n: int, k: int) -> None:
     """``fn(start, stop)`` on ``k`` contiguous slices covering ``range(n)`` (slice 0 on the
-    calling thread), for callers that choose ``k`` themselves with ``chunks``; kernels use
-    ``split``."""
-    _fork(lambda s: fn(n * s // k, n * (s + 1) // k), max(1, k))
+    calling thread): ``split`` with a given thread count, for callers that choose ``k``
+    themselves with ``chunks``."""
+    split(lambda i0, i1, _: fn(i0, i1), n, k=max(1, k))

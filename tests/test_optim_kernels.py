@@ -246,7 +246,7 @@ def test_adamw_split_over_threads_allocates_nothing_after_warm_up(split_on):
     n = _split_size()
     p, m, v = _state(rng, (n,), np.float32)
     g = rng.standard_normal(n).astype(np.float32)
-    parallel.parallel_for(lambda i, j: None, 4, 4)
+    parallel.split(lambda i, j, slot: None, 4, k=4)  # a pool of 3 workers
     with num_threads(2):
         adamw_update(p, g, m, v, 1, 1e-3)
         tracemalloc.start()
@@ -363,7 +363,7 @@ def test_adamw_update_many_split_allocates_nothing_after_warm_up(split_on):
     rng = np.random.default_rng(39)
     state = _many_state(rng, np.float32, _split_size())
     seqs = [[arrs[i] for arrs in state] for i in range(4)]
-    parallel.parallel_for(lambda i, j: None, 4, 4)
+    parallel.split(lambda i, j, slot: None, 4, k=4)  # a pool of 3 workers
     with num_threads(2):
         adamw_update_many(*seqs, 1, 1e-3)
         tracemalloc.start()
