@@ -14,7 +14,7 @@ import numpy as np
 
 from . import parallel as _par
 from .gemm import check_array
-from .memory import scratch
+from .memory import bundle, scratch
 
 __all__ = ["dropout_forward", "dropout_backward",
            "dropout_forward_unchecked", "dropout_backward_unchecked"]
@@ -42,6 +42,11 @@ def _finish_block(of, mf, xf, i, j, p, scale, keep):
     np.multiply(xf[i:j], mb, of[i:j])
 
 
+def _keeps(k, blk):
+    """A (blk,) bool block per slot of a k-thread pipelined pass, taken on the caller."""
+    return [scratch(("dropout.keep", s), blk, np.bool_) for s in range(k)]
+
+
 def _forward_pipelined(of, mf, xf, p, scale, rng):
     """The caller draws every block in order into the mask (the Generator is not
     thread-safe, and one stream keeps the reference's mask) and queues it; pool threads
@@ -54,7 +59,7 @@ def _forward_pipelined(of, mf, xf, p, scale, rng):
     drawn = queue.SimpleQueue()  # start index of each drawn block, then one end mark (None)
     put = drawn.put
     k = _par.threads_for(n)
-    keeps = [scratch(("dropout.keep", s), blk, np.bool_) for s in range(k)]
+    keeps = bundle(("dropout.keeps", k, blk), _keeps, k, blk)
 
     def finish(keep):
         while True:

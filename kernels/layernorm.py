@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from .gemm import check_array, routines
-from .memory import ones, scratch
+from .memory import bundle, ones, scratch
 
 __all__ = ["layernorm_forward", "layernorm_backward",
            "layernorm_forward_unchecked", "layernorm_backward_unchecked"]
@@ -31,6 +31,10 @@ def _buffers(dtype, d):
     """(rows, A, B, r1, r2, ones_d, ones_r, gemm, gemv): this thread's scratch
     (kernels.memory), kept transposed, (d, rows) in Fortran order: the layout BLAS wants;
     the constants and BLAS routines (kernels.gemm) the passes call."""
+    return bundle(("layernorm", dtype, d, _BLOCK_BYTES), _make_buffers, dtype, d)
+
+
+def _make_buffers(dtype, d):
     rows = max(1, _BLOCK_BYTES // (d * dtype.itemsize))
     return (rows,
             scratch("layernorm.a", (rows, d), dtype).T,  # (d, rows) scale (fwd); x - mean (bwd)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import parallel as _par
 from .gemm import check_array, check_contiguous, check_like, routines
-from .memory import constant, ones, scratch
+from .memory import bundle, constant, ones, scratch
 from .optim import flat_view
 
 __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
@@ -30,6 +30,10 @@ _BLOCK_BYTES = 256 * 1024  # per block of rows (softmax) or of flat elements (MS
 def _rows_buffers(dtype, c):
     """(rows, W, mx, ssum, z, idx, offs, ones_c, ones_r): this thread's softmax scratch
     (kernels.memory) for ``c`` classes and the constants its BLAS calls read."""
+    return bundle(("losses.rows", dtype, c, _BLOCK_BYTES), _make_rows_buffers, dtype, c)
+
+
+def _make_rows_buffers(dtype, c):
     rows = max(1, _BLOCK_BYTES // (c * dtype.itemsize))
     return (rows,
             scratch("losses.w", (rows, c), dtype).T,  # (C, rows) y * shifted, 1/sum rows
@@ -244,6 +248,12 @@ def _grad_scale(n, dtype):
     return np.array(2.0 / n, dtype)
 
 
+def _mse_slots(dtype, k, blk):
+    """Per slot: a (blk,) difference block and a (_DOT_ROWS,) row-sum vector."""
+    return [(scratch(("losses.mse_d", s), blk, dtype),
+             scratch(("losses.mse_rows", s), _DOT_ROWS, dtype)) for s in range(k)]
+
+
 def _mse_run(dp, p, t):
     """sum((p - t)^2) over flat views, as a Python float; with ``dp``, also
     dp = (p - t) * (2 / n) (dp may be p). Large arrays are split over blasnet's threads,
@@ -259,8 +269,7 @@ def _mse_run(dp, p, t):
     scale = _grad_scale(n, p.dtype)
     k = _par.threads_for(n)
     part = scratch("losses.mse_part", nb, np.float64)  # per-block sums, any order
-    slots = [(scratch(("losses.mse_d", s), blk, p.dtype),
-              scratch(("losses.mse_rows", s), _DOT_ROWS, p.dtype)) for s in range(k)]
+    slots = bundle(("losses.mse", p.dtype, k, blk), _mse_slots, p.dtype, k, blk)
 
     def worker(blocks, s):
         slot = slots[s]

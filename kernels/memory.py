@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["ALIGN", "aligned_empty", "scratch", "ones", "constant"]
+__all__ = ["ALIGN", "aligned_empty", "scratch", "bundle", "ones", "constant"]
 
 ALIGN = 64  # bytes: one cache line, one AVX-512 register
 
@@ -47,6 +47,7 @@ def scratch(key, shape, dtype=np.float32) -> np.ndarray:
     except AttributeError:
         views = _tls.views = {}
         _tls.bufs = {}
+        _tls.bundles = {}
     try:
         view = views.get((key, shape, dtype))
     except TypeError:  # an unhashable shape (a list): normalised below
@@ -62,6 +63,7 @@ def scratch(key, shape, dtype=np.float32) -> np.ndarray:
         buf = bufs[(key, dt.char)] = aligned_empty(size, dt)
         for k in [k for k in views if k[0] == key]:  # views of the old buffer
             del views[k]
+        _tls.bundles = {}  # bundles may hold views of the old buffer
     view = buf[:size].reshape(shp)
     if len(views) >= _VIEWS_MAX:
         views.clear()
@@ -70,6 +72,27 @@ def scratch(key, shape, dtype=np.float32) -> np.ndarray:
     except TypeError:
         pass
     return view
+
+
+def bundle(key, make, *args):
+    """``make(*args)`` built once on the calling thread for ``key`` and returned again while
+    no scratch buffer of this thread has grown since (a growth rebuilds it, so it never
+    holds views of a replaced buffer). For kernels that take several scratch views and
+    constants per call: one lookup instead of one per view. ``key`` must determine what
+    ``make(*args)`` builds (e.g. ("layernorm", dtype, d))."""
+    try:
+        bundles = _tls.bundles
+    except AttributeError:
+        _tls.views, _tls.bufs = {}, {}
+        bundles = _tls.bundles = {}
+    value = bundles.get(key)
+    if value is None:
+        value = make(*args)
+        bundles = _tls.bundles  # make() may have grown a buffer (a new dict)
+        if len(bundles) >= _VIEWS_MAX:
+            bundles.clear()
+        bundles[key] = value
+    return value
 
 
 _ones: dict = {}       # dtype -> read-only ones vector shared by all threads, grown on demand

@@ -20,7 +20,7 @@ import numpy as np
 from . import parallel as _par
 from .gemm import check_contiguous, check_like
 from .memory import ALIGN as _ALIGN
-from .memory import scratch
+from .memory import bundle, scratch
 
 __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_unchecked",
            "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view"]
@@ -50,54 +50,55 @@ def _head(a):
     return 0 if addr % size else (-addr % _ALIGN) // size
 
 
+def _slot_scratch(dtype, k, blk):
+    """Two (blk,) scratch blocks per slot of a k-thread pass, taken on the calling thread."""
+    return [(scratch(("optim.a", s), blk, dtype), scratch(("optim.b", s), blk, dtype))
+            for s in range(k)]
+
+
 def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False):
     """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over every
     ``(arrays, consts)`` item: one pass over the items' concatenated elements (``total`` in
     all), split over blasnet's threads in ``block_bytes`` blocks when large, else inline in
     ``_BLOCK_BYTES`` blocks. With ``zero_grad`` each block of the second array (the
-    gradient) is set to 0 after the chain, while it is still in cache. Each item's first block ends on its first array's 64-byte
-    boundary (``_head``), its last one is shorter; block boundaries do not change any
-    result. The threads take blocks from a shared counter (kernels.parallel.split_blocks).
-    Bookkeeping is per item, not per block: nothing grows with the element count."""
+    gradient) is set to 0 after the chain, while it is still in cache. Each item's first
+    block ends on its first array's 64-byte boundary (``_head``), its last one is shorter;
+    block boundaries do not change any result. The threads take blocks from a shared
+    counter (kernels.parallel.split_blocks). Bookkeeping is per item, not per block."""
     k = _par.threads_for(total)
     if k == 1:
         block_bytes = _BLOCK_BYTES
-    ends, blks, heads, nblocks = [], [], [], 0
-    scratch_of = [{} for _ in range(k)]  # slot -> dtype -> (scratch_a, scratch_b)
-    for arrays, _ in items:
-        dt = arrays[0].dtype
+    plan, nblocks, scratch_of = [], 0, {}
+    for arrays, consts in items:
+        a0 = arrays[0]
+        dt, n = a0.dtype, a0.size
         blk = block_bytes // dt.itemsize
-        if dt not in scratch_of[0]:
-            for s in range(k):
-                scratch_of[s][dt] = (scratch(("optim.a", s), blk, dt),
-                                     scratch(("optim.b", s), blk, dt))
-        n = arrays[0].size
-        h = _head(arrays[0]) if n > blk else 0
-        nblocks += (h > 0) + -(-(n - h) // blk)
-        ends.append(nblocks)
-        blks.append(blk)
-        heads.append(h)
+        sc = scratch_of.get(dt)
+        if sc is None:  # [(scratch_a, scratch_b) per slot]
+            sc = scratch_of[dt] = bundle(("optim", dt, k, blk), _slot_scratch, dt, k, blk)
+        h = _head(a0) if n > blk else 0
+        first = nblocks + (h > 0)  # the item's first block after its head
+        nblocks = first + -(-(n - h) // blk)
+        plan.append((nblocks, first, h, blk, n, arrays, consts, sc))
 
     def worker(blocks, s):
-        q, first = 0, 0  # the item of this thread's last block, and that item's first block
+        q = 0  # the item of this thread's last block (a thread's blocks come in order)
+        end, first, h, blk, n, arrays, consts, sc = plan[0]
         for b in blocks:
-            while b >= ends[q]:  # a thread's blocks come in increasing order
-                first = ends[q]
+            while b >= end:
                 q += 1
-            arrays, consts = items[q]
-            ta, tb = scratch_of[s][arrays[0].dtype]
-            n, h = arrays[0].size, heads[q]
-            b -= first + (h > 0)
-            if b < 0:
+                end, first, h, blk, n, arrays, consts, sc = plan[q]
+            if b < first:  # the head
                 i, j = 0, h
             else:
-                i = h + b * blks[q]
-                j = min(i + blks[q], n)
+                i = h + (b - first) * blk
+                j = min(i + blk, n)
+            ta, tb = sc[s]
             # The whole item is not sliced (small ones are bound by call overhead).
-            blocks = arrays if j - i == n else [a[i:j] for a in arrays]
-            chain(*blocks, ta[:j - i], tb[:j - i], *consts)
+            views = arrays if j - i == n else [a[i:j] for a in arrays]
+            chain(*views, ta[:j - i], tb[:j - i], *consts)
             if zero_grad:
-                blocks[1].fill(0)
+                views[1].fill(0)
     _par.split_blocks(worker, nblocks, k)
 
 

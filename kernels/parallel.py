@@ -111,8 +111,11 @@ def split_blocks(fn, nblocks: int, k: int) -> None:
     one thread, from one shared counter. A thread that starts late (a pool thread must wake
     up first, or its core is busy) takes fewer blocks, so the caller never waits for more
     than the block another thread is finishing. ``k`` comes from ``threads_for``."""
+    if k <= 1:
+        fn(range(nblocks), 0)
+        return
     counter = itertools.count()  # next() is atomic under the GIL
-    _fork(lambda s: fn(_taken(counter, nblocks), s), max(1, k))
+    _fork(lambda s: fn(_taken(counter, nblocks), s), k)
 
 
 def parallel_for(fn, n: int, k: int) -> None:

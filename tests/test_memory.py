@@ -225,3 +225,24 @@ def test_kernels_called_from_two_threads_at_once_get_one_thread_results(case, mo
                 assert b[name] == pytest.approx(a[name], rel=1e-5), name
             else:
                 np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+
+
+def test_bundle_is_built_once_per_thread_and_rebuilt_after_a_growth():
+    # Check that bundle() reuses what make() built, that another thread builds its own, and
+    # that a growing scratch buffer of this thread makes it build again (with the new view).
+    made = []
+
+    def make(n):
+        made.append(threading.current_thread().name)
+        return (memory.scratch("test.bundle", n, np.float32),)
+    first = memory.bundle(("test.bundle", 8), make, 8)
+    assert memory.bundle(("test.bundle", 8), make, 8) is first
+    assert len(made) == 1
+    t = threading.Thread(target=lambda: memory.bundle(("test.bundle", 8), make, 8))
+    t.start()
+    t.join()
+    assert len(made) == 2
+    memory.scratch("test.bundle", 1 << 20, np.float32)  # grows the buffer first's view is in
+    again = memory.bundle(("test.bundle", 8), make, 8)
+    assert len(made) == 3 and again is not first
+    assert np.shares_memory(again[0], memory.scratch("test.bundle", 1 << 20, np.float32))
