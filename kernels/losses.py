@@ -293,8 +293,14 @@ def mse_backward_unchecked(dpred, pred, target):
     """``mse_backward`` without checks (hot path). ``dpred`` may be ``pred``."""
     dp, p, t = flat_view(dpred), flat_view(pred), flat_view(target)
     n = p.size
+    if n == 0:  # nothing to write (the loss of nothing is nan, its gradient empty)
+        return dpred
     blk = _BLOCK_BYTES // p.dtype.itemsize
     scale = _grad_scale(n, p.dtype)
+    if n <= blk:  # one block: no slicing, no split (small arrays are bound by call overhead)
+        np.subtract(p, t, dp)
+        np.multiply(dp, scale, dp)
+        return dpred
 
     def run(i0, i1, _):
         for i in range(i0, i1, blk):

@@ -363,6 +363,12 @@ def test_mse_forward_backward_in_place(dtype):
     np.testing.assert_array_equal(buf, dp_r)
 
 
+def test_mse_backward_of_an_empty_pair_writes_nothing():
+    # Check that an empty pair returns the empty dpred itself (no division by the zero size).
+    dp = np.empty((0, 3))
+    assert mse_backward(dp, np.empty((0, 3)), np.empty((0, 3))) is dp
+
+
 def test_mse_empty_forward_backward_is_nan():
     # Check that an empty pair gives nan, like the mean of nothing, and writes nothing.
     assert math.isnan(mse_forward_backward(np.empty((0, 3)), np.empty((0, 3)), np.empty((0, 3))))
