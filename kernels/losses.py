@@ -303,10 +303,10 @@ def mse_backward_unchecked(dpred, pred, target):
         return dpred
 
     def run(i0, i1, _):
-        for i in range(i0, i1, blk):
-            j = min(i + blk, i1)
-            db = dp[i:j]
-            np.subtract(p[i:j], t[i:j], db)
+        ds, ps, ts = dp[i0:i1], p[i0:i1], t[i0:i1]  # this thread's range: slices stop at it
+        for i in range(0, i1 - i0, blk):
+            db = ds[i:i + blk]
+            np.subtract(ps[i:i + blk], ts[i:i + blk], db)
             np.multiply(db, scale, db)
     _par.split(run, n)
     return dpred
