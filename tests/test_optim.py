@@ -453,3 +453,23 @@ def test_grad_in_other_memory_order_is_copied_into_the_parameters_layout():
     AdamW([p], lr=0.1).step()
     AdamW([twin], lr=0.1).step()
     np.testing.assert_array_equal(p.data, twin.data)
+
+
+@pytest.mark.parametrize("make", [lambda ps: AdamW(ps, lr=1e-2),
+                                  lambda ps: SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)],
+                         ids=["adamw", "sgd"])
+def test_step_zero_grad_equals_step_then_zero_grad(make):
+    # Check that step(zero_grad=True) gives the bits of step() followed by zero_grad() over
+    # three steps of a model (its whole arena in one run), and leaves every gradient zero.
+    from engine import FFN
+    x = np.random.default_rng(5).standard_normal((6, 4))
+    models = [FFN(4, 8, "gelu", dtype=np.float64, rng=1) for _ in range(2)]
+    opts = [make(m.parameters()) for m in models]
+    for _ in range(3):
+        for m in models:
+            m.backward(m.forward(x).copy())
+        opts[0].step(zero_grad=True)
+        opts[1].step()
+        models[1].zero_grad()
+        assert not models[0].flat_grads().any()
+    np.testing.assert_array_equal(models[0].flat_params(), models[1].flat_params())
