@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import threads as _threads
 
-__all__ = ["split", "split_blocks", "threads_for", "chunks", "parallel_for",
+__all__ = ["split", "split_blocks", "threads_for", "chunks", 
            "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
 # Below this many elements per thread the GIL hand-offs cost more than the second core gives.
@@ -116,10 +116,3 @@ def split_blocks(fn, nblocks: int, k: int) -> None:
         return
     counter = itertools.count()  # next() is atomic under the GIL
     _fork(lambda s: fn(_taken(counter, nblocks), s), k)
-
-
-def parallel_for(fn, n: int, k: int) -> None:
-    """``fn(start, stop)`` on ``k`` contiguous slices covering ``range(n)`` (slice 0 on the
-    calling thread): ``split`` with a given thread count, for callers that choose ``k``
-    themselves with ``chunks``."""
-    split(lambda i0, i1, _: fn(i0, i1), n, k=max(1, k))

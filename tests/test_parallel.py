@@ -8,38 +8,42 @@ from kernels import num_threads, parallel, threads
 
 
 @pytest.mark.parametrize("n,k", [(10, 1), (10, 2), (7, 3), (2, 2), (1000, 4)])
-def test_parallel_for_covers_every_row_once(n, k):
-    # Check that the k slices tile range(n) exactly, with no gap and no overlap.
+def test_split_covers_every_row_once(n, k):
+    # Check that the k slices tile range(n) exactly, with no gap and no overlap, and each
+    # gets its own slot number.
     hits = np.zeros(n, np.int64)
+    slots = []
     lock = threading.Lock()
 
-    def fn(i, j):
+    def fn(i, j, slot):
         with lock:
             hits[i:j] += 1
+            slots.append(slot)
 
-    parallel.parallel_for(fn, n, k)
+    assert parallel.split(fn, n, k=k) == k
     np.testing.assert_array_equal(hits, np.ones(n, np.int64))
+    assert sorted(slots) == list(range(k))
 
 
-def test_parallel_for_runs_slices_on_other_threads():
+def test_split_runs_slices_on_other_threads():
     # Check that with k = 2 one slice runs on the caller and the other on a pool thread.
     names = []
-    parallel.parallel_for(lambda i, j: names.append(threading.current_thread().name), 10, 2)
+    parallel.split(lambda i, j, s: names.append(threading.current_thread().name), 10, k=2)
     assert threading.current_thread().name in names
     assert any(name.startswith("blasnet") for name in names)
 
 
-def test_parallel_for_reraises_worker_errors_after_all_finish():
+def test_split_reraises_worker_errors_after_all_finish():
     # Check that an error in a worker slice reaches the caller, after the other slices ran.
     done = []
 
-    def fn(i, j):
+    def fn(i, j, slot):
         if i > 0:
             raise ZeroDivisionError("worker")
         done.append((i, j))
 
     with pytest.raises(ZeroDivisionError, match="worker"):
-        parallel.parallel_for(fn, 10, 2)
+        parallel.split(fn, 10, k=2)
     assert done == [(0, 5)]
 
 
