@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import threads as _threads
 
-__all__ = ["split", "split_blocks", "threads_for", "chunks", 
+__all__ = ["split", "split_blocks", "threads_for", "chunks",
            "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
 # Below this many elements per thread the GIL hand-offs cost more than the second core gives.
