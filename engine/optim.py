@@ -130,6 +130,7 @@ class Optimizer:
 
     _state_keys: tuple = ()      # buffers every parameter has (allocated at construction)
     _optional_keys: tuple = ()   # buffers created on first use
+    _float_options: dict = {}    # option -> (lowest value, exclusive?): plain float checks
 
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
@@ -223,9 +224,17 @@ class Optimizer:
         schedule or the caller may write ``group["lr"]`` between steps): a NaN or a string
         raises here, naming the option, before anything is updated."""
         keys, multi = tuple(self.defaults), len(self.param_groups) > 1
+        floats = self._float_options
         for gi, g in enumerate(self.param_groups):
             last = self._checked[gi]
             if all(g.get(k, _checked_missing) is v for k, v in zip(keys, last)):
+                continue
+            # A schedule writes a new float lr every step: a float in range needs no more.
+            if all(new is v or (type(new) is float and k in floats and new < math.inf
+                                and (new > floats[k][0] if floats[k][1] else new >= floats[k][0]))
+                   for k, v, new in ((k, v, g.get(k, _checked_missing))
+                                     for k, v in zip(keys, last))):
+                self._checked[gi] = tuple(g[k] for k in keys)
                 continue
             where = f"param group {gi}" if multi else ""
             missing = [k for k in keys if k not in g]
@@ -387,6 +396,7 @@ class AdamW(Optimizer):
     """
 
     _state_keys = ("exp_avg", "exp_avg_sq")
+    _float_options = {"lr": (0.0, False), "eps": (0.0, True), "weight_decay": (0.0, False)}
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2):
@@ -439,6 +449,8 @@ class SGD(Optimizer):
     ``buf = g`` on the first step, then ``buf = momentum * buf + (1 - dampening) * g``."""
 
     _optional_keys = ("momentum_buffer",)
+    # Not momentum or dampening: the nesterov rule depends on them.
+    _float_options = {"lr": (0.0, False), "weight_decay": (0.0, False)}
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  dampening: float = 0.0, nesterov: bool = False):

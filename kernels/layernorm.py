@@ -83,7 +83,33 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
         gemm(1.0, gcol, srow[:, i:j], 0.0, S, 0, 0, 1)          # S[j, i] = gamma[j] * rstd[i]
         np.multiply(ob, S, out=ob)
         gemm(1.0, bcol, ones_r, 1.0, ob, 0, 0, 1)               # out += beta
+    # A row whose sum, centring or sum of squares overflowed (|x| beyond ~1e19 in float32)
+    # has rstd = 0 (or NaN): the smallest rstd finds it (argmin: the cheapest reduction
+    # call, and it stops at a NaN), and such rows are redone scaled.
+    if not rstd[rstd.argmin()] > 0.0:
+        _rescaled_rows(out, mean, rstd, x, gamma, beta, eps)
     return out
+
+
+def _rescaled_rows(out, mean, rstd, x, gamma, beta, eps):
+    """Redo the rows of ``layernorm_forward`` whose rstd is 0 or NaN, in float64 on the rows
+    divided by their largest |x| (LayerNorm is invariant to that scale but for eps, which is
+    carried as eps / scale^2), so every finite input row gets its normalised output. Rows
+    holding NaN or inf are left as computed (NaN)."""
+    bad = np.flatnonzero(~(rstd > 0.0))
+    xb = x[bad].astype(np.float64)                     # (k, d) the rows, scaled in place
+    scale = np.max(np.abs(xb), axis=1)                 # (k,) largest |x| of each row
+    ok = np.isfinite(scale) & (scale > 0.0)
+    bad, xb, scale = bad[ok], xb[ok], scale[ok]
+    if not bad.size:
+        return
+    xb /= scale[:, None]
+    m = xb.mean(axis=1)                                # (k,) mean of the scaled rows
+    xb -= m[:, None]
+    r = 1.0 / np.sqrt((xb * xb).mean(axis=1) + eps / scale / scale)  # (k,) scaled rstd
+    out[bad] = xb * r[:, None] * gamma + beta
+    mean[bad] = m * scale
+    rstd[bad] = r / scale
 
 
 def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
@@ -92,6 +118,8 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     n, d = x.shape
     if n == 0:
         return dx
+    if rstd[rstd.argmin()] < _TINY_RSTD[x.dtype]:  # a row of huge |x| (or NaN): see below
+        return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
     rows, t, P, c1, c2, ones_d, ones_r, gemm, gemv = _buffers(x.dtype, d)
     inv_d = 1.0 / d
     xT, gT, dT = x.T, dout.T, dx.T              # (d, n) Fortran views
@@ -131,6 +159,27 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     return dx
 
 
+# Below this rstd (rows whose std exceeds ~1e18 in float32) the fast backward's rstd^3 c2
+# underflows and dout * (x - mean) may overflow.
+_TINY_RSTD = {np.dtype(np.float32): 2.0 ** -60, np.dtype(np.float64): 2.0 ** -500}
+
+
+def _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
+    """``layernorm_backward`` for rows of any finite scale: float64, and xhat = x rstd -
+    mean rstd (each term of order |x| rstd, never the overflowing x - mean) so no
+    intermediate leaves the dtype's range; dx = rstd (g - mean(g) - xhat mean(g xhat))."""
+    r = rstd.astype(np.float64)[:, None]                             # (n, 1)
+    xhat = x.astype(np.float64) * r                                  # (n, d)
+    xhat -= mean.astype(np.float64)[:, None] * r
+    g = dout.astype(np.float64) * gamma                              # (n, d)
+    dgamma += (dout.astype(np.float64) * xhat).sum(axis=0).astype(dgamma.dtype)
+    dbeta += dout.astype(np.float64).sum(axis=0).astype(dbeta.dtype)
+    g -= g.mean(axis=1, keepdims=True) + xhat * (g * xhat).mean(axis=1, keepdims=True)
+    g *= r
+    dx[...] = g
+    return dx
+
+
 def _check_rows(x_name, x, mean, rstd, gamma):
     check_array(x_name, x, ndim=2)
     n, d = x.shape
@@ -147,7 +196,10 @@ def layernorm_forward(out, mean, rstd, x, gamma, beta, eps=1e-5):
     """out = (x - mean) * rstd * gamma + beta over the last axis of ``x`` (N, d).
 
     Writes ``mean`` (N,) and ``rstd`` = 1 / sqrt(var + eps) (N,) for the backward pass; var
-    is the biased variance (divide by d), computed in two passes (mean first). Arrays are
+    is the biased variance (divide by d), computed in two passes (mean first). Any finite
+    row is normalised right: rows whose sums overflow the dtype (|x| beyond ~1e19 in
+    float32) are redone divided by their largest |x| (NumPy may still warn of the overflow
+    it met on the way). Arrays are
     C-contiguous float32 or float64 of one dtype; ``gamma``/``beta`` are (d,). ``out`` may
     be ``x``. Returns ``out``."""
     _check_rows("x", x, mean, rstd, gamma)
