@@ -29,6 +29,7 @@ from .layers import Linear, Sequential
 from .losses import CrossEntropyLoss, MSELoss
 from .optim import SGD, AdamW
 from .train import NonFiniteLossError, evaluate, fit, mean_absolute_error, predict, r2_score
+from .train import TrainingInterrupted
 
 MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
 SCHEDULES = ("constant", "cosine", "linear", "step")
@@ -520,6 +521,9 @@ def _train(args) -> int:
         if rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return 1
+    except TrainingInterrupted as e:  # Ctrl-C: say where it stopped, no traceback
+        print(f"\n{e}", file=sys.stderr)
+        return 130
     t_fit = time.perf_counter() - t0
     if args.early_stopping is not None:
         if 0 < stopper.stopped_epoch < args.epochs:
