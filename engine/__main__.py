@@ -1,4 +1,5 @@
-"""``python -m engine``: see ``engine.cli``."""
+"""``python -m engine`` (and the ``blasnet`` console script): see ``engine.cli``."""
 from .cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":
+    raise SystemExit(main())

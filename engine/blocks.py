@@ -40,7 +40,7 @@ class Dropout(Module):
         super().__init__(dtype)
         self.p = _check_p("p", p)
         self._rng = make_rng(rng)
-        self._dropped = False  # whether the last forward applied a mask
+        self._c.dropped = False  # whether the last forward applied a mask
 
     def extra_repr(self):
         return f"p={self.p}, dtype={self.dtype}"
@@ -53,7 +53,7 @@ class Dropout(Module):
                                dx=ws.get("dx", n, d))      # (n, d)
 
     def _forward(self, x2, res2):
-        self._dropped = dropped = self.training and self.p > 0.0
+        self._c.dropped = dropped = self.training and self.p > 0.0
         if not dropped:
             if res2 is None:
                 return x2
@@ -66,7 +66,7 @@ class Dropout(Module):
         return v.out
 
     def _backward(self, dy2, acc2):
-        if not self._dropped:
+        if not self._c.dropped:
             return dy2
         v = self._views(dy2.shape)
         ops.dropout_backward(v.dx, dy2, v.mask)
@@ -84,7 +84,7 @@ class LayerNorm(Module):
         self.eps = _check_eps(eps)
         self.gamma = Parameter(np.ones(self.d, self.dtype))
         self.beta = Parameter(np.zeros(self.d, self.dtype))
-        self._x = None  # (n, d) the last input, by reference
+        self._c.x = None  # (n, d) the last input, by reference
 
     def extra_repr(self):
         return f"d={self.d}, eps={self.eps}, dtype={self.dtype}"
@@ -99,14 +99,14 @@ class LayerNorm(Module):
     def _forward(self, x2, res2):
         v = self._views(x2.shape[0])
         ops.layernorm_forward(v.y, v.mean, v.rstd, x2, self.gamma.data, self.beta.data, self.eps)
-        self._x = x2
+        self._c.x = x2
         return v.y
 
     def _backward(self, dy2, acc2):
         v = self._views(dy2.shape[0])
-        ops.layernorm_backward(v.dx, self.gamma.grad, self.beta.grad, dy2, self._x, v.mean,
+        ops.layernorm_backward(v.dx, self.gamma.grad, self.beta.grad, dy2, self._c.x, v.mean,
                                v.rstd, self.gamma.data)
-        self._x = None
+        self._c.x = None
         return v.dx
 
 
@@ -145,8 +145,8 @@ class FFN(Module):
         self.b1 = Parameter(np.zeros(self.d_ff, dt)) if bias else None
         self.W_out = Parameter(init_weight(self.d_ff, self.d_model, init, dt, rng))
         self.b2 = Parameter(np.zeros(self.d_model, dt)) if bias else None
-        self._x = None
-        self._dropped = False
+        self._c.x = None
+        self._c.dropped = False
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, activation={self.activation!r}, "
@@ -170,8 +170,8 @@ class FFN(Module):
     def _forward(self, x2, res2):
         n = x2.shape[0]
         v = self._views(n)
-        self._x = x2
-        self._dropped = dropped = self.training and self.p > 0.0
+        self._c.x = x2
+        self._c.dropped = dropped = self.training and self.p > 0.0
         if n == 0:
             return v.y
         z, h, y = v.z, v.h, v.y
@@ -202,7 +202,7 @@ class FFN(Module):
             ops.colsum(self.b2.grad, dy2, 1.0)
         ops.gemm(self.W_out.grad, h, dy2, True, False, 1.0, 1.0)
         ops.gemm(dh, dy2, self.W_out.data, False, True, 1.0, 0.0)  # may overwrite h
-        if self._dropped:
+        if self._c.dropped:
             ops.dropout_backward(dh, dh, v.mask)
         if self._inplace:
             ops.act_backward(dh, dh, v.z, self.activation, 0.01, v.z)  # v.z is act(z)
@@ -210,9 +210,9 @@ class FFN(Module):
             ops.act_backward_cached(dh, dh, v.z)                       # v.z is act'(z)
         if self.b1 is not None:
             ops.colsum(self.b1.grad, dh, 1.0)
-        ops.gemm(self.W_in.grad, self._x, dh, True, False, 1.0, 1.0)
+        ops.gemm(self.W_in.grad, self._c.x, dh, True, False, 1.0, 1.0)
         ops.gemm(dx, dh, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._x = None
+        self._c.x = None
         return dx
 
 
@@ -248,7 +248,7 @@ class GMLP(Module):
         self.W_gate = Parameter(np.asfortranarray(init_weight(dh, self.d_ffn, "xavier", dt, rng)))
         self.W_proj = Parameter(np.asfortranarray(init_weight(dh, self.d_ffn, "xavier", dt, rng)))
         self.W_out = Parameter(init_weight(self.d_ffn, self.d_out, "xavier", dt, rng))
-        self._x = None
+        self._c.x = None
 
     def _params_moved(self):
         g, p = self.W_gate, self.W_proj
@@ -284,7 +284,7 @@ class GMLP(Module):
     def _forward(self, x2, res2):
         n = x2.shape[0]
         v = self._views(n)
-        self._x = x2
+        self._c.x = x2
         if n:
             ops.gemm(v.u, x2, self.W_in.data, False, False, 1.0, 0.0)
             ops.bias_act(v.z, v.u, None, "gelu", 0.01, v.u)                 # GELU' cached over u
@@ -309,9 +309,9 @@ class GMLP(Module):
             ops.gemm(self.dWgp_T, v.gpt, z, False, False, 0.5, 1.0)    # both halves, one GEMM
             ops.gemm(z, v.gpt, self.Wgp_T, True, False, 0.5, 0.0)      # dZ = dGP Wgp_T over Z
             ops.act_backward_cached(z, z, v.u)                          # dU in place
-            ops.gemm(self.W_in.grad, self._x, z, True, False, 1.0, 1.0)
+            ops.gemm(self.W_in.grad, self._c.x, z, True, False, 1.0, 1.0)
             ops.gemm(dx, z, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._x = None
+        self._c.x = None
         return dx
 
 
@@ -329,7 +329,7 @@ class AddNorm(Module):
         self._rng = make_rng(rng)
         self.gamma = Parameter(np.ones(self.d_model, self.dtype))
         self.beta = Parameter(np.zeros(self.d_model, self.dtype))
-        self._dropped = False
+        self._c.dropped = False
 
     def extra_repr(self):
         return f"d_model={self.d_model}, dropout={self.p}, eps={self.eps}, dtype={self.dtype}"
@@ -357,7 +357,7 @@ class AddNorm(Module):
         s = self._s
         s.ready = False
         v = self._views(x2.shape[0])
-        self._dropped = dropped = self.training and self.p > 0.0
+        self._c.dropped = dropped = self.training and self.p > 0.0
         if dropped:
             ops.dropout_forward(v.s, v.mask, sub2, self.p, self._rng)
             ops.add(v.s, v.s, x2)
@@ -377,7 +377,7 @@ class AddNorm(Module):
         v = self._views(dy2.shape[0])
         ops.layernorm_backward(v.ds, self.gamma.grad, self.beta.grad, dy2, v.s, v.mean,
                                v.rstd, self.gamma.data)
-        if self._dropped:
+        if self._c.dropped:
             ops.dropout_backward(v.dsub, v.ds, v.mask)
         else:
             np.copyto(v.dsub, v.ds)
@@ -408,14 +408,14 @@ class FFNSublayer(Module):
         self.ffn = FFN(d_model, d_ff, activation, p, True, "he", dtype, rng)
         self.norm = LayerNorm(d_model, eps, dtype)
         self.drop = Dropout(p, dtype, rng)  # residual dropout (no parameters)
-        self._dropped = False
+        self._c.dropped = False
 
     def extra_repr(self):
         return f"norm={self.norm_mode!r}, dropout={self.p}, dtype={self.dtype}"
 
     def _forward(self, x2, res2):
         ffn, norm = self.ffn, self.norm
-        self._dropped = dropped = self.training and self.p > 0.0
+        self._c.dropped = dropped = self.training and self.p > 0.0
         if self.norm_mode == "post":
             if dropped:
                 return norm(self.drop(ffn(x2), residual=x2))
@@ -429,8 +429,8 @@ class FFNSublayer(Module):
         ffn, norm = self.ffn, self.norm
         if self.norm_mode == "post":
             ds = norm.backward(dy2)
-            dsub = self.drop.backward(ds) if self._dropped else ds
+            dsub = self.drop.backward(ds) if self._c.dropped else ds
             return ffn.backward(dsub, dx_acc=ds)  # dx = ds + FFN'(x)^T dsub, in one GEMM
-        dmid = self.drop.backward(dy2) if self._dropped else dy2
+        dmid = self.drop.backward(dy2) if self._c.dropped else dy2
         dx = norm.backward(ffn.backward(dmid))
         return ops.add(dx, dx, dy2)

@@ -1,8 +1,10 @@
-"""``python -m engine``: ``train`` a model on a synthetic task, or print ``info`` on the
-versions, BLAS libraries and thread counts.
+"""``python -m engine`` (or ``blasnet``): ``train`` a model on a synthetic task or on your own
+data (``--data FILE``), or print ``info`` on the versions, BLAS libraries and thread counts.
 
-The default ``train`` is seed 002's experiment (what ``make run`` runs): gMLP 16 -> 128 ->
+The default ``train`` (what ``make run`` runs) is a gated-MLP regression experiment: gMLP 16 -> 128 ->
 512 -> 4 on 1024 samples of the regression task, full batch, AdamW lr 1e-3, 1000 epochs.
+Every output path (``--save``, ``--history``, ``--plot``) and the data are checked before
+the first step.
 """
 from __future__ import annotations
 
@@ -17,8 +19,11 @@ import numpy as np
 
 import kernels
 
-from . import checkpoint
+from . import __version__, checkpoint
+from . import data as _data
+from . import lr_scheduler as _lrs
 from .blocks import FFN, GMLP, FFNSublayer
+from .callbacks import EarlyStopping, check_output_path
 from .data import REGRESSION_OUTPUTS, TASKS, make_task
 from .layers import MLP, Linear, Sequential
 from .losses import CrossEntropyLoss, MSELoss
@@ -26,15 +31,16 @@ from .optim import SGD, AdamW
 from .train import NonFiniteLossError, evaluate, fit, mean_absolute_error, predict, r2_score
 
 MODELS = ("gmlp", "ffn", "sublayer", "mlp")
+SCHEDULES = ("constant", "cosine", "linear", "step")
 HELD_OUT = 4096  # fresh samples drawn (with another seed) to measure generalisation
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("blasnet")
-    except Exception:  # not installed as a distribution (e.g. run from a source tree)
-        return "unknown"
+    return __version__
+
+
+def _prog() -> str:
+    return "blasnet" if os.path.basename((sys.argv or [""])[0]) == "blasnet" else "python -m engine"
 
 
 # ----------------------------------------------------------------------------- parser
@@ -53,6 +59,22 @@ def _int_at_least(low: int, what: str):
 
 _positive = _int_at_least(1, "a positive integer")
 _nonnegative_int = _int_at_least(0, "an integer >= 0")
+
+
+def _float_in(low: float, high: float | None, what: str, low_open: bool = False,
+              high_open: bool = False):
+    """An argparse type: a finite float in the range, else an error saying ``expected <what>``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = float("nan")
+        ok = (v == v and abs(v) != float("inf") and (v > low if low_open else v >= low)
+              and (high is None or (v < high if high_open else v <= high)))
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+    return parse
 
 
 def _sizes(text: str) -> list:
@@ -78,20 +100,23 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    prog = _prog()
     parser = argparse.ArgumentParser(
-        prog="python -m engine",
+        prog=prog,
         description="blasnet: train feed-forward transformer blocks on the CPU through BLAS.",
-        epilog="Run 'python -m engine train --help' for the training options. Threads: "
+        epilog=f"Run '{prog} train --help' for the training options. Threads: "
                "--threads, or BLASNET_NUM_THREADS=N in the environment.")
+    parser.add_argument("--version", action="version", version=f"blasnet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{train,info}")
     sub.required = True
     d = _HelpFormatter
     t = sub.add_parser(
-        "train", formatter_class=d, help="train a model on a synthetic task",
-        description="Train a model on a synthetic task, report its fit, save a checkpoint and "
-                    "check that it reloads. The defaults are seed 002's experiment: a gMLP "
-                    "16 -> 128 -> 512 -> 4 on 1024 regression samples, full batch, AdamW lr "
-                    "1e-3, 1000 epochs.")
+        "train", formatter_class=d, help="train a model on a synthetic task or your own data",
+        description="Train a model on a synthetic task or on your own data (--data), report "
+                    "its fit, save a checkpoint and check that it reloads. The defaults are "
+                    "a gated-MLP regression experiment: a gMLP 16 -> 128 -> 512 -> 4 on 1024 regression "
+                    "samples, full batch, AdamW lr 1e-3, 1000 epochs. The data and every "
+                    "output path are checked before the first step.")
     g = t.add_argument_group("model")
     g.add_argument("--model", choices=MODELS, default="gmlp",
                    help="gmlp: GMLP(d_in, d_hidden, d_ff, d_out); ffn: Linear(d_in, d_hidden) -> "
@@ -110,13 +135,33 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--norm", choices=("post", "pre"), default="post",
                    help="LayerNorm placement of the sublayer model")
     g = t.add_argument_group("data")
-    g.add_argument("--task", choices=sorted(TASKS), default="regression",
-                   help="regression: X uniform in [-3, 3]^16, 4 smooth nonlinear targets (MSE); "
-                        "spiral: two-spiral classification in 2-D (cross-entropy); xor: the 4 "
-                        "XOR points (cross-entropy); sine: y = sin(x) on [-pi, pi] (MSE)")
+    g.add_argument("--task", choices=sorted(TASKS) + ["classification"], default=None,
+                   help="synthetic tasks: regression (the default): X uniform in [-3, 3]^16, 4 "
+                        "smooth nonlinear targets (MSE); spiral: two-spiral classification in "
+                        "2-D (cross-entropy); xor: the 4 XOR points (cross-entropy); sine: y = "
+                        "sin(x) on [-pi, pi] (MSE). With --data: regression or classification "
+                        "(default: inferred, an integer target column is class labels)")
     g.add_argument("--samples", type=_positive, default=None, metavar="N",
                    help="training samples (default: 1024 regression, 1000 spiral, 256 sine; "
                         "xor always has 4)")
+    g.add_argument("--data", default=None, metavar="FILE",
+                   help="train on your own data: a .csv file (header row, numbers only) or a "
+                        ".npz file (arrays x and y)")
+    g.add_argument("--x-cols", nargs="+", default=None, metavar="NAME",
+                   help="input columns of the CSV (default: all but --y-cols), or the input "
+                        "array of the .npz (default: x)")
+    g.add_argument("--y-cols", nargs="+", default=None, metavar="NAME",
+                   help="target column(s) of the CSV (required for a CSV), or the target array "
+                        "of the .npz (default: y)")
+    g.add_argument("--val-fraction", type=_float_in(0.0, 1.0, "a number in [0, 1)",
+                                                     high_open=True),
+                   default=None, metavar="F",
+                   help="fraction of the samples held out for validation, drawn with --seed "
+                        "(default: 0.2 with --data, 0 for the synthetic tasks, which report "
+                        "on fresh held-out samples)")
+    g.add_argument("--standardize", action="store_true",
+                   help="standardise the inputs per feature with the training split's mean "
+                        "and standard deviation (saved in the checkpoint's metadata)")
     g = t.add_argument_group("training")
     g.add_argument("--epochs", type=_nonnegative_int, default=1000, metavar="N",
                    help="passes over the training set")
@@ -128,6 +173,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weight-decay", type=float, default=None, metavar="WD",
                    help="weight decay (default: 0.01 for AdamW, decoupled; 0 for SGD, L2)")
     g.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    g.add_argument("--schedule", choices=SCHEDULES, default="constant",
+                   help="learning-rate schedule over the optimizer steps after the warmup: "
+                        "constant; cosine (CosineAnnealingLR down to 0); linear (LinearLR down "
+                        "to 0); step (StepLR: times --gamma every --step-size steps)")
+    g.add_argument("--warmup", type=_nonnegative_int, default=0, metavar="STEPS",
+                   help="linear warmup over the first STEPS optimizer steps (LinearLR), then "
+                        "the --schedule (SequentialLR)")
+    g.add_argument("--step-size", type=_positive, default=None, metavar="STEPS",
+                   help="--schedule step: optimizer steps between decays (default: a third "
+                        "of the steps after the warmup)")
+    g.add_argument("--gamma", type=_float_in(0.0, 1.0, "a number in (0, 1]", low_open=True),
+                   default=0.1, help="--schedule step: the decay factor")
+    g.add_argument("--clip-grad-norm", type=_float_in(0.0, None, "a number > 0", low_open=True),
+                   default=None, metavar="MAX",
+                   help="scale the gradients to a global L2 norm of at most MAX before each "
+                        "step")
+    g.add_argument("--early-stopping", type=_nonnegative_int, default=None, metavar="PATIENCE",
+                   help="stop when the validation loss has not improved for PATIENCE epochs "
+                        "and restore the best epoch's weights (needs a validation split)")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                    help="dtype of data, parameters and buffers")
     g.add_argument("--threads", type=_positive, default=None, metavar="N",
@@ -136,9 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the data, the initialisation and the shuffling")
     g.add_argument("--log-every", type=_positive, default=None, metavar="N",
                    help="print the loss every N epochs (default: epochs / 10)")
+    g = t.add_argument_group("output")
     g.add_argument("--save", default=None, metavar="PATH",
-                   help="write the checkpoint (.npz) here (default: a temporary directory, "
-                        "removed at exit)")
+                   help="write the checkpoint here: .npz (parameters, optimizer and schedule "
+                        "state) or .safetensors (parameters only) (default: an .npz in a "
+                        "temporary directory, removed at exit)")
+    g.add_argument("--history", default=None, metavar="PATH",
+                   help="write the per-epoch history here (.csv or .json)")
+    g.add_argument("--plot", default=None, metavar="PATH",
+                   help="save a PNG of the loss (and validation loss) per epoch here (needs "
+                        "matplotlib: pip install 'blasnet[plot]')")
     sub.add_parser("info", help="print versions, BLAS libraries and thread counts",
                    description="Print the versions of Python, numpy, scipy, threadpoolctl and "
                                "blasnet, the BLAS/OpenMP libraries loaded with their thread "
@@ -187,15 +258,180 @@ def _opt_text(opt) -> str:
     return f"{type(opt).__name__}(" + ", ".join(f"{k}={g[k]}" for k in opt.defaults) + ")"
 
 
+class _UsageError(Exception):
+    """A bad option, file or column, found before the first step (exit status 2)."""
+
+
+def _check_args(args) -> None:
+    """Everything that can be checked before any data is read: flag combinations, output
+    paths (directory exists and is writable, name length, suffix), optional packages."""
+    for flag, path, suffixes in (("--save", args.save, (".npz", ".safetensors")),
+                                 ("--history", args.history, (".csv", ".json")),
+                                 ("--plot", args.plot, (".png",))):
+        if path is not None:
+            try:
+                check_output_path(path, flag, suffixes)
+            except ValueError as e:
+                raise _UsageError(str(e)) from None
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise _UsageError("--plot needs matplotlib: pip install 'blasnet[plot]'") from None
+    if args.save is not None and args.save.lower().endswith(".safetensors"):
+        try:
+            import safetensors  # noqa: F401
+        except ImportError:
+            raise _UsageError("--save to .safetensors needs the safetensors package: "
+                              "pip install 'blasnet[interop]'") from None
+    if args.data is None:
+        for flag, v in (("--x-cols", args.x_cols), ("--y-cols", args.y_cols)):
+            if v is not None:
+                raise _UsageError(f"{flag}: only with --data FILE")
+        if args.task == "classification":
+            raise _UsageError("--task classification: only with --data FILE (the synthetic "
+                              "classification tasks are spiral and xor)")
+    elif args.task not in (None, "regression", "classification"):
+        raise _UsageError(f"--task {args.task}: with --data, the task is regression or "
+                          f"classification")
+    if args.early_stopping is not None and _val_fraction(args) == 0.0:
+        raise _UsageError("--early-stopping: it watches the validation loss; give "
+                          "--val-fraction > 0")
+    if args.step_size is not None and args.schedule != "step":
+        raise _UsageError("--step-size: only with --schedule step")
+
+
+def _val_fraction(args) -> float:
+    if args.val_fraction is not None:
+        return args.val_fraction
+    return 0.2 if args.data is not None else 0.0
+
+
+def _own_data(args, dt):
+    """``(X, Y, kind, x_names, y_names, note)`` from ``--data``; _UsageError on any problem."""
+    path = args.data
+    if not os.path.isfile(path):
+        raise _UsageError(f"--data: no such file: {path!r}")
+    is_csv = path.lower().endswith(".csv")
+    try:
+        X, Y = _data.load(path, x=args.x_cols, y=args.y_cols, dtype=dt)
+    except (ValueError, TypeError, OSError) as e:
+        msg = str(e)
+        if msg.startswith("y: name the target"):
+            msg = "--y-cols: name the target column(s) of a CSV file"
+        raise _UsageError(f"--data: {msg}") from None
+    if X.ndim != 2:
+        raise _UsageError(f"--data: the inputs must be a 2-D array (samples, features), got "
+                          f"shape {X.shape}")
+    if is_csv:
+        import csv
+        with open(path, newline="") as f:
+            header = [h.strip() for h in next(csv.reader(f))]
+        y_names = list(args.y_cols)
+        x_names = list(args.x_cols) if args.x_cols else [h for h in header if h not in y_names]
+    else:
+        x_names = [f"x{j}" for j in range(X.shape[1])]
+        y_names = None  # named below from the target's width
+    inferred = _data.infer_task(Y)
+    kind = args.task or inferred
+    note = "given" if args.task else ("inferred: integer targets are class labels"
+                                      if kind == "classification" else
+                                      "inferred: non-integer or several target columns")
+    if kind == "regression" and Y.ndim == 1:
+        Y = np.ascontiguousarray(Y.reshape(-1, 1), dtype=dt)
+    elif kind == "classification":
+        if inferred != "classification":
+            flat = Y.reshape(-1) if Y.ndim == 2 and Y.shape[1] == 1 else None
+            if flat is None or not np.all(flat == np.round(flat)):
+                raise _UsageError("--task classification: the target must be one column of "
+                                  "integer class labels")
+            Y = flat.astype(np.int64)
+        if Y.min() < 0:
+            raise _UsageError(f"--data: class labels must be integers >= 0 (0 .. classes-1), "
+                              f"got {int(Y.min())}; use --task regression for a numeric target")
+    if y_names is None:
+        y_names = (["y"] if kind == "classification" or Y.shape[1] == 1
+                   else [f"y{j}" for j in range(Y.shape[1])])
+    return X, Y, kind, x_names, y_names, note
+
+
+def _scheduler(args, opt, total: int):
+    """``(scheduler or None, description)`` for --schedule and --warmup over ``total`` steps."""
+    w = args.warmup
+    if args.schedule != "constant" and w >= total:
+        raise _UsageError(f"--warmup {w}: the run has {total} optimizer steps; the warmup must "
+                          f"leave at least one for the {args.schedule} schedule")
+    rest = total - w
+    if args.schedule == "constant":
+        main, text = None, "constant lr"
+    elif args.schedule == "cosine":
+        main, text = _lrs.CosineAnnealingLR(opt, T_max=rest), f"cosine to 0 over {rest} steps"
+    elif args.schedule == "linear":
+        main = _lrs.LinearLR(opt, start_factor=1.0, end_factor=0.0, total_iters=rest)
+        text = f"linear to 0 over {rest} steps"
+    else:
+        size = args.step_size or max(1, rest // 3)
+        main = _lrs.StepLR(opt, step_size=size, gamma=args.gamma)
+        text = f"x{args.gamma:g} every {size} steps"
+    if w == 0:
+        return main, text
+    # Warmup rates base*(k+1)/(w+1) for k = 0..w-1: never 0, reaching base at step w.
+    warm = _lrs.LinearLR(opt, start_factor=1.0 / (w + 1), end_factor=1.0, total_iters=w)
+    text = f"warmup {w} steps, then {text}"
+    if main is None:
+        return warm, text
+    return _lrs.SequentialLR(opt, [warm, main], milestones=[w]), text
+
+
+def _report_regression(out, names, r2, mae, extra, extra_name) -> None:
+    width = max(len(s) for s in names)
+    head = f"{'output':<7} {'target':<{width}}  {'R^2':>8}  {'MAE':>8}"
+    print(head + (f"  {extra_name:>12}" if extra is not None else ""), file=out)
+    for j in range(r2.shape[0]):
+        line = f"y{j:<6} {names[j]:<{width}}  {r2[j]:8.5f}  {mae[j]:8.5f}"
+        if extra is not None:
+            line += f"  {extra[j]:12.4f}"
+        print(line, file=out)
+
+
 def train(args) -> int:
+    try:
+        return _train(args)
+    except _UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _train(args) -> int:
     t_all = time.perf_counter()
+    _check_args(args)
     if args.threads is not None:
         kernels.set_num_threads(args.threads)
     dt = np.dtype(args.dtype)
-    X, Y, kind = make_task(args.task, args.samples, dtype=dt, rng=args.seed)
+    own = args.data is not None
+    if own:
+        X, Y, kind, x_names, y_names, note = _own_data(args, dt)
+        task_name = kind
+    else:
+        task_name = args.task or "regression"
+        X, Y, kind = make_task(task_name, args.samples, dtype=dt, rng=args.seed)
     classify = kind == "classification"
+    n_all = X.shape[0]
+    vf = _val_fraction(args)
+    val = None
+    if vf > 0:
+        try:
+            (X, Y), val = _data.train_val_split(X, Y, vf, rng=args.seed)
+        except ValueError as e:
+            raise _UsageError(f"--val-fraction: {e}") from None
+    standardizer = None
+    if args.standardize:
+        standardizer = _data.Standardizer().fit(X)
+        X = standardizer.transform(X)
+        if val is not None:
+            val = (standardizer.transform(val[0]), val[1])
     n, d_in = X.shape
-    d_out = int(Y.max()) + 1 if classify else Y.shape[1]
+    d_out = int(max(Y.max(), val[1].max() if val is not None else 0)) + 1 if classify else Y.shape[1]
     model = build_model(args, d_in, d_out, args.seed)
     loss = CrossEntropyLoss() if classify else MSELoss()
     try:
@@ -204,37 +440,80 @@ def train(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     bs = None if args.batch_size == 0 or args.batch_size >= n else args.batch_size
+    total_steps = args.epochs * -(-n // (bs or n))
+    opt_text = _opt_text(opt)  # before the schedule sets its first rate
+    sched, sched_text = _scheduler(args, opt, max(total_steps, 1))
+    callbacks = []
+    if args.early_stopping is not None:
+        stopper = EarlyStopping("val_loss", patience=args.early_stopping,
+                                restore_best_weights=True)
+        callbacks.append(stopper)
 
     out = sys.stdout
     print(f"blasnet {_version()} | numpy {np.__version__} | {args.dtype} | "
           f"{kernels.get_num_threads()} BLAS thread(s)", file=out)
     print(f"model     {_describe(args, model, d_in, d_out)}", file=out)
-    task = {"regression": f"X uniform in [-3, 3]^{d_in} -> {d_out} smooth targets",
-            "spiral": "two interleaved spirals, 2 classes", "xor": "the XOR truth table",
-            "sine": "y = sin(x), x uniform in [-pi, pi]"}[args.task]
-    print(f"task      {args.task}: {n} samples, {task}", file=out)
-    print(f"training  {_opt_text(opt)}, {'full batch' if bs is None else f'batches of {bs}'}, "
-          f"{args.epochs} epochs, seed {args.seed}", file=out)
+    if own:
+        target = (f"{d_out} classes" if classify else f"{Y.shape[1]} output(s)")
+        print(f"data      {args.data}: {n_all} samples, {d_in} inputs -> "
+              f"{', '.join(y_names)} ({kind}, {note}; {target})", file=out)
+    else:
+        task = {"regression": f"X uniform in [-3, 3]^{d_in} -> {d_out} smooth targets",
+                "spiral": "two interleaved spirals, 2 classes", "xor": "the XOR truth table",
+                "sine": "y = sin(x), x uniform in [-pi, pi]"}[task_name]
+        print(f"task      {task_name}: {n} samples, {task}", file=out)
+    if val is not None or standardizer is not None:
+        parts = []
+        if val is not None:
+            parts.append(f"{n} for training, {val[0].shape[0]} for validation "
+                         f"(val fraction {vf:g}, seed {args.seed})")
+        if standardizer is not None:
+            parts.append("inputs standardised with the training split's mean and std")
+        print(f"split     {'; '.join(parts)}", file=out)
+    extras = [sched_text]
+    if args.clip_grad_norm is not None:
+        extras.append(f"grad norm clipped at {args.clip_grad_norm:g}")
+    if args.early_stopping is not None:
+        extras.append(f"early stopping (patience {args.early_stopping})")
+    print(f"training  {opt_text}, {'full batch' if bs is None else f'batches of {bs}'}, "
+          f"{args.epochs} epochs, seed {args.seed}, {', '.join(extras)}", file=out)
     out.flush()
 
     every = args.log_every or max(1, args.epochs // 10)
     t0 = time.perf_counter()
     try:
         h = fit(model, loss, opt, X, Y, args.epochs, batch_size=bs, rng=args.seed,
-                progress=every)
+                progress=every, validation=val, callbacks=callbacks, scheduler=sched,
+                scheduler_interval="step", clip_grad_norm=args.clip_grad_norm)
     except NonFiniteLossError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     t_fit = time.perf_counter() - t0
+    if args.early_stopping is not None:
+        if 0 < stopper.stopped_epoch < args.epochs:
+            print(f"early stop after epoch {stopper.stopped_epoch}: best val_loss "
+                  f"{stopper.best:.6g} at epoch {stopper.best_epoch} (its weights restored)",
+                  file=out)
+        else:
+            print(f"no early stop; best val_loss {stopper.best:.6g} at epoch "
+                  f"{stopper.best_epoch} (its weights restored)", file=out)
 
     final, acc = evaluate(model, loss, X, Y, bs)
     print(f"final loss {final:.6g} (eval mode, all {n} training samples)", file=out)
+    if val is not None:
+        vloss, vacc = evaluate(model, loss, *val, bs)
+        line = f"val loss  {vloss:.6g} ({val[0].shape[0]} validation samples)"
+        print(line, file=out)
     held = None
-    if args.task != "xor":
-        Xh, Yh, _ = make_task(args.task, HELD_OUT, dtype=dt, rng=args.seed + 1)
+    if not own and task_name != "xor":
+        Xh, Yh, _ = make_task(task_name, HELD_OUT, dtype=dt, rng=args.seed + 1)
+        if standardizer is not None:
+            Xh = standardizer.transform(Xh)
         held = (Xh, Yh)
     if classify:
         line = f"accuracy  {acc:.4f} on the training set"
+        if val is not None:
+            line += f", {vacc:.4f} on the validation set"
         if held is not None:
             _, hacc = evaluate(model, loss, *held, bs)
             line += f", {hacc:.4f} on {HELD_OUT} held-out samples"
@@ -242,18 +521,27 @@ def train(args) -> int:
     else:
         pred = predict(model, X, bs)
         r2, mae = r2_score(Y, pred), mean_absolute_error(Y, pred)
-        hr2 = r2_score(held[1], predict(model, held[0], bs))
-        names = REGRESSION_OUTPUTS if args.task == "regression" else ("sin(x)",)
-        width = max(len(s) for s in names)
-        print(f"{'output':<7} {'target':<{width}}  {'R^2':>8}  {'MAE':>8}  "
-              f"{'held-out R^2':>12}", file=out)
-        for j in range(r2.shape[0]):
-            print(f"y{j:<6} {names[j]:<{width}}  {r2[j]:8.5f}  {mae[j]:8.5f}  {hr2[j]:12.4f}",
+        if own:
+            extra = r2_score(val[1], predict(model, val[0], bs)) if val is not None else None
+            _report_regression(out, y_names, r2, mae, extra, "val R^2")
+        else:
+            hr2 = r2_score(held[1], predict(model, held[0], bs))
+            names = REGRESSION_OUTPUTS if task_name == "regression" else ("sin(x)",)
+            _report_regression(out, names, r2, mae, hr2, "held-out R^2")
+            print(f"(held-out: {HELD_OUT} fresh samples drawn with seed {args.seed + 1})",
                   file=out)
-        print(f"(held-out: {HELD_OUT} fresh samples drawn with seed {args.seed + 1})", file=out)
     rate = h.samples / t_fit if t_fit > 0 else float("inf")
-    print(f"time      {t_fit:.2f} s for {args.epochs} epochs, {h.steps} steps "
+    print(f"time      {t_fit:.2f} s for {len(h)} epochs, {h.steps} steps "
           f"({rate:,.0f} samples/s)", file=out)
+    if args.history:
+        if args.history.lower().endswith(".json"):
+            h.to_json(args.history)
+        else:
+            h.to_csv(args.history)
+        print(f"history   {args.history} ({len(h)} epochs)", file=out)
+    if args.plot:
+        h.plot(args.plot, title=f"{args.model} on {os.path.basename(args.data) if own else task_name}")
+        print(f"plot      {args.plot}", file=out)
 
     # Checkpoint: save, reload into a freshly initialised model (other seed), compare.
     tmpdir = None
@@ -261,10 +549,19 @@ def train(args) -> int:
         path = args.save
     else:
         tmpdir = tempfile.TemporaryDirectory(prefix="blasnet-")
-        path = os.path.join(tmpdir.name, f"{args.model}-{args.task}.npz")
+        path = os.path.join(tmpdir.name, f"{args.model}-{task_name}.npz")
+    meta = dict(task=task_name, model=args.model, epochs=len(h), seed=args.seed, loss=final)
+    if own:
+        meta.update(data=args.data, x_cols=x_names, y_cols=y_names, kind=kind)
+        if classify:
+            meta["classes"] = d_out
+    if standardizer is not None:
+        meta["standardizer"] = standardizer.state_dict()
     try:
-        checkpoint.save(path, model, opt, task=args.task, model=args.model, epochs=args.epochs,
-                        seed=args.seed, loss=final)
+        if path.lower().endswith(".safetensors"):
+            checkpoint.save(path, model, **meta)
+        else:
+            checkpoint.save(path, model, opt, scheduler=sched, **meta)
         fresh = build_model(args, d_in, d_out, args.seed + 1)
         checkpoint.load(path, fresh)
         reloaded, _ = evaluate(fresh, loss, X, Y, bs)
@@ -305,7 +602,14 @@ def info(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "info":
-        return info(args)
-    return train(args)
+    try:
+        args = build_parser().parse_args(argv)
+        code = info(args) if args.command == "info" else train(args)
+        sys.stdout.flush()  # here, so a closed pipe surfaces inside the try
+        return code
+    except BrokenPipeError:
+        # The reader went away (`... | head -1`): stop quietly, with the status of a process
+        # killed by SIGPIPE. Point stdout at /dev/null so the exit-time flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141

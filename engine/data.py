@@ -1,15 +1,23 @@
-"""Synthetic tasks for examples, tests and ``python -m engine train``.
+"""Data: your own (``load`` of ``.npz`` and ``.csv`` files, ``train_val_split``, the
+``Standardizer``) and the synthetic tasks for examples, tests and ``python -m engine train``.
 
-Each task returns ``(X, Y)`` as C-contiguous arrays of the requested float dtype; classification
-targets are int64 labels. Same ``rng`` seed, same data.
+Every function returns ``(X, Y)`` as C-contiguous arrays of the requested float dtype;
+classification targets are int64 labels. Same ``rng`` seed, same data.
 """
 from __future__ import annotations
+
+import csv
+import math
+import numbers
+import os
+import re
 
 import numpy as np
 
 from .module import check_dtype, make_rng
 
-__all__ = ["regression", "regression_targets", "spiral", "xor", "sine", "TASKS", "make_task"]
+__all__ = ["load", "train_val_split", "Standardizer", "infer_task", "regression",
+           "regression_targets", "spiral", "xor", "sine", "TASKS", "make_task"]
 
 REGRESSION_OUTPUTS = ("sin(0.3(x0+x1+x2))", "tanh(0.25(x0-x3+x4-x5+x6))",
                       "0.1(x7+x8)^2-0.6", "0.1*x9*x10+0.2*x11")
@@ -42,7 +50,7 @@ def regression_targets(X: np.ndarray) -> np.ndarray:
 
 
 def regression(n: int = 1024, d_in: int = 16, dtype=np.float32, rng=0):
-    """Seed 002's experiment: ``X`` uniform in [-3, 3]^d_in (N, d_in), ``Y`` (N, 4) the fixed
+    """The default regression task: ``X`` uniform in [-3, 3]^d_in (N, d_in), ``Y`` (N, 4) the fixed
     smooth nonlinear functions of ``regression_targets`` (each with a standard deviation of
     about 0.45 to 0.7 over the input box)."""
     dt = check_dtype(dtype)
@@ -104,3 +112,242 @@ def make_task(name: str, n: int | None = None, dtype=np.float32, rng=0):
     else:
         X, Y = sine(n, dtype=dtype, rng=rng)
     return X, Y, kind
+
+
+# ----------------------------------------------------------------------------- your own data
+_INT = re.compile(r"[+-]?\d+")
+
+
+def _names(what: str, v) -> list | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, (list, tuple)) and v and all(isinstance(c, str) for c in v):
+        return list(v)
+    raise TypeError(f"{what}: expected a column name or a non-empty list of names, got {v!r}")
+
+
+def load(path, x=None, y=None, dtype=np.float32):
+    """Your own data as ``(X, Y)``: ``X`` (N, d) of ``dtype``; ``Y`` (N,) int64 labels when the
+    target is one integer column (a classification), else (N, k) of ``dtype``.
+
+    - ``.npz``: the arrays named ``x`` and ``y`` (default "x" and "y"). ``X`` has a sample
+      axis first ((N, d), or (N,) for one feature); integer targets of shape (N,) are labels.
+    - ``.csv``: a header row, then one sample per line, numbers only. ``y`` names the target
+      column(s) (required); ``x`` the input columns (default: all the others). A target
+      column whose values are all integers ("0", "2", "-1") is read as labels.
+
+    Errors name the file and, for a CSV, the line and column of the first bad value; a
+    missing column or array is a ValueError listing the ones the file has.
+    """
+    dt = check_dtype(dtype)
+    path = os.fspath(path)
+    xs, ys = _names("x", x), _names("y", y)
+    low = path.lower()
+    if low.endswith(".npz"):
+        return _load_npz(path, xs, ys, dt)
+    if low.endswith(".csv"):
+        return _load_csv(path, xs, ys, dt)
+    raise ValueError(f"path: expected a .npz or .csv file, got {path!r}")
+
+
+def _load_npz(path, xs, ys, dt):
+    for what, names in (("x", xs), ("y", ys)):
+        if names is not None and len(names) != 1:
+            raise ValueError(f"{what}: an .npz file holds one array per name; got {names}")
+    xname = xs[0] if xs else "x"
+    yname = ys[0] if ys else "y"
+    try:
+        z = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise ValueError(f"{path}: not a readable .npz file ({e})") from None
+    if not hasattr(z, "files"):
+        raise ValueError(f"{path}: expected an .npz archive of named arrays, got a single array")
+    with z:
+        for what, name in (("x", xname), ("y", yname)):
+            if name not in z.files:
+                raise ValueError(f"{what}: {path} has no array {name!r}; it has {sorted(z.files)}")
+        try:
+            X, Y = z[xname], z[yname]
+        except ValueError as e:  # object arrays need pickle
+            raise ValueError(f"{path}: arrays must be numeric ({e})") from None
+    for name, a in ((xname, X), (yname, Y)):
+        if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+            raise ValueError(f"{path}: array {name!r}: expected numbers, got dtype {a.dtype}")
+        if a.ndim == 0:
+            raise ValueError(f"{path}: array {name!r}: expected a sample axis, got a scalar")
+        if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+            raise ValueError(f"{path}: array {name!r}: non-finite value {a[bad]} at index {bad}")
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(f"{path}: {xname!r} has {X.shape[0]} samples, {yname!r} has {Y.shape[0]}")
+    if np.iscomplexobj(X) or np.iscomplexobj(Y):
+        raise ValueError(f"{path}: complex arrays are not supported")
+    X = np.ascontiguousarray(X.reshape(-1, 1) if X.ndim == 1 else X, dtype=dt)
+    if Y.ndim == 1 and np.issubdtype(Y.dtype, np.integer):
+        return X, np.ascontiguousarray(Y, dtype=np.int64)
+    Y = np.ascontiguousarray(Y.reshape(-1, 1) if Y.ndim == 1 else Y, dtype=dt)
+    return X, Y
+
+
+def _load_csv(path, xs, ys, dt):
+    if ys is None:
+        raise ValueError("y: name the target column(s) of a CSV file")
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or not any(h.strip() for h in header):
+            raise ValueError(f"{path}: line 1: expected a header row of column names")
+        header = [h.strip() for h in header]
+        dup = sorted({h for h in header if header.count(h) > 1})
+        if dup:
+            raise ValueError(f"{path}: line 1: duplicate column names {dup}")
+        for what, names in (("y", ys), ("x", xs)):
+            missing = [c for c in names or () if c not in header]
+            if missing:
+                raise ValueError(f"{what}: {path} has no column(s) {missing}; its columns are "
+                                 f"{header}")
+        if xs is None:
+            xs = [h for h in header if h not in ys]
+        both = sorted(set(xs) & set(ys))
+        if both:
+            raise ValueError(f"x: the column(s) {both} are also targets (y)")
+        if not xs:
+            raise ValueError(f"x: {path} has no input column left besides the targets {ys}")
+        cols = [header.index(c) for c in xs + ys]
+        rows, is_int = [], [True] * len(cols)
+        for rec in reader:
+            if not rec or (len(rec) == 1 and not rec[0].strip()):
+                continue  # blank line
+            line = reader.line_num
+            if len(rec) != len(header):
+                raise ValueError(f"{path}: line {line}: expected {len(header)} values (one per "
+                                 f"column of the header), got {len(rec)}")
+            row = []
+            for k, c in enumerate(cols):
+                text = rec[c].strip()
+                try:
+                    v = float(text)
+                except ValueError:
+                    v = math.nan
+                if not math.isfinite(v):
+                    raise ValueError(f"{path}: line {line}, column {c + 1} ({header[c]!r}): "
+                                     f"expected a finite number, got {rec[c]!r}")
+                if is_int[k] and not _INT.fullmatch(text):
+                    is_int[k] = False
+                row.append(v)
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no data rows after the header")
+    data = np.array(rows, dtype=np.float64)  # (N, len(x) + len(y))
+    nx = len(xs)
+    X = np.ascontiguousarray(data[:, :nx], dtype=dt)
+    if len(ys) == 1 and is_int[nx]:
+        return X, np.ascontiguousarray(data[:, nx], dtype=np.int64)
+    return X, np.ascontiguousarray(data[:, nx:], dtype=dt)
+
+
+def infer_task(Y) -> str:
+    """"classification" for integer labels (N,), else "regression"."""
+    if not isinstance(Y, np.ndarray):
+        raise TypeError(f"Y: expected a numpy.ndarray, got {type(Y).__name__}")
+    return "classification" if Y.ndim == 1 and np.issubdtype(Y.dtype, np.integer) else "regression"
+
+
+def train_val_split(X, Y, val_fraction: float, rng=0):
+    """Shuffle the samples with ``rng`` and split them: ``(X_train, Y_train), (X_val, Y_val)``
+    with ``round(N * val_fraction)`` validation samples (at least one in each part), as new
+    C-contiguous arrays. The pair is what ``fit(..., validation=)`` takes."""
+    for name, a in (("X", X), ("Y", Y)):
+        if not isinstance(a, np.ndarray) or a.ndim == 0:
+            raise TypeError(f"{name}: expected a numpy.ndarray with a sample axis, got "
+                            f"{type(a).__name__}")
+    n = X.shape[0]
+    if Y.shape[0] != n:
+        raise ValueError(f"Y: expected {n} samples (X has {n}), got {Y.shape[0]}")
+    if (isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real)
+            or not 0.0 < float(val_fraction) < 1.0):
+        raise ValueError(f"val_fraction: expected a number in (0, 1), got {val_fraction!r}")
+    n_val = int(round(n * float(val_fraction)))
+    if n_val < 1 or n_val > n - 1:
+        raise ValueError(f"val_fraction: {val_fraction} of {n} samples leaves "
+                         f"{n_val} for validation and {n - n_val} for training; each needs at "
+                         f"least one")
+    order = make_rng(rng).permutation(n)
+    val, train = order[:n_val], order[n_val:]
+    return (np.take(X, train, axis=0), np.take(Y, train, axis=0)), \
+           (np.take(X, val, axis=0), np.take(Y, val, axis=0))
+
+
+class Standardizer:
+    """Per-feature standardisation ``(x - mean) / scale`` (the last axis), fit on the training
+    set and applied unchanged to validation and new data. ``scale`` is the standard deviation
+    (1 for a constant feature). ``state_dict()`` is JSON-serialisable, so it can ride in a
+    checkpoint's metadata: ``save(path, model, standardizer=s.state_dict())``, then
+    ``Standardizer.from_state_dict(load(path, model)["standardizer"])``."""
+
+    def __init__(self):
+        self.mean = None   # (d,) float64
+        self.scale = None  # (d,) float64
+
+    def fit(self, X) -> "Standardizer":
+        if not isinstance(X, np.ndarray) or X.ndim < 2 or X.shape[0] == 0:
+            raise ValueError(f"X: expected an array (N, d) with N >= 1, got "
+                             f"{getattr(X, 'shape', type(X).__name__)}")
+        rows = np.asarray(X, np.float64).reshape(-1, X.shape[-1])
+        mean = rows.mean(axis=0)
+        std = rows.std(axis=0)
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+            raise ValueError("X: holds non-finite values")
+        std[std == 0.0] = 1.0  # a constant feature maps to 0, not to NaN
+        self.mean, self.scale = mean, std
+        return self
+
+    def _check(self, X, name: str):
+        if self.mean is None:
+            raise RuntimeError("Standardizer: call fit(X_train) first")
+        if not isinstance(X, np.ndarray):
+            raise TypeError(f"{name}: expected a numpy.ndarray, got {type(X).__name__}")
+        if X.dtype not in (np.float32, np.float64):
+            raise TypeError(f"{name}: expected float32 or float64, got {X.dtype}")
+        if X.ndim < 2 or X.shape[-1] != self.mean.shape[0]:
+            raise ValueError(f"{name}: expected {self.mean.shape[0]} features in the last axis "
+                             f"(as fitted), got shape {X.shape}")
+
+    def transform(self, X) -> np.ndarray:
+        """A new array ``(X - mean) / scale`` of ``X``'s dtype."""
+        self._check(X, "X")
+        return np.ascontiguousarray((X - self.mean) / self.scale, dtype=X.dtype)
+
+    def inverse_transform(self, Z) -> np.ndarray:
+        """A new array ``Z * scale + mean`` of ``Z``'s dtype."""
+        self._check(Z, "Z")
+        return np.ascontiguousarray(Z * self.scale + self.mean, dtype=Z.dtype)
+
+    def fit_transform(self, X) -> np.ndarray:
+        return self.fit(X).transform(X)
+
+    def state_dict(self) -> dict:
+        if self.mean is None:
+            raise RuntimeError("Standardizer: call fit(X_train) first")
+        return {"mean": self.mean.tolist(), "scale": self.scale.tolist()}
+
+    @classmethod
+    def from_state_dict(cls, state) -> "Standardizer":
+        if not isinstance(state, dict) or set(state) != {"mean", "scale"}:
+            raise ValueError(f"state: expected a dict with 'mean' and 'scale', got {state!r:.80}")
+        mean = np.asarray(state["mean"], np.float64)
+        scale = np.asarray(state["scale"], np.float64)
+        if mean.ndim != 1 or mean.shape != scale.shape or mean.size == 0:
+            raise ValueError(f"state: 'mean' and 'scale' must be lists of one length, got "
+                             f"{mean.shape} and {scale.shape}")
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(scale)) and np.all(scale > 0)):
+            raise ValueError("state: 'mean' must be finite and 'scale' finite and > 0")
+        s = cls()
+        s.mean, s.scale = mean, scale
+        return s
+
+    def __repr__(self) -> str:
+        d = "not fitted" if self.mean is None else f"{self.mean.shape[0]} features"
+        return f"Standardizer({d})"

@@ -28,8 +28,8 @@ class Embedding(Module):
         self.dim = check_positive_int("dim", dim)
         w = make_rng(rng).standard_normal((self.num_embeddings, self.dim))  # float64 draw
         self.W = Parameter(w.astype(self.dtype))
-        self._iws = Workspace(np.int64)  # the ids, kept for backward (the caller may reuse its array)
-        self._ids = None  # (N,) int64 the last ids
+        self._iws = Workspace(np.int64)  # ids kept for backward (the caller may reuse its array)
+        self._c.ids = None  # (N,) int64 the last ids
 
     def out_features(self, d_in: int) -> int:
         return self.dim
@@ -77,7 +77,7 @@ class Embedding(Module):
             ops.embedding_forward(y, idx, self.W.data)
             if res2 is not None:
                 ops.add(y, y, res2)
-        self._ids = idx
+        self._c.ids = idx
         s.out_shape, s.ready = out_shape, True
         return y.reshape(out_shape)
 
@@ -91,6 +91,6 @@ class Embedding(Module):
                              "ids); pass dx_acc=None")
         dy2 = self._dy_rows(dy, s.out_shape).reshape(-1, self.dim)
         if dy2.shape[0]:
-            ops.embedding_backward(self.W.grad, self._ids, dy2)
+            ops.embedding_backward(self.W.grad, self._c.ids, dy2)
         s.ready = False
         return None

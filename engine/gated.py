@@ -62,8 +62,8 @@ class GatedFFN(Module):
         self.W_down = Parameter(init_weight(f, d, init, dt, rng))
         self.b_down = Parameter(np.zeros(d, dt)) if bias else None
         self.bias = bias
-        self._x = None
-        self._dropped = False
+        self._c.x = None
+        self._c.dropped = False
 
     def _params_moved(self):
         g, u, f, d = self.W_gate, self.W_up, self.d_ff, self.d_model
@@ -102,8 +102,8 @@ class GatedFFN(Module):
     def _forward(self, x2, res2):
         n = x2.shape[0]
         v = self._views(n)
-        self._x = x2
-        self._dropped = dropped = self.training and self.p > 0.0
+        self._c.x = x2
+        self._c.dropped = dropped = self.training and self.p > 0.0
         if n == 0:
             return v.y
         if self.bias:  # [G; U]^T = b + Wgu_T x^T: the bias rides in the GEMM
@@ -132,12 +132,12 @@ class GatedFFN(Module):
             ops.colsum(self.b_down.grad, dy2, 1.0)
         ops.gemm(self.W_down.grad, v.ht, dy2, False, False, 1.0, 1.0)  # dW_down += H^T dy
         ops.gemm(v.ht, self.W_down.data, dy2, False, True, 1.0, 0.0)   # dH^T = W_down dy^T
-        if self._dropped:
+        if self._c.dropped:
             ops.dropout_backward(v.ht, v.ht, v.mask)
         ops.glu_backward(v.g, v.u, v.ht)                               # [dG; dU]^T in place
         if self.bias:
             ops.rowsum(self.db_gu, v.zt, 1.0)
-        ops.gemm(self.dWgu_T, v.zt, self._x, False, False, 1.0, 1.0)   # both halves, one GEMM
+        ops.gemm(self.dWgu_T, v.zt, self._c.x, False, False, 1.0, 1.0)   # both halves, one GEMM
         ops.gemm(dx, v.zt, self.Wgu_T, True, False, 1.0, 0.0 if acc2 is None else 1.0)
-        self._x = None
+        self._c.x = None
         return dx

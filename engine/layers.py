@@ -13,7 +13,7 @@ import numpy as np
 from kernels import ops
 from kernels.activations import ACTIVATIONS
 
-from .module import (_GENERATION, INITS, Module, Parameter, Workspace, check_float,
+from .module import (_GENERATION, INITS, Module, Parameter, Workspace, _rows_of, check_float,
                      check_positive_int, init_weight, make_rng)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
@@ -85,8 +85,8 @@ class Linear(Module):
                          and sign_from_output(activation))
         self.W = Parameter(init_weight(self.d_in, self.d_out, init, self.dtype, make_rng(rng)))
         self.b = Parameter(np.zeros(self.d_out, self.dtype)) if bias else None
-        self._x = None  # (N, d_in) the last input, by reference
-        self._z = None  # (N, d_out) act(z) (in place, or row-wise) or act'(z), for backward
+        self._c.x = None  # (N, d_in) the last input, by reference
+        self._c.z = None  # (N, d_out) act(z) (in place, or row-wise) or act'(z), for backward
 
     def out_features(self, d_in: int) -> int:
         return self.d_out
@@ -108,7 +108,7 @@ class Linear(Module):
             elif act is not None:
                 ops.bias_act(y, z, None, act, self.negative_slope,
                              None if self._inplace else z)
-        self._x, self._z = x2, (y if self._rowwise else z)
+        self._c.x, self._c.z = x2, (y if self._rowwise else z)
         return y
 
     def _backward(self, dy2, acc2):
@@ -119,18 +119,18 @@ class Linear(Module):
             dz = ws.get("dz", n, self.d_out)  # (N, d_out)
             if n:
                 if self._rowwise:
-                    _rowwise_backward(act, dz, dy2, self._z)
+                    _rowwise_backward(act, dz, dy2, self._c.z)
                 elif self._inplace:
-                    ops.act_backward(dz, dy2, self._z, act, self.negative_slope, self._z)
+                    ops.act_backward(dz, dy2, self._c.z, act, self.negative_slope, self._c.z)
                 else:
-                    ops.act_backward_cached(dz, dy2, self._z)
+                    ops.act_backward_cached(dz, dy2, self._c.z)
         dx = acc2 if acc2 is not None else ws.get("dx", n, self.d_in)  # (N, d_in)
         if n:
-            ops.gemm(self.W.grad, self._x, dz, True, False, 1.0, 1.0)  # dW += x^T dz
+            ops.gemm(self.W.grad, self._c.x, dz, True, False, 1.0, 1.0)  # dW += x^T dz
             if self.b is not None:
                 ops.colsum(self.b.grad, dz, 1.0)                        # db += dz.sum(0)
             ops.gemm(dx, dz, self.W.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._x = None
+        self._c.x = None
         return dx
 
     def extra_repr(self) -> str:
@@ -148,21 +148,21 @@ class Activation(Module):
         super().__init__(dtype)
         self.activation = check_activation("activation", activation)
         self.negative_slope = _check_slope(negative_slope)
-        self._z = None  # (N, d) the last input, by reference
-        self._h = None  # (N, d) the last output (a work buffer)
+        self._c.z = None  # (N, d) the last input, by reference
+        self._c.h = None  # (N, d) the last output (a work buffer)
 
     def _forward(self, z2, res2):
         h = self._ws.get("h", *z2.shape)  # (N, d)
         if z2.size:
             ops.bias_act(h, z2, None, self.activation, self.negative_slope, None)
-        self._z, self._h = z2, h
+        self._c.z, self._c.h = z2, h
         return h
 
     def _backward(self, dh2, acc2):
         dz = self._ws.get("dz", *dh2.shape)  # (N, d)
         if dh2.size:
-            ops.act_backward(dz, dh2, self._z, self.activation, self.negative_slope, self._h)
-        self._z = None
+            ops.act_backward(dz, dh2, self._c.z, self.activation, self.negative_slope, self._c.h)
+        self._c.z = None
         return dz
 
     def extra_repr(self) -> str:
@@ -247,17 +247,18 @@ class _RowwiseActivation(Module):
 
     def __init__(self, dtype=np.float32):
         super().__init__(dtype)
-        self._y = None  # (N, C) the last output, read by backward
+        self._c.y = None  # (N, C) the last output, read by backward
 
     def _forward(self, x2, res2):
         y = self._ws.get("y", *x2.shape)  # (N, C)
         _rowwise_forward(self.activation, y, x2)
-        self._y = y
+        self._c.y = y
         return y
 
     def _backward(self, dy2, acc2):
         dx = self._ws.get("dx", *dy2.shape)  # (N, C)
-        _rowwise_backward(self.activation, dx, dy2, self._y)
+        _rowwise_backward(self.activation, dx, dy2, self._c.y)
+        self._c.y = None
         return dx
 
 
@@ -359,27 +360,40 @@ class Sequential(Module):
     def extra_repr(self) -> str:
         return "checkpoint=True" if self.checkpoint else ""
 
+    def out_features(self, d_in: int) -> int:
+        for m in self._seq:
+            d_in = m.out_features(d_in)
+        return d_in
+
     def forward(self, x, *, residual=None):
         """Each child's forward in order (``residual`` fused into the last one)."""
-        if isinstance(x, np.ndarray):
-            self._no_overlap("x", x)
-        if self.checkpoint and self._seq:
-            return self._forward_checkpointed(x, residual)
         s, seq = self._s, self._seq
-        if not seq:
-            if residual is not None:
+        if residual is not None:
+            # Checked here, before any child runs: a rejected call changes nothing.
+            if not seq:
                 raise ValueError("residual: an empty Sequential has no layer to add it in")
+            if isinstance(x, np.ndarray) and x.ndim:
+                _rows_of(residual, (*x.shape[:-1], self.out_features(x.shape[-1])),
+                         self.dtype, "residual")
+            if isinstance(residual, np.ndarray):
+                self._no_overlap("residual", residual)
+        if not seq:
             s.ready = True
             return x
-        # The first child checks x before it changes anything: a rejected x changes nothing.
-        x = seq[0].forward(x, residual=residual if len(seq) == 1 else None)
-        s.ready = False
-        for m in seq[1:-1]:
-            x = m.forward(x)
-        if len(seq) > 1:
-            x = seq[-1].forward(x, residual=residual)
-        s.ready = True
-        return x
+        if isinstance(x, np.ndarray):
+            self._no_overlap("x", x)
+        if self.checkpoint:
+            y = self._forward_checkpointed(x, residual)
+        else:
+            # The first child checks x before it changes anything: a rejected x changes nothing.
+            y = seq[0].forward(x, residual=residual if len(seq) == 1 else None)
+            s.ready = False
+            for m in seq[1:-1]:
+                y = m.forward(y)
+            if len(seq) > 1:
+                y = seq[-1].forward(y, residual=residual)
+        s.lead, s.in_dim, s.ready = x.shape[:-1], x.shape[-1], True
+        return y
 
     def backward(self, dy, *, dx_acc=None):
         """Each child's backward in reverse order (``dx_acc`` fused into the first one)."""
@@ -388,7 +402,10 @@ class Sequential(Module):
             raise self._no_forward()
         if isinstance(dy, np.ndarray):
             self._no_overlap("dy", dy)
-        if isinstance(dx_acc, np.ndarray):
+        if dx_acc is not None:
+            if not self._seq:
+                raise ValueError("dx_acc: an empty Sequential has no layer to add it in")
+            _rows_of(dx_acc, (*s.lead, s.in_dim), self.dtype, "dx_acc")
             self._no_overlap("dx_acc", dx_acc)
         if self.checkpoint and self._seq:
             return self._backward_checkpointed(dy, dx_acc)
@@ -396,8 +413,6 @@ class Sequential(Module):
             for m in self._rev[:-1]:
                 dy = m.backward(dy)
             dy = self._seq[0].backward(dy, dx_acc=dx_acc)
-        elif dx_acc is not None:
-            raise ValueError("dx_acc: an empty Sequential has no layer to add it in")
         s.ready = False
         return dy
 
@@ -435,7 +450,6 @@ class Sequential(Module):
             self._snap(i)
             y = seq[i].forward(xi, residual=residual if i == last else None)
         self._snap(last + 1)
-        s.ready = True
         return y
 
     def _backward_checkpointed(self, dy, dx_acc):

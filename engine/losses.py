@@ -57,6 +57,10 @@ class _Loss(Module):
     def _need_forward(self, what: str = "backward"):
         if self._saved is None:
             raise RuntimeError(f"{type(self).__name__}.{what}: called before forward")
+        if what == "backward":
+            if not self._s.ready:  # the rule of every module: one backward per forward
+                raise self._no_forward()
+            self._s.ready = False
 
     def extra_repr(self) -> str:
         return "" if self.dtype is None else f"dtype={self.dtype}"
@@ -67,14 +71,11 @@ class MSELoss(_Loss):
     pred's shape and dtype. ``dtype=None`` accepts float32 or float64 predictions.
 
     ``forward`` also writes the gradient into the work buffer ``backward`` returns: one
-    pass over pred and target instead of two. A second ``backward`` for the same forward
-    recomputes it, since the caller may have written into the first one."""
-
-    def __init__(self, dtype=None):
-        super().__init__(dtype)
-        self._fresh = False  # the work buffer holds the last forward's gradient
+    pass over pred and target instead of two."""
 
     def forward(self, pred, target) -> float:
+        """The mean squared error of ``pred`` against ``target`` (a float); also writes the
+        gradient ``backward`` returns."""
         _check_float("pred", pred, self.dtype)
         if pred.ndim == 0 or pred.size == 0:
             raise ValueError(f"pred: expected a non-empty array of at least 1 dimension, "
@@ -90,17 +91,14 @@ class MSELoss(_Loss):
         d = self._ws_for(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused, see backward
         loss = ops.mse_forward_backward(d, p2, t2)
         self._saved, self._target, self._shape = p2, t2, pred.shape
-        self._fresh = True
+        self._s.ready = True
         return float(loss)
 
     def backward(self):
+        """d(loss)/d(pred), written by forward (a work buffer)."""
         self._need_forward()
         p2 = self._saved
-        d = self._ws_for(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused
-        if not self._fresh:
-            ops.mse_backward(d, p2, self._target)
-        self._fresh = False
-        return d.reshape(self._shape)
+        return self._ws_for(p2.dtype).get("dpred", *p2.shape).reshape(self._shape)
 
 
 class CrossEntropyLoss(_Loss):
@@ -111,6 +109,8 @@ class CrossEntropyLoss(_Loss):
     """
 
     def forward(self, pred, target) -> float:
+        """The mean cross-entropy of softmax(``pred``) against ``target`` (labels or
+        probabilities), a float; the softmax is kept for ``backward`` and ``probs``."""
         _check_float("pred", pred, self.dtype)
         if pred.ndim not in (2, 3) or pred.shape[-1] == 0:
             raise ValueError(f"pred: expected logits of shape (N, C) or (B, T, C), got {pred.shape}")
@@ -145,6 +145,7 @@ class CrossEntropyLoss(_Loss):
         probs = self._ws_for(logits.dtype).get("probs", n, c)  # (N, C) softmax, cached for backward
         loss = ops.cross_entropy_forward(probs, logits, t)
         self._saved, self._target, self._shape = probs, t, pred.shape
+        self._s.ready = True
         return float(loss)
 
     @property
@@ -154,6 +155,7 @@ class CrossEntropyLoss(_Loss):
         return self._saved.reshape(self._shape)
 
     def backward(self):
+        """d(loss)/d(logits) = (softmax - target) / rows (a work buffer)."""
         self._need_forward()
         probs = self._saved
         d = self._ws_for(probs.dtype).get("dlogits", *probs.shape)  # (N, C) reused

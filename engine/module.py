@@ -10,10 +10,13 @@ flat vectors. Numerics live in ``kernels``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import threading
 import weakref
 from collections import OrderedDict
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -229,79 +232,6 @@ class Parameter:
 
     @property
     def dtype(self):
-        return self.data.dtype
-
-
-def _like(flat, p):
-    """``flat`` shaped as ``p``, in ``p``'s memory order (a Fortran-ordered parameter is a
-    transposed view, as a weight kept transposed for its GEMM)."""
-    if p._forder:
-        return flat.reshape(p.shape[::-1]).T
-    return flat.reshape(p.shape)
-
-
-def _order(a) -> bool:
-    """True for an F-ordered (not C-ordered) array."""
-    return a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous
-
-
-def _view_property(what: str) -> property:
-    """``p.data`` / ``p.grad``: reading returns the arena view (a C-level getter: it is read
-    on every kernel call); assigning copies into it after ``_check_like``."""
-    slot = "_" + what
-
-    def assign(p, value):
-        _check_like(what, value, p)
-        np.copyto(getattr(p, slot), value)
-    return property(operator.attrgetter(slot), assign,
-                    doc=f"The parameter's {what}: a view into its arena; assignment copies.")
-
-
-class Parameter:
-    """A trainable array ``data`` with its accumulated gradient ``grad`` (same shape, dtype and
-    memory order; starts at zero), both views into an ``Arena``.
-
-    Assigning ``p.data = a`` or ``p.grad = a`` copies ``a`` into the arena after checking
-    its shape and dtype (any memory layout is accepted, nothing is cast): the arrays the
-    model computes with and the optimizer updates never change."""
-
-    __slots__ = ("_data", "_grad", "name", "_arena", "_offset", "_forder", "shape")
-
-    def __init__(self, data: np.ndarray, name: str = "", grad: np.ndarray | None = None):
-        if not isinstance(data, np.ndarray):
-            raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
-        check_dtype(data.dtype)
-        self.name = name
-        self.shape = data.shape
-        self._forder = _order(data)
-        self._data = data
-        if grad is None:
-            grad = np.zeros(data.shape, data.dtype)
-        else:
-            _check_like("grad", grad, self)
-        self._grad = grad
-        Arena([self])
-
-    @property
-    def data(self) -> np.ndarray:
-        return self._data
-
-    @data.setter
-    def data(self, value) -> None:
-        _check_like("data", value, self)
-        np.copyto(self._data, value)
-
-    @property
-    def grad(self) -> np.ndarray:
-        return self._grad
-
-    @grad.setter
-    def grad(self, value) -> None:
-        _check_like("grad", value, self)
-        np.copyto(self._grad, value)
-
-    @property
-    def dtype(self):
         return self._data.dtype
 
     @property
@@ -398,7 +328,30 @@ class _State:
         self.range_gen = -1
 
 
+def _one_caller(fn):
+    """Wrap a public ``forward``/``backward``: a module holds one forward's cache, so a call
+    while another thread is inside the same module raises instead of mixing their numbers."""
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        lock = self._lock
+        if not lock.acquire(False):
+            raise RuntimeError(f"{type(self).__name__}.{fn.__name__}: this module is in use by "
+                               f"another thread; a model is used by one thread at a time "
+                               f"(build one model per thread)")
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            lock.release()
+    return call
+
+
 class _ModuleMeta(type):
+    def __init__(cls, name, bases, ns):
+        super().__init__(name, bases, ns)
+        for meth in ("forward", "backward"):
+            if meth in ns:
+                setattr(cls, meth, _one_caller(ns[meth]))
+
     def __call__(cls, *args, **kwargs):
         obj = super().__call__(*args, **kwargs)
         obj._pack()  # every parameter of the finished module into one arena per dtype
@@ -434,6 +387,10 @@ class Module(metaclass=_ModuleMeta):
         object.__setattr__(self, "_s", _State())
         object.__setattr__(self, "_built", False)
         object.__setattr__(self, "_vc", [None, None])  # (key, views) of _views
+        object.__setattr__(self, "_lock", threading.RLock())  # see _one_caller
+        # What forward keeps for backward (input rows, activations, dropout flag): a plain
+        # namespace, since Module.__setattr__ is a Python call on the hot path.
+        object.__setattr__(self, "_c", SimpleNamespace())
 
     def __setattr__(self, name, value):
         params = self.__dict__.get("_params")
@@ -547,9 +504,8 @@ class Module(metaclass=_ModuleMeta):
 
     def _workspace_ids(self):
         s = self._s
-        if s.ws_gen != _GENERATION[0]:
-            s.ws_ids = frozenset(id(w) for _, m in self.named_modules() for w in m._workspaces())
-            s.ws_gen = _GENERATION[0]
+        s.ws_ids = frozenset(id(w) for _, m in self.named_modules() for w in m._workspaces())
+        s.ws_gen = _GENERATION[0]
         return s.ws_ids
 
     def _workspaces(self) -> list:
@@ -565,7 +521,9 @@ class Module(metaclass=_ModuleMeta):
             return
         hit = _RAW_OWNER.get(id(base))
         if hit is not None and hit[0]() is base:
-            if id(hit[1]()) not in self._workspace_ids():
+            s = self._s
+            ids = s.ws_ids if s.ws_gen == _GENERATION[0] else self._workspace_ids()
+            if id(hit[1]()) not in ids:
                 return
         elif isinstance(base, np.ndarray) and base.flags.owndata:
             return  # a view of another allocation (work buffers own theirs)

@@ -1,14 +1,18 @@
 """The training loop: ``fit`` (mini-batches, shuffling, validation, progress, a stop on a
-non-finite loss), ``evaluate``, ``predict``, the per-epoch ``History``, and the regression
-metrics ``r2_score`` / ``mean_absolute_error``.
+non-finite loss, learning-rate schedules, gradient clipping, callbacks), ``evaluate``,
+``predict``, the per-epoch ``History`` (saved as CSV or JSON, plotted as a PNG), and the
+regression metrics ``r2_score`` / ``mean_absolute_error``.
 
 Mini-batches are gathered into one preallocated buffer (``np.take(..., out=)``), so a steady
 epoch allocates no batch-sized arrays; the model's own work buffers do the rest.
 """
 from __future__ import annotations
 
+import csv
+import json
 import math
 import numbers
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,6 +21,7 @@ import numpy as np
 
 from .losses import CrossEntropyLoss
 from .module import make_rng
+from .optim import clip_grad_norm as _clip_grad_norm
 
 __all__ = ["fit", "evaluate", "predict", "History", "NonFiniteLossError", "r2_score",
            "mean_absolute_error"]
@@ -36,7 +41,8 @@ class History:
 
     ``loss``: mean training loss over the epoch's samples, each batch's loss measured before
     its update; ``accuracy``: the same batches' accuracy (classification only, else empty);
-    ``val_loss`` / ``val_accuracy``: on the validation set after the epoch, in eval mode.
+    ``val_loss`` / ``val_accuracy``: on the validation set after the epoch, in eval mode;
+    ``lr``: the first parameter group's learning rate at the epoch's first step.
     """
     loss: list = field(default_factory=list)
     accuracy: list = field(default_factory=list)
@@ -45,9 +51,75 @@ class History:
     steps: int = 0                 # optimizer steps taken
     samples: int = 0               # training samples processed
     epoch_time: list = field(default_factory=list, compare=False)  # wall seconds per epoch
+    lr: list = field(default_factory=list)
+
+    _COLUMNS = ("loss", "accuracy", "val_loss", "val_accuracy", "lr", "epoch_time")
 
     def __len__(self) -> int:
         return len(self.loss)
+
+    def columns(self) -> dict:
+        """``{"epoch": [1, 2, ...], "loss": [...], ...}``: the per-epoch lists that hold one
+        value per epoch (an empty list, e.g. accuracy in a regression, is left out)."""
+        n = len(self.loss)
+        out = {"epoch": list(range(1, n + 1))}
+        for k in self._COLUMNS:
+            v = getattr(self, k)
+            if len(v) == n and n:
+                out[k] = [float(x) for x in v]
+        return out
+
+    def to_csv(self, path) -> None:
+        """Write one row per epoch (``epoch,loss,...``; full float precision) to ``path``."""
+        cols = self.columns()
+        with open(os.fspath(path), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(list(cols))
+            for row in zip(*cols.values()):
+                w.writerow([repr(x) if isinstance(x, float) else x for x in row])
+
+    def to_json(self, path) -> None:
+        """Write ``{"epochs", "steps", "samples", "seconds", <per-epoch lists>}`` to ``path``
+        (non-finite numbers as null)."""
+        def clean(v):
+            return v if math.isfinite(v) else None
+        doc = {"epochs": len(self), "steps": self.steps, "samples": self.samples,
+               "seconds": self.seconds}
+        doc.update({k: [clean(x) for x in v] if k != "epoch" else v
+                    for k, v in self.columns().items()})
+        with open(os.fspath(path), "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+
+    def plot(self, path, title: str | None = None):
+        """Save a PNG (640x400 pixels) of the training loss (and validation loss) per epoch to
+        ``path`` and return the matplotlib ``Figure``; the y axis is logarithmic when the
+        plotted losses are positive and span more than a decade. Needs matplotlib (the
+        optional extra ``plot``: ``pip install 'blasnet[plot]'``)."""
+        if not self.loss:
+            raise ValueError("History.plot: the history is empty (no epoch to plot)")
+        Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
+        epochs = np.arange(1, len(self.loss) + 1)
+        fig = Figure(figsize=(6.4, 4.0), dpi=100)
+        FigureCanvasAgg(fig)  # render without pyplot: no GUI backend, no global state
+        ax = fig.add_subplot()
+        ax.plot(epochs, self.loss, label="loss", color="tab:blue")
+        values = list(self.loss)
+        if len(self.val_loss) == len(self.loss):
+            ax.plot(epochs, self.val_loss, label="val_loss", color="tab:orange")
+            values += list(self.val_loss)
+        finite = [v for v in values if math.isfinite(v)]
+        if finite and min(finite) > 0 and max(finite) / min(finite) > 10.0:
+            ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("loss")
+        ax.set_title(title or f"{len(self.loss)} epochs, {self.steps} steps")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.fspath(path), format="png")
+        return fig
 
     @property
     def seconds(self) -> float:
@@ -57,6 +129,17 @@ class History:
     def samples_per_second(self) -> float:
         s = self.seconds
         return self.samples / s if s > 0 else float("nan")
+
+
+def _matplotlib():
+    """matplotlib's Figure and Agg canvas, or ImportError naming the extra to install."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+    except ImportError:
+        raise ImportError("History.plot needs matplotlib: pip install 'blasnet[plot]'") from None
+    return Figure, FigureCanvasAgg, MaxNLocator
 
 
 # ----------------------------------------------------------------------------- checks
@@ -138,10 +221,12 @@ class _Progress:
         self._last = 0.0
         self._open = False
 
-    def update(self, epoch: int, h: History, elapsed: float) -> None:
+    def update(self, epoch: int, h: History, elapsed: float, last: bool = False) -> None:
+        """``last``: the run ends after this epoch (a callback stopped it): print it."""
         if not self.every and not self.tty:
             return
-        last = epoch == self.epochs
+        stopped = last and epoch < self.epochs
+        last = last or epoch == self.epochs
         now = time.perf_counter()
         if self.tty:
             if not last and now - self._last < 0.1:  # redraw at most ~10 times a second
@@ -160,6 +245,8 @@ class _Progress:
         parts.append(f"{rate:,.0f} samples/s")
         if not last:
             parts.append(f"ETA {_fmt_time(elapsed / epoch * (self.epochs - epoch))}")
+        elif stopped:
+            parts.append("stopped by a callback")
         line = "  ".join(parts)
         if self.tty:
             self.file.write("\r" + line + "\x1b[K")
@@ -225,7 +312,8 @@ def predict(model, X, batch_size=None) -> np.ndarray:
 
 
 def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: bool = True,
-        rng=0, validation=None, progress=True) -> History:
+        rng=0, validation=None, progress=True, callbacks=(), scheduler=None,
+        scheduler_interval: str = "epoch", clip_grad_norm=None) -> History:
     """Train ``model`` on ``(X, Y)`` for ``epochs`` passes; return the ``History``.
 
     Each step: forward, ``loss.forward``, a finiteness check, ``loss.backward``,
@@ -237,6 +325,13 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
       batch is never shuffled (the gradient does not depend on the order).
     - ``validation``: ``(X_val, Y_val)`` evaluated after each epoch in eval mode.
     - ``progress``: see ``_Progress`` (True: auto, False: silent, int k: a line every k epochs).
+    - ``callbacks``: objects with ``on_epoch_end(epoch, history)`` returning True to stop
+      (``engine.callbacks``: ``EarlyStopping``, ``ModelCheckpoint``, the protocol).
+    - ``scheduler``: an ``engine.lr_scheduler`` scheduler of ``optimizer``, stepped after
+      every optimizer step (``scheduler_interval="step"``) or after every epoch (``"epoch"``,
+      before the callbacks, so a checkpoint saved by one resumes at the next epoch's rate).
+    - ``clip_grad_norm``: a max norm: the gradients are scaled to at most this global L2 norm
+      before each update (``engine.clip_grad_norm``).
 
     A NaN/inf loss raises ``NonFiniteLossError`` naming the epoch and step before that
     step's update, so the model keeps the parameters of the last good step. The model is
@@ -254,8 +349,18 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
         if not isinstance(validation, (tuple, list)) or len(validation) != 2:
             raise TypeError("validation: expected a pair (X_val, Y_val)")
         _check_xy(*validation, what="validation ")
-    gen = make_rng(rng)
     classify = isinstance(loss, CrossEntropyLoss)
+    callbacks = _check_callbacks(callbacks, classify, validation is not None)
+    _check_scheduler(scheduler, scheduler_interval, optimizer)
+    per_step = scheduler is not None and scheduler_interval == "step"
+    per_epoch = scheduler is not None and scheduler_interval == "epoch"
+    if clip_grad_norm is not None:
+        if (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, numbers.Real)
+                or not clip_grad_norm > 0):
+            raise ValueError(f"clip_grad_norm: expected a max norm > 0 (or None), got "
+                             f"{clip_grad_norm!r}")
+        clip_params = model.parameters()
+    gen = make_rng(rng)
     bar = _Progress(progress, epochs)
     steps_per_epoch = -(-n // bs)
     full = bs == n
@@ -265,14 +370,24 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
         order = np.empty_like(identity)                       # (N,) this epoch's order
         xbuf = np.empty((bs,) + X.shape[1:], X.dtype)         # (bs, ...) gathered batch
         ybuf = np.empty((bs,) + Y.shape[1:], Y.dtype)         # (bs, ...) its targets
+    for cb in callbacks:  # first: a callback that rejects its setup leaves the model as it was
+        begin = getattr(cb, "on_train_begin", None)
+        if begin is not None:
+            begin(model, optimizer, scheduler)
     hits = _Hits()
     h = History()
     model.train()
     model.zero_grad()
+    groups = getattr(optimizer, "param_groups", None)
+    # The optimizer zeroes the gradients inside its update pass, while they are in cache,
+    # when it updates exactly the model's parameters; otherwise model.zero_grad() after it.
+    fused_zero = groups is not None and _same_parameters(optimizer, model)
     t_start = time.perf_counter()
     try:
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
+            if groups:
+                h.lr.append(float(groups[0]["lr"]))
             if gather:
                 # Shuffle a fresh 0..N-1 each epoch, so the order depends only on the
                 # Generator's state (a run resumed with that state continues identically).
@@ -304,8 +419,15 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                     hit += hits.count(pred, yb)
                     rows += _rows_of(pred)
                 model.backward(loss.backward())
-                optimizer.step()
-                model.zero_grad()
+                if clip_grad_norm is not None:
+                    _clip_grad_norm(clip_params, clip_grad_norm)
+                if fused_zero:
+                    optimizer.step(zero_grad=True)
+                else:
+                    optimizer.step()
+                    model.zero_grad()
+                if per_step:
+                    scheduler.step()
                 total += value * m
                 h.steps += 1
                 h.samples += m
@@ -318,10 +440,66 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                 if va is not None:
                     h.val_accuracy.append(va)
             h.epoch_time.append(time.perf_counter() - t0)
-            bar.update(epoch, h, time.perf_counter() - t_start)
+            if per_epoch:
+                scheduler.step()
+            stop = False
+            for cb in callbacks:  # every callback sees every epoch, as in Keras
+                stop = bool(cb.on_epoch_end(epoch, h)) or stop
+            bar.update(epoch, h, time.perf_counter() - t_start, last=stop)
+            if stop:
+                break
     finally:
         bar.close()
+    for cb in callbacks:
+        end = getattr(cb, "on_train_end", None)
+        if end is not None:
+            end(model, optimizer, scheduler)
     return h
+
+
+def _same_parameters(optimizer, model) -> bool:
+    """Whether ``optimizer`` (an engine optimizer) updates exactly ``model``'s parameters."""
+    from .optim import Optimizer
+    if not isinstance(optimizer, Optimizer):
+        return False
+    own = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    return own == {id(p) for p in model.parameters()}
+
+
+def _check_callbacks(callbacks, classify: bool, validation: bool) -> list:
+    """``callbacks`` as a list, each with an ``on_epoch_end`` and a ``monitor`` (if any)
+    that the run records; else TypeError/ValueError naming the callback."""
+    if callbacks is None:
+        return []
+    if not isinstance(callbacks, (list, tuple)):
+        raise TypeError(f"callbacks: expected a list of callbacks, got {type(callbacks).__name__}")
+    recorded = ["loss"] + (["accuracy"] if classify else [])
+    if validation:
+        recorded += ["val_loss"] + (["val_accuracy"] if classify else [])
+    for i, cb in enumerate(callbacks):
+        if not callable(getattr(cb, "on_epoch_end", None)):
+            raise TypeError(f"callbacks[{i}]: expected an object with on_epoch_end(epoch, "
+                            f"history), got {type(cb).__name__}")
+        monitor = getattr(cb, "monitor", None)
+        if monitor is not None and monitor not in recorded:
+            hint = (" (pass validation=(X_val, Y_val))" if str(monitor).startswith("val_")
+                    and not validation else "")
+            raise ValueError(f"callbacks[{i}]: {type(cb).__name__} monitors {monitor!r}, which "
+                             f"this run does not record; it records {recorded}{hint}")
+    return list(callbacks)
+
+
+def _check_scheduler(scheduler, interval, optimizer) -> None:
+    if interval not in ("step", "epoch"):
+        raise ValueError(f"scheduler_interval: expected 'step' or 'epoch', got {interval!r}")
+    if scheduler is None:
+        return
+    if not callable(getattr(scheduler, "step", None)):
+        raise TypeError(f"scheduler: expected a learning-rate scheduler with step(), got "
+                        f"{type(scheduler).__name__}")
+    owner = getattr(scheduler, "optimizer", optimizer)
+    if owner is not optimizer:
+        raise ValueError("scheduler: it drives another optimizer than the one passed to fit")
 
 
 # ----------------------------------------------------------------------------- metrics

@@ -71,17 +71,18 @@ def test_mse_backward_is_the_gradient_of_the_last_forward(dtype, shape):
     np.testing.assert_allclose(d, ref, rtol=1e-6 if dtype == np.float32 else 1e-14, atol=0)
 
 
-def test_mse_second_backward_recomputes():
-    # Check that a second backward after one forward returns the gradient again even if the
-    # caller wrote into the array the first backward returned.
+def test_mse_second_backward_raises():
+    # Check that a loss follows the rule of every module: one backward per forward (a
+    # second one raises RuntimeError; the next forward allows one again).
     rng = np.random.default_rng(44)
     p, t = rng.standard_normal((10, 4)), rng.standard_normal((10, 4))
     loss = MSELoss()
     loss(p, t)
-    d1 = loss.backward()
-    expected = d1.copy()
-    d1[...] = 123.0
-    np.testing.assert_array_equal(loss.backward(), expected)
+    d1 = loss.backward().copy()
+    with pytest.raises(RuntimeError, match="one backward"):
+        loss.backward()
+    loss(p, t)
+    np.testing.assert_array_equal(loss.backward(), d1)
 
 
 def test_mse_rejected_forward_keeps_previous_gradient():

@@ -1,0 +1,237 @@
+"""Callbacks for ``fit``: ``EarlyStopping`` and ``ModelCheckpoint`` (Keras's names), and the
+``Callback`` base class that documents the protocol.
+
+A callback is any object with ``on_epoch_end(epoch, history) -> bool``: ``fit`` calls it after
+every epoch (``epoch`` counts from 1; ``history`` is the run's ``History`` so far) and stops
+after that epoch if any callback returns True. Optional hooks: ``on_train_begin(model,
+optimizer, scheduler)`` before the first step and ``on_train_end(model, optimizer,
+scheduler)`` after the last epoch (also after an early stop, not after an exception). A
+callback with a ``monitor`` attribute must name a figure the run records ("loss",
+"accuracy", "val_loss", "val_accuracy"); ``fit`` checks that before the first step.
+
+    class StopAtLoss:                      # stop once the training loss is below a target
+        def __init__(self, target):
+            self.target = target
+        def on_epoch_end(self, epoch, history):
+            return history.loss[-1] < self.target
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import tempfile
+
+from . import checkpoint as _checkpoint
+
+__all__ = ["Callback", "EarlyStopping", "ModelCheckpoint", "MONITORS", "check_output_path"]
+
+MONITORS = ("loss", "accuracy", "val_loss", "val_accuracy")
+
+
+def _mode(monitor: str, mode: str) -> str:
+    if not isinstance(monitor, str) or monitor not in MONITORS:
+        raise ValueError(f"monitor: expected one of {MONITORS}, got {monitor!r}")
+    if mode not in ("auto", "min", "max"):
+        raise ValueError(f"mode: expected 'auto', 'min' or 'max', got {mode!r}")
+    if mode == "auto":  # Keras's rule: accuracies grow, losses shrink
+        return "max" if "acc" in monitor else "min"
+    return mode
+
+
+def _latest(history, monitor: str, who: str) -> float:
+    values = getattr(history, monitor, None)
+    if not values:
+        raise ValueError(f"{who}: monitor {monitor!r}: the history records no such figure "
+                         f"(val_* figures need fit(..., validation=(X_val, Y_val)), accuracies "
+                         f"a CrossEntropyLoss)")
+    return float(values[-1])
+
+
+def check_output_path(path, what: str = "path", suffixes=None) -> str:
+    """``path`` as a str if a file can be written there, else ValueError naming ``what``: the
+    directory exists and is writable, ``path`` is not a directory, the file name (and the
+    temporary name an atomic write uses next to it) fits the file system, and the suffix is
+    one of ``suffixes`` (if given). A probe file is created next to it and removed."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"{what}: expected a path, got {type(path).__name__}") from None
+    if not isinstance(p, str) or not p:
+        raise ValueError(f"{what}: expected a non-empty path, got {path!r}")
+    if suffixes and not p.lower().endswith(tuple(suffixes)):
+        raise ValueError(f"{what}: expected a file name ending in {' or '.join(suffixes)}, got {p!r}")
+    full = os.path.abspath(p)
+    directory, name = os.path.split(full)
+    if not name:
+        raise ValueError(f"{what}: {p!r} names a directory, not a file")
+    if not os.path.isdir(directory):
+        raise ValueError(f"{what}: the directory {directory!r} does not exist")
+    if os.path.isdir(full):
+        raise ValueError(f"{what}: {p!r} is a directory, not a file")
+    if os.path.exists(full) and not os.access(full, os.W_OK):
+        raise ValueError(f"{what}: {p!r} exists and is not writable")
+    try:
+        name_max = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        name_max = 255
+    # Atomic writes go through "." + name + "." + 8 random characters + ".tmp" (mkstemp).
+    if len(name.encode()) + 14 > name_max:
+        raise ValueError(f"{what}: the file name is {len(name.encode())} bytes long; at most "
+                         f"{name_max - 14} fit here (with the temporary name used to write it)")
+    # The one sure test of writability (root passes os.access almost everywhere): create and
+    # remove a file with the temporary name an atomic write would use.
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix="." + name + ".", suffix=".tmp")
+    except OSError as e:
+        raise ValueError(f"{what}: cannot write in {directory!r} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return p
+
+
+class Callback:
+    """The protocol ``fit`` calls (subclassing is optional: any object with
+    ``on_epoch_end`` works). Return True from ``on_epoch_end`` to stop training."""
+
+    def on_train_begin(self, model, optimizer, scheduler) -> None:
+        """Called once before the first step."""
+
+    def on_epoch_end(self, epoch: int, history) -> bool:
+        """Called after each epoch (from 1) with the ``History`` so far; True stops training."""
+        return False
+
+    def on_train_end(self, model, optimizer, scheduler) -> None:
+        """Called once after the last epoch (or the epoch a callback stopped at)."""
+
+
+class EarlyStopping(Callback):
+    """Stop after ``patience`` epochs in a row without improvement of ``monitor`` (Keras's
+    semantics: patience 0 and 1 both stop at the first epoch that does not improve).
+
+    An epoch improves on the best so far if its value is lower by more than ``min_delta``
+    ("min" mode; higher by more than ``min_delta`` in "max" mode; "auto" picks "max" for
+    accuracies, "min" for losses). With ``restore_best_weights`` the model gets back the
+    parameters of the best epoch when training ends (stopped early or not); the optimizer's
+    state stays that of the last step. After ``fit``: ``stopped_epoch`` (0 if it did not
+    stop), ``best``, ``best_epoch``.
+    """
+
+    def __init__(self, monitor: str = "val_loss", patience: int = 0, min_delta: float = 0.0,
+                 restore_best_weights: bool = False, mode: str = "auto"):
+        self._mode = _mode(monitor, mode)
+        if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 0:
+            raise ValueError(f"patience: expected an integer >= 0, got {patience!r}")
+        if (isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real)
+                or not math.isfinite(min_delta) or min_delta < 0):
+            raise ValueError(f"min_delta: expected a finite number >= 0, got {min_delta!r}")
+        if not isinstance(restore_best_weights, bool):
+            raise TypeError(f"restore_best_weights: expected a bool, got {restore_best_weights!r}")
+        self.monitor, self.mode = monitor, mode
+        self.patience, self.min_delta = int(patience), float(min_delta)
+        self.restore_best_weights = restore_best_weights
+        self._reset()
+
+    def _reset(self) -> None:
+        self.best = math.inf if self._mode == "min" else -math.inf
+        self.best_epoch = 0
+        self.stopped_epoch = 0
+        self.wait = 0
+        self._model = None
+        self._best_state = None
+
+    def _improved(self, value: float) -> bool:
+        if self._mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def on_train_begin(self, model, optimizer, scheduler) -> None:
+        self._reset()
+        self._model = model
+
+    def on_epoch_end(self, epoch: int, history) -> bool:
+        value = _latest(history, self.monitor, "EarlyStopping")
+        if self._improved(value):
+            self.best, self.best_epoch, self.wait = value, epoch, 0
+            if self.restore_best_weights and self._model is not None:
+                self._best_state = self._model.state_dict()  # copies
+            return False
+        self.wait += 1
+        if self.wait >= self.patience:  # Keras: patience 0 and 1 both stop at the first miss
+            self.stopped_epoch = epoch
+            return True
+        return False
+
+    def on_train_end(self, model, optimizer, scheduler) -> None:
+        if self.restore_best_weights and self._best_state is not None:
+            model.load_state_dict(self._best_state)
+        self._best_state = None
+        self._model = None
+
+    def __repr__(self) -> str:
+        return (f"EarlyStopping(monitor={self.monitor!r}, patience={self.patience}, "
+                f"min_delta={self.min_delta}, restore_best_weights={self.restore_best_weights})")
+
+
+class ModelCheckpoint(Callback):
+    """Save the model (and the optimizer and scheduler, in an ``.npz`` file) to ``path`` after
+    an epoch: only when ``monitor`` improved on the best so far (``save_best_only``, Keras's
+    default here) or after every epoch. ``path`` may hold ``{epoch}`` and the figures
+    (``"ckpt-{epoch:03d}-{val_loss:.4f}.npz"``). A ``.safetensors`` path stores the parameters
+    only. The metadata holds ``epoch`` and the epoch's figures. The path is checked before
+    the first step; ``saved`` lists the files written."""
+
+    def __init__(self, path, monitor: str = "val_loss", save_best_only: bool = True,
+                 mode: str = "auto"):
+        self._mode = _mode(monitor, mode)
+        try:
+            self.path = os.fspath(path)
+        except TypeError:
+            raise TypeError(f"path: expected a path, got {type(path).__name__}") from None
+        if not isinstance(save_best_only, bool):
+            raise TypeError(f"save_best_only: expected a bool, got {save_best_only!r}")
+        self.monitor, self.mode, self.save_best_only = monitor, mode, save_best_only
+        self.best = math.inf if self._mode == "min" else -math.inf
+        self.saved: list = []
+        self._model = self._optimizer = self._scheduler = None
+
+    def _figures(self, history) -> dict:
+        return {k: float(getattr(history, k)[-1]) for k in MONITORS if getattr(history, k)}
+
+    def _format(self, epoch: int, figures: dict) -> str:
+        try:
+            return self.path.format(epoch=epoch, **figures)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"path: cannot fill in {self.path!r} ({type(e).__name__}: {e}); "
+                             f"it may use {{epoch}} and {sorted(figures)}") from None
+
+    def on_train_begin(self, model, optimizer, scheduler) -> None:
+        # Check the directory (and a formatted name) now, not after the first epoch's work.
+        sample = {k: 0.0 for k in MONITORS}
+        check_output_path(self._format(1, sample), "ModelCheckpoint path",
+                          (".npz", ".safetensors"))
+        self._model, self._optimizer, self._scheduler = model, optimizer, scheduler
+        self.best = math.inf if self._mode == "min" else -math.inf
+
+    def on_epoch_end(self, epoch: int, history) -> bool:
+        value = _latest(history, self.monitor, "ModelCheckpoint")
+        better = value < self.best if self._mode == "min" else value > self.best
+        if better:
+            self.best = value
+        if better or not self.save_best_only:
+            figures = self._figures(history)
+            path = self._format(epoch, figures)
+            if path.lower().endswith(".safetensors"):
+                _checkpoint.save(path, self._model, epoch=epoch, **figures)
+            else:
+                _checkpoint.save(path, self._model, self._optimizer, scheduler=self._scheduler,
+                                 epoch=epoch, **figures)
+            self.saved.append(path)
+        return False
+
+    def on_train_end(self, model, optimizer, scheduler) -> None:
+        self._model = self._optimizer = self._scheduler = None
+
+    def __repr__(self) -> str:
+        return (f"ModelCheckpoint({self.path!r}, monitor={self.monitor!r}, "
+                f"save_best_only={self.save_best_only})")
