@@ -30,7 +30,7 @@ from .losses import CrossEntropyLoss, MSELoss
 from .optim import SGD, AdamW
 from .train import NonFiniteLossError, evaluate, fit, mean_absolute_error, predict, r2_score
 
-MODELS = ("gmlp", "ffn", "sublayer", "mlp")
+MODELS = ("gmlp", "ffn", "sublayer", "mlp", "gmlp-lm")
 SCHEDULES = ("constant", "cosine", "linear", "step")
 HELD_OUT = 4096  # fresh samples drawn (with another seed) to measure generalisation
 
@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gmlp: GMLP(d_in, d_hidden, d_ff, d_out); ffn: Linear(d_in, d_hidden) -> "
                         "FFN(d_hidden, d_ff) -> Linear(d_hidden, d_out); sublayer: the same with "
                         "an FFNSublayer (residual + LayerNorm) in the middle; mlp: MLP with the "
-                        "--hidden sizes")
+                        "--hidden sizes; gmlp-lm: the attention-free character language model "
+                        "(--task text; docs/lm.md)")
     g.add_argument("--d-hidden", type=_positive, default=128, metavar="N",
                    help="gMLP d_hidden (width after W_in); d_model of the ffn/sublayer models")
     g.add_argument("--d-ff", type=_positive, default=512, metavar="N",
@@ -135,12 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--norm", choices=("post", "pre"), default="post",
                    help="LayerNorm placement of the sublayer model")
     g = t.add_argument_group("data")
-    g.add_argument("--task", choices=sorted(TASKS) + ["classification"], default=None,
+    g.add_argument("--task", choices=sorted(TASKS) + ["classification", "text"], default=None,
                    help="synthetic tasks: regression (the default): X uniform in [-3, 3]^16, 4 "
                         "smooth nonlinear targets (MSE); spiral: two-spiral classification in "
                         "2-D (cross-entropy); xor: the 4 XOR points (cross-entropy); sine: y = "
                         "sin(x) on [-pi, pi] (MSE). With --data: regression or classification "
-                        "(default: inferred, an integer target column is class labels)")
+                        "(default: inferred, an integer target column is class labels). text: "
+                        "next-character prediction on Python's own help texts (gmlp-lm)")
     g.add_argument("--samples", type=_positive, default=None, metavar="N",
                    help="training samples (default: 1024 regression, 1000 spiral, 256 sine; "
                         "xor always has 4)")
@@ -210,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plot", default=None, metavar="PATH",
                    help="save a PNG of the loss (and validation loss) per epoch here (needs "
                         "matplotlib: pip install 'blasnet[plot]')")
+    g = t.add_argument_group(
+        "language model (--model gmlp-lm --task text)",
+        "Also read: --d-hidden (d_model), --d-ff (d_ffn), --epochs, --batch-size, --lr, "
+        "--weight-decay, --warmup, --seed, --dtype, --threads, --save, --log-every; each "
+        "keeps the language model's own default (engine.lm.LMConfig) unless given.")
+    g.add_argument("--prompt", default=None, metavar="TEXT",
+                   help="text the generated sample starts from (default: 'The ')")
+    g.add_argument("--sample-length", type=_nonnegative_int, default=None, metavar="N",
+                   help="characters to generate after the prompt (default: 300)")
     sub.add_parser("info", help="print versions, BLAS libraries and thread counts",
                    description="Print the versions of Python, numpy, scipy, threadpoolctl and "
                                "blasnet, the BLAS/OpenMP libraries loaded with their thread "
@@ -405,6 +416,9 @@ def train(args) -> int:
 def _train(args) -> int:
     t_all = time.perf_counter()
     _check_args(args)
+    if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/lm.py
+        from . import lm
+        return lm.run_cli(args, vars(build_parser().parse_args(["train"])))
     if args.threads is not None:
         kernels.set_num_threads(args.threads)
     dt = np.dtype(args.dtype)

@@ -1,0 +1,359 @@
+"""An attention-free character-level language model: ``Embedding`` -> N causal ``GMLPBlock``
+(Liu et al. 2021, "Pay Attention to MLPs") -> ``LayerNorm`` -> ``Linear`` to the vocabulary,
+trained with ``fit`` and ``CrossEntropyLoss`` to predict each next character.
+
+The corpus ships with Python itself, so nothing is downloaded: the help texts of
+``pydoc_data.topics`` (the language reference's topics that ``help("for")`` prints), joined in
+sorted topic order. A held-out split (every tenth block of 4096 characters) measures the
+loss in bits per character next to a unigram baseline (each character's training frequency,
+add-one smoothed), and ``sample`` generates text from a prompt. ``python -m engine train
+--model gmlp-lm --task text`` runs ``train`` with the defaults of ``LMConfig``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .blocks import LayerNorm
+from .embedding import Embedding
+from .gmlp_block import GMLPBlock
+from .layers import Linear, Sequential
+from .losses import CrossEntropyLoss
+from .module import check_dtype, check_positive_int, make_rng
+from .optim import AdamW
+from .train import evaluate, fit
+
+__all__ = ["LMConfig", "LMResult", "Vocabulary", "corpus", "split", "windows",
+           "unigram_bits", "build_model", "bits_per_char", "sample", "train"]
+
+LN2 = math.log(2.0)
+
+
+# ----------------------------------------------------------------------------- data
+def corpus() -> str:
+    """The text of ``pydoc_data.topics`` (shipped with CPython): every topic's help text, in
+    sorted topic order, separated by newlines. Its size depends on the Python version."""
+    from pydoc_data.topics import topics
+    return "\n".join(topics[k] for k in sorted(topics))
+
+
+def corpus_description(text: str) -> str:
+    from pydoc_data.topics import topics
+    return (f"pydoc_data.topics of Python {platform.python_version()}: {len(topics)} help "
+            f"topics, {len(text):,} characters")
+
+
+class Vocabulary:
+    """The distinct characters of a text, sorted, each with its id (its index)."""
+
+    def __init__(self, chars):
+        chars = "".join(sorted(set(chars)))
+        if not chars:
+            raise ValueError("chars: expected at least one character")
+        self.chars = chars
+        self._index = {c: i for i, c in enumerate(chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> np.ndarray:
+        """The ids of ``text`` as an int64 array; ValueError naming characters not in the
+        vocabulary."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        missing = sorted(set(text) - set(self._index))
+        if missing:
+            raise ValueError(f"text: characters not in the vocabulary: {''.join(missing)!r}")
+        index = self._index
+        return np.fromiter((index[c] for c in text), np.int64, len(text))
+
+    def decode(self, ids) -> str:
+        chars = self.chars
+        return "".join(chars[int(i)] for i in ids)
+
+
+def split(ids: np.ndarray, held_out: float = 0.1, block: int = 4096):
+    """``(train, held)``: every ``round(1 / held_out)``-th block of ``block`` ids (the last of
+    each group) is held out; the rest, in order, is for training. Blocks keep the held-out text
+    contiguous, so no training window overlaps it, while it still samples the whole corpus."""
+    if not 0.0 < held_out < 0.5:
+        raise ValueError(f"held_out: expected a fraction in (0, 0.5), got {held_out!r}")
+    k = round(1.0 / held_out)
+    nb = -(-len(ids) // block)
+    held_blocks = [b for b in range(nb) if b % k == k - 1]
+    mask = np.zeros(len(ids), bool)
+    for b in held_blocks:
+        mask[b * block:(b + 1) * block] = True
+    return ids[~mask], ids[mask]
+
+
+def windows(ids: np.ndarray, seq_len: int, stride: int | None = None):
+    """``(X, Y)`` of shape (N, seq_len): windows of ``ids`` starting every ``stride`` (default
+    ``seq_len``: no overlap) and the same windows shifted by one (the next characters)."""
+    stride = seq_len if stride is None else stride
+    n = (len(ids) - 1 - seq_len) // stride + 1
+    if n < 1:
+        raise ValueError(f"ids: {len(ids)} characters make no window of seq_len + 1 = "
+                         f"{seq_len + 1} (a text too short for its split?)")
+    starts = np.arange(n) * stride
+    idx = starts[:, None] + np.arange(seq_len)  # (N, seq_len)
+    return np.ascontiguousarray(ids[idx]), np.ascontiguousarray(ids[idx + 1])
+
+
+def unigram_bits(train_ids: np.ndarray, eval_ids: np.ndarray, vocab_size: int) -> float:
+    """Bits per character of ``eval_ids`` under the training split's character frequencies
+    (add-one smoothed, so an unseen character costs finite bits): the baseline a model that
+    ignores context can reach."""
+    counts = np.bincount(train_ids, minlength=vocab_size).astype(np.float64) + 1.0
+    logp = np.log2(counts / counts.sum())
+    return float(-logp[eval_ids].mean())
+
+
+# ----------------------------------------------------------------------------- model
+def build_model(vocab_size: int, seq_len: int = 64, d_model: int = 128, d_ffn: int = 256,
+                blocks: int = 4, dtype=np.float32, rng=None) -> Sequential:
+    """``Embedding(V, d_model)`` -> ``blocks`` x ``GMLPBlock(d_model, d_ffn, seq_len,
+    causal=True)`` -> ``LayerNorm(d_model)`` -> ``Linear(d_model, V)``: logits (B, T, V) for ids
+    (B, T), each position seeing only itself and earlier ones."""
+    rng = make_rng(rng)
+    blocks = check_positive_int("blocks", blocks)
+    return Sequential(Embedding(vocab_size, d_model, dtype=dtype, rng=rng),
+                      *[GMLPBlock(d_model, d_ffn, seq_len, causal=True, dtype=dtype, rng=rng)
+                        for _ in range(blocks)],
+                      LayerNorm(d_model, dtype=dtype),
+                      Linear(d_model, vocab_size, init="xavier", dtype=dtype, rng=rng))
+
+
+def bits_per_char(model, X, Y, batch_size: int = 64) -> float:
+    """Mean cross-entropy of the next character over every position of ``(X, Y)``, in bits."""
+    loss, _ = evaluate(model, CrossEntropyLoss(), X, Y, batch_size)
+    return loss / LN2
+
+
+def sample(model, vocab: Vocabulary, prompt: str, length: int, seq_len: int,
+           temperature: float = 0.8, rng=None) -> str:
+    """``prompt`` followed by ``length`` characters drawn one at a time from the model's
+    next-character distribution (softmax of logits / ``temperature``), each conditioned on
+    the last ``seq_len`` characters (a causal model takes any shorter prefix as it is)."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt: expected a non-empty str, got {prompt!r}")
+    if not temperature > 0.0:
+        raise ValueError(f"temperature: expected a number > 0, got {temperature!r}")
+    length = int(length)
+    if length < 0:
+        raise ValueError(f"length: expected an integer >= 0, got {length}")
+    ids = list(vocab.encode(prompt))
+    rng = make_rng(rng)
+    was_training = model.training
+    model.eval()
+    ctx = np.empty((1, seq_len), np.int64)  # (1, <= seq_len) the context window
+    try:
+        for _ in range(length):
+            t = min(len(ids), seq_len)
+            ctx[0, :t] = ids[-t:]
+            logits = model.forward(ctx[:, :t])[0, -1].astype(np.float64)
+            z = logits / temperature
+            p = np.exp(z - z.max())
+            ids.append(int(rng.choice(len(vocab), p=p / p.sum())))
+    finally:
+        model.train(was_training)
+    return vocab.decode(ids)
+
+
+# ----------------------------------------------------------------------------- training
+@dataclass
+class LMConfig:
+    """Settings of ``train``; the defaults finish in about a minute on 2 cores."""
+    seq_len: int = 64          # characters per training window, and the sampling context
+    d_model: int = 128         # width of the embedding and the residual stream
+    d_ffn: int = 384           # GMLPBlock's d_ffn (U and V halves of d_ffn / 2)
+    blocks: int = 4            # GMLPBlocks
+    batch_size: int = 32       # windows per step
+    epochs: int = 3            # passes over the training windows
+    lr: float = 3e-3           # AdamW peak learning rate
+    weight_decay: float = 0.01
+    warmup: int = 100          # steps of linear warmup, then cosine decay to 0
+    held_out: float = 0.1      # fraction of the corpus held out, in blocks of ``block`` chars
+    block: int = 4096
+    seed: int = 0              # initialisation, shuffling and sampling
+    dtype: str = "float32"
+    prompt: str = "The "
+    sample_length: int = 300
+    temperature: float = 0.8
+
+
+@dataclass
+class LMResult:
+    """What ``train`` measured: held-out bits per character next to the unigram baseline, the
+    sample, the history and the times; ``model`` and ``vocab`` to go on with."""
+    config: LMConfig
+    model: object
+    vocab: Vocabulary
+    optimizer: object
+    history: object
+    held_bits: float
+    unigram_bits: float
+    sample: str
+    train_chars: int
+    held_chars: int
+    corpus_chars: int
+    steps: int
+    seconds: float
+    extra: dict = field(default_factory=dict)
+
+
+def _steps_scheduler(opt, total: int, warmup: int):
+    from . import lr_scheduler as lrs
+    warmup = min(warmup, max(total - 1, 0))
+    rest = max(total - warmup, 1)
+    cosine = lrs.CosineAnnealingLR(opt, T_max=rest)
+    if warmup == 0:
+        return cosine
+    warm = lrs.LinearLR(opt, start_factor=1.0 / (warmup + 1), end_factor=1.0,
+                        total_iters=warmup)
+    return lrs.SequentialLR(opt, [warm, cosine], milestones=[warmup])
+
+
+def train(config: LMConfig | None = None, progress=True, text: str | None = None) -> LMResult:
+    """Train the character LM of ``config`` on ``text`` (default: ``corpus()``) with AdamW,
+    linear warmup and cosine decay per step; report held-out bits per character, the unigram
+    baseline and a sample from ``config.prompt``."""
+    c = config or LMConfig()
+    dt = check_dtype(c.dtype)
+    text = corpus() if text is None else text
+    vocab = Vocabulary(text)
+    ids = vocab.encode(text)
+    train_ids, held_ids = split(ids, c.held_out, c.block)
+    X, Y = windows(train_ids, c.seq_len)
+    Xh, Yh = windows(held_ids, c.seq_len)
+    rng = np.random.default_rng(c.seed)
+    model = build_model(len(vocab), c.seq_len, c.d_model, c.d_ffn, c.blocks, dt, rng)
+    # Decoupled weight decay on the matrices only (not on biases and LayerNorm gains).
+    decay = [p for p in model.parameters() if p.data.ndim == 2]
+    other = [p for p in model.parameters() if p.data.ndim != 2]
+    opt = AdamW([{"params": decay}, {"params": other, "weight_decay": 0.0}], lr=c.lr,
+                weight_decay=c.weight_decay)
+    steps = c.epochs * -(-X.shape[0] // c.batch_size)
+    sched = _steps_scheduler(opt, steps, c.warmup)
+    t0 = time.perf_counter()
+    history = fit(model, CrossEntropyLoss(), opt, X, Y, c.epochs, batch_size=c.batch_size,
+                  rng=c.seed, validation=(Xh, Yh), progress=progress, scheduler=sched,
+                  scheduler_interval="step")
+    seconds = time.perf_counter() - t0
+    held = history.val_loss[-1] / LN2 if history.val_loss else bits_per_char(model, Xh, Yh)
+    text_out = sample(model, vocab, c.prompt, c.sample_length, c.seq_len, c.temperature,
+                      np.random.default_rng(c.seed))
+    return LMResult(c, model, vocab, opt, history, held, unigram_bits(train_ids, held_ids,
+                    len(vocab)), text_out, len(train_ids), len(held_ids), len(text),
+                    history.steps, seconds)
+
+
+# ----------------------------------------------------------------------------- CLI
+# Generic ``train`` options the language model reads, as (option dest, LMConfig field); when
+# an option keeps its parser default, the LMConfig default applies instead.
+_CLI_FIELDS = (("d_hidden", "d_model"), ("d_ff", "d_ffn"), ("epochs", "epochs"),
+               ("batch_size", "batch_size"), ("lr", "lr"), ("weight_decay", "weight_decay"),
+               ("warmup", "warmup"), ("seed", "seed"), ("dtype", "dtype"),
+               ("prompt", "prompt"), ("sample_length", "sample_length"))
+_CLI_USED = {d for d, _ in _CLI_FIELDS} | {"command", "model", "task", "threads", "save",
+                                          "log_every"}
+
+
+def config_from_args(args, defaults: dict) -> LMConfig:
+    """``LMConfig`` with every option the user gave (``args`` differs from the parser's
+    ``defaults``) in place of the language model's own default."""
+    c = LMConfig()
+    for dest, name in _CLI_FIELDS:
+        v = getattr(args, dest, None)
+        if v is not None and v != defaults.get(dest):
+            setattr(c, name, v)
+    return c
+
+
+def run_cli(args, defaults: dict, out=None) -> int:
+    """``python -m engine train --model gmlp-lm --task text``: train, report, save and
+    reload the checkpoint. Returns the exit status."""
+    import kernels
+
+    from . import __version__, checkpoint
+    out = out or sys.stdout
+    if args.model not in ("gmlp", "gmlp-lm") or args.task not in (None, "text"):
+        print(f"error: --model {args.model} --task {args.task}: the text task trains the "
+              f"gmlp-lm model (--model gmlp-lm --task text)", file=sys.stderr)
+        return 2
+    unused = [f"--{d.replace('_', '-')}" for d, v in sorted(vars(args).items())
+              if d not in _CLI_USED and v != defaults.get(d, v)]
+    if unused:
+        print(f"error: {', '.join(unused)}: not used by the gmlp-lm model (it reads "
+              f"{', '.join('--' + d.replace('_', '-') for d, _ in _CLI_FIELDS)}, --threads, "
+              f"--save and --log-every)", file=sys.stderr)
+        return 2
+    c = config_from_args(args, defaults)
+    if c.batch_size == 0:
+        c.batch_size = LMConfig.batch_size
+    if args.threads is not None:
+        kernels.set_num_threads(args.threads)
+    t_all = time.perf_counter()
+    text = corpus()
+    print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | "
+          f"{kernels.get_num_threads()} BLAS thread(s)", file=out)
+    print(f"corpus    {corpus_description(text)}", file=out)
+    every = args.log_every or 1
+    try:
+        r = train(c, progress=every, text=text)
+    except ValueError as e:  # e.g. a prompt with characters the corpus does not have
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    n_params = r.model.num_parameters()
+    print(f"split     {r.train_chars:,} training / {r.held_chars:,} held-out characters "
+          f"(every {round(1 / c.held_out)}th block of {c.block}), vocabulary {len(r.vocab)}",
+          file=out)
+    print(f"model     gmlp-lm: Embedding({len(r.vocab)}, {c.d_model}) -> {c.blocks} x "
+          f"GMLPBlock({c.d_model}, d_ffn {c.d_ffn}, seq_len {c.seq_len}, causal) -> LayerNorm "
+          f"-> Linear({c.d_model}, {len(r.vocab)}); {n_params:,} parameters", file=out)
+    print(f"training  AdamW(lr={c.lr}, weight_decay={c.weight_decay}), {c.warmup} warmup steps "
+          f"then cosine; {c.epochs} epochs of {r.steps // max(c.epochs, 1)} steps x "
+          f"{c.batch_size} windows of {c.seq_len}; seed {c.seed}; {r.seconds:.1f} s "
+          f"({r.history.samples * c.seq_len / r.seconds:,.0f} characters/s)", file=out)
+    gain = r.unigram_bits - r.held_bits
+    versus = (f"{gain:.2f} bits/char below it, {100 * gain / r.unigram_bits:.0f}% fewer bits"
+              if gain > 0 else f"{-gain:.2f} bits/char above it")
+    print(f"held-out  {r.held_bits:.3f} bits/char; unigram baseline {r.unigram_bits:.3f} "
+          f"bits/char ({versus})", file=out)
+    print(f"sample    (prompt {c.prompt!r}, {c.sample_length} characters, temperature "
+          f"{c.temperature}):", file=out)
+    print(r.sample, file=out)
+    tmpdir = None
+    if args.save:
+        path = args.save
+    else:
+        tmpdir = tempfile.TemporaryDirectory(prefix="blasnet-")
+        path = os.path.join(tmpdir.name, "gmlp-lm.npz")
+    try:
+        meta = dict(model="gmlp-lm", vocab=r.vocab.chars, held_bits=r.held_bits,
+                    config=asdict(c))
+        if path.lower().endswith(".safetensors"):
+            checkpoint.save(path, r.model, **meta)
+        else:
+            checkpoint.save(path, r.model, r.optimizer, **meta)
+        fresh = build_model(len(r.vocab), c.seq_len, c.d_model, c.d_ffn, c.blocks,
+                            check_dtype(c.dtype), c.seed + 1)
+        checkpoint.load(path, fresh)
+        Xh, Yh = windows(split(r.vocab.encode(text), c.held_out, c.block)[1], c.seq_len)
+        again = bits_per_char(fresh, Xh, Yh)
+        same = ("identical" if again == r.held_bits else f"differs by {again - r.held_bits:.3g}")
+        where = path if args.save else f"{path} (temporary)"
+        print(f"checkpoint {where}, {os.path.getsize(path) / 1024:,.0f} KiB; reloaded: "
+              f"held-out {again:.3f} bits/char ({same})", file=out)
+    finally:
+        if tmpdir is not None:
+            tmpdir.cleanup()
+    print(f"wall time {time.perf_counter() - t_all:.1f} s", file=out)
+    return 0
