@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,plot,interop]'
+	$(PY) -m pip install --quiet -e '.[test,plot,interop,mpi]'
 	touch $(STAMP)
 
 run: install

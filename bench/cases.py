@@ -2,42 +2,70 @@
 
 A case is (block, shape). Each builds the engine module, its input, a target, the loss and
 an AdamW optimizer, all float32 by default, from a fixed seed, so every run times the same
-numbers. Engine imports are deferred so that this module loads before the engine does.
+numbers. Modules, naive twins and GEMM lists come from the block registry
+(``engine.registry``); a bench block is a registry entry plus its options and loss. Engine
+imports are deferred so that this module loads before the engine does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-BLOCKS = ("FFN-relu", "FFN-gelu", "GMLP", "FFNSublayer-post-gelu", "MLP")
+
+@dataclass(frozen=True)
+class BenchBlock:
+    """A benched block: its registry entry (``engine.registry``), the options it is built
+    with, and the loss its training step uses ("mse" or "cross_entropy")."""
+    kind: str
+    options: dict = field(default_factory=dict)
+    loss: str = "mse"
+
+
+# Bench name -> block. The names are the report's row labels.
+BENCH_BLOCKS = {
+    "FFN-relu": BenchBlock("FFN", {"activation": "relu"}),
+    "FFN-gelu": BenchBlock("FFN", {"activation": "gelu"}),
+    "GMLP": BenchBlock("GMLP"),
+    "FFNSublayer-post-gelu": BenchBlock("FFNSublayer", {"activation": "gelu", "norm": "post"}),
+    "MLP": BenchBlock("MLP", {"activation": "relu"}, loss="cross_entropy"),
+}
+BLOCKS = tuple(BENCH_BLOCKS)
 # The blocks whose targets are stated at the seed and large shapes.
 TRANSFORMER_BLOCKS = BLOCKS[:4]
 
 
-@dataclass(frozen=True)
 class Shape:
-    name: str
-    lead: tuple         # leading shape of the input: (N,) or (B, T)
-    d_model: int = 0    # FFN/GMLP/sublayer width (d_in = d_hidden = d_out for GMLP)
-    d_ff: int = 0       # inner width (d_ffn for GMLP)
-    sizes: tuple = ()   # MLP layer sizes
+    """A named size: ``lead``, the leading shape of the input ((N,) or (B, T)), and ``dims``,
+    the sizes the registry's blocks read (``d_model``/``d_ff``, or ``sizes`` for the MLP)."""
+
+    def __init__(self, name: str, lead: tuple, **dims):
+        self.name, self.lead, self.dims = name, tuple(lead), dict(dims)
 
     @property
     def rows(self) -> int:
         return int(np.prod(self.lead))
 
-    def label(self) -> str:
+    # The widths vs_torch's PyTorch modules read.
+    d_model = property(lambda self: self.dims.get("d_model", 0))
+    d_ff = property(lambda self: self.dims.get("d_ff", 0))
+    sizes = property(lambda self: tuple(self.dims.get("sizes", ())))
+
+    def legend(self) -> str:
+        """"8 rows, d_model 200, d_ff 800"."""
         lead = "x".join(str(n) for n in self.lead)
-        if self.sizes:
-            return f"{self.name} ({lead}, {'-'.join(map(str, self.sizes))})"
-        return f"{self.name} ({lead}, {self.d_model}, {self.d_ff})"
+        dims = ", ".join(f"{k} {list(v) if isinstance(v, tuple) else v}"
+                         for k, v in self.dims.items())
+        return f"{lead} rows, {dims}"
+
+    def __repr__(self) -> str:
+        return f"Shape({self.name!r}, {self.lead}, {self.dims})"
 
 
 SHAPES = {
-    "seed000": Shape("seed000", (8,), 200, 800),       # seed 000: 8 tokens
-    "seed001": Shape("seed001", (4, 10), 512, 2048),   # seed 001: batch 4 x 10 tokens
-    "large": Shape("large", (2048,), 512, 2048),
+    "seed000": Shape("seed000", (8,), d_model=200, d_ff=800),       # seed 000: 8 tokens
+    "seed001": Shape("seed001", (4, 10), d_model=512, d_ff=2048),   # seed 001: batch 4 x 10
+    "large": Shape("large", (2048,), d_model=512, d_ff=2048),
     "batch64": Shape("batch64", (64,), sizes=(784, 256, 128, 10)),  # seed 004's MLP
 }
 
@@ -48,43 +76,52 @@ CASES.append(("MLP", "batch64"))
 LR = 1e-4
 
 
+def bench_block(block: str) -> BenchBlock:
+    try:
+        return BENCH_BLOCKS[block]
+    except KeyError:
+        raise ValueError(f"block: expected one of {BLOCKS}, got {block!r}") from None
+
+
+def entry(block: str):
+    """The registry entry of a benched block."""
+    from engine import registry
+    return registry.get(bench_block(block).kind)
+
+
 def build_module(block: str, shape: Shape, dtype=np.float32, seed: int = 0):
     """The engine module of ``block`` at ``shape``."""
-    if block.startswith("FFNSublayer"):
-        from engine.blocks import FFNSublayer
-        return FFNSublayer(shape.d_model, shape.d_ff, activation="gelu", dropout=0.0,
-                           norm="post", dtype=dtype, rng=seed)
-    if block.startswith("FFN"):
-        from engine.blocks import FFN
-        return FFN(shape.d_model, shape.d_ff, activation=block.split("-")[1], dropout=0.0,
-                   dtype=dtype, rng=seed)
-    if block == "GMLP":
-        from engine.blocks import GMLP
-        d = shape.d_model
-        return GMLP(d, d, shape.d_ff, d, dtype=dtype, rng=seed)
-    if block == "MLP":
-        from engine.layers import MLP
-        acts = ["relu"] * (len(shape.sizes) - 2) + [None]
-        return MLP(list(shape.sizes), acts, dtype=dtype, rng=seed)
-    raise ValueError(f"block: expected one of {BLOCKS}, got {block!r}")
+    return entry(block).build(shape.dims, dtype=dtype, rng=seed, **bench_block(block).options)
+
+
+def naive_twin(block: str, module, lr: float = LR):
+    """The naive twin (engine.naive) of a module built by ``build_module``: the baseline of the
+    "x naive" columns."""
+    b = bench_block(block)
+    return entry(block).twin(module, lr=lr, loss=b.loss, **b.options)
+
+
+def gemm_list(block: str, shape: Shape) -> list:
+    """The GEMMs of one forward + backward of ``block`` at ``shape`` (the registry's list)."""
+    return entry(block).gemms(shape.rows, shape.dims, **bench_block(block).options)
 
 
 def out_features(block: str, shape: Shape) -> int:
-    return shape.sizes[-1] if block == "MLP" else shape.d_model
+    return entry(block).d_out(shape.dims)
 
 
 def in_features(block: str, shape: Shape) -> int:
-    return shape.sizes[0] if block == "MLP" else shape.d_model
+    return entry(block).d_in(shape.dims)
 
 
 def make_data(block: str, shape: Shape, dtype=np.float32, seed: int = 1):
-    """``(x, target, dy)``: the input, the loss target (class labels for the MLP) and an
-    output gradient for the forward+backward timing."""
+    """``(x, target, dy)``: the input, the loss target (class labels for cross-entropy) and
+    an output gradient for the forward+backward timing."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((*shape.lead, in_features(block, shape))).astype(dtype)
     out_shape = (*shape.lead, out_features(block, shape))
     dy = (0.01 * rng.standard_normal(out_shape)).astype(dtype)
-    if block == "MLP":
+    if bench_block(block).loss == "cross_entropy":
         target = rng.integers(0, out_shape[-1], size=shape.rows)
     else:
         target = rng.standard_normal(out_shape).astype(dtype)
@@ -92,11 +129,9 @@ def make_data(block: str, shape: Shape, dtype=np.float32, seed: int = 1):
 
 
 def make_loss(block: str):
-    if block == "MLP":
-        from engine.losses import CrossEntropyLoss
-        return CrossEntropyLoss()
-    from engine.losses import MSELoss
-    return MSELoss()
+    from engine import losses
+    cls = {"mse": losses.MSELoss, "cross_entropy": losses.CrossEntropyLoss}
+    return cls[bench_block(block).loss]()
 
 
 def make_optimizer(module):
@@ -127,10 +162,10 @@ def step_fn(module, x, target, loss, opt):
     return run
 
 
-def build_case(block: str, shape_name: str, dtype=np.float32, seed: int = 0):
+def build_case(block: str, shape, dtype=np.float32, seed: int = 0):
     """Everything one case needs: a dict with module, x, target, dy, loss, opt, and the
-    ``fwd_bwd`` and ``step`` callables."""
-    shape = SHAPES[shape_name]
+    ``fwd_bwd`` and ``step`` callables. ``shape``: a name in SHAPES or a Shape."""
+    shape = SHAPES[shape] if isinstance(shape, str) else shape
     module = build_module(block, shape, dtype, seed)
     x, target, dy = make_data(block, shape, dtype, seed + 1)
     loss = make_loss(block)

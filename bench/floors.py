@@ -1,68 +1,30 @@
 """GEMM floors: the GEMM calls of one block's forward + backward, with nothing else.
 
-``replay_fn`` is the floor the bench times: it records the BLAS calls one forward + backward
-of the block makes (routine, alpha, operands, beta, output, transpose flags) and replays
-exactly those calls on the block's own buffers, so the floor shares the block's operand
-layouts and its cache behaviour (the weights read by forward and backward are one array).
-``gemm_list`` is the expected list (forward 1x, backward 2x) for the FLOP count, and
-``floor_fn`` runs such a list on buffers of its own (the reference for comparisons that
-cannot reach the block's buffers, e.g. bench/vs_torch.py). ``record_gemms`` checks what the
-block really calls.
+``replay_fn`` is the floor the bench times: it records the ``kernels.ops.gemm`` calls one
+forward + backward of the block makes (``kernels.instrument.record``) and replays exactly
+those calls, same arguments, on the block's own buffers, so the floor shares the block's
+operand layouts and its cache behaviour (the weights read by forward and backward are one
+array). ``gemm_list`` is the registry's list of those GEMMs (forward 1x, backward 2x) for the
+FLOP count, and ``floor_fn`` runs such a list on buffers of its own (the reference for
+comparisons that cannot reach the block's buffers, e.g. bench/vs_torch.py). ``record_gemms``
+checks what the block really calls.
 """
 from __future__ import annotations
 
 import contextlib
-import sys
 
 import numpy as np
 
-from kernels.gemm import gemm_unchecked
+from kernels import ops
+from kernels.instrument import record
 
-_gemm_mod = sys.modules["kernels.gemm"]  # the module (kernels.gemm the attribute is the function)
-
-
-def _linear_gemms(n, d_in, d_out, dx=True):
-    """(M, N, K, trans_a, trans_b, beta) of y = x W, dW += x^T dy, dx = dy W^T, in the
-    row-major terms of gemm(): out (M, N) = op(a) (M, K) @ op(b) (K, N)."""
-    fwd = [(n, d_out, d_in, False, False, 0.0)]            # y  (n, d_out) = x @ W
-    bwd = [(d_in, d_out, n, True, False, 1.0)]             # dW (d_in, d_out) += x^T @ dy
-    if dx:
-        bwd.append((n, d_in, d_out, False, True, 0.0))     # dx (n, d_in) = dy @ W^T
-    return fwd, bwd
+from bench import cases
 
 
 def gemm_list(block: str, shape) -> list:
     """The GEMMs of one forward + backward of ``block`` at ``shape``, forward first, as
-    (M, N, K, trans_a, trans_b, beta) tuples."""
-    n = shape.rows
-    if block.startswith("FFN"):  # FFN and the sublayer (LayerNorm has no GEMM): 2 + 4
-        d, f = shape.d_model, shape.d_ff
-        f1, b1 = _linear_gemms(n, d, f)
-        f2, b2 = _linear_gemms(n, f, d)
-        return f1 + f2 + b2 + b1
-    if block == "GMLP":  # 3 + 6: W_gate and W_proj share one (d, 2f) GEMM
-        d, f = shape.d_model, shape.d_ff
-        # The gate/proj weight is stored transposed, (2f, d): forward Z @ Wt^T, its gradient
-        # dWt (2f, d) += dGP^T Z, the input gradient dZ = dGP @ Wt.
-        fwd = [(n, d, d, False, False, 0.0),          # Z_pre (n, d) = X @ W_in
-               (n, 2 * f, d, False, True, 0.0),       # GP (n, 2f) = Z @ Wt^T
-               (n, d, f, False, False, 0.0)]          # Y (n, d) = A @ W_out
-        bwd = [(f, d, n, True, False, 1.0),           # dW_out (f, d) += A^T dY
-               (n, f, d, False, True, 0.0),           # dA (n, f) = dY W_out^T
-               (2 * f, d, n, True, False, 1.0),       # dWt (2f, d) += dGP^T Z
-               (n, d, 2 * f, False, False, 0.0),      # dZ (n, d) = dGP @ Wt
-               (d, d, n, True, False, 1.0),           # dW_in (d, d) += X^T dZ_pre
-               (n, d, d, False, True, 0.0)]           # dX (n, d) = dZ_pre W_in^T
-        return fwd + bwd
-    if block == "MLP":  # 3 + 6: every layer, the first included, returns its input gradient
-        sizes = shape.sizes
-        fwd, bwd = [], []
-        for d_in, d_out in zip(sizes[:-1], sizes[1:]):
-            f, b = _linear_gemms(n, d_in, d_out)
-            fwd += f
-            bwd = b + bwd
-        return fwd + bwd
-    raise ValueError(f"block: no GEMM list for {block!r}")
+    (M, N, K, trans_a, trans_b, beta) tuples (engine.registry's list for the block)."""
+    return cases.gemm_list(block, shape)
 
 
 def gemm_flops(gemms) -> int:
@@ -81,7 +43,7 @@ def floor_fn(gemms, dtype=np.float32, seed: int = 0):
         out = np.zeros((m, n), dtype)
         calls.append((out, a, b, ta, tb, 1.0, beta))
     calls = tuple(calls)
-    g = gemm_unchecked
+    g = ops.gemm  # outside any record block: the real kernel
 
     def run():
         for c in calls:
@@ -90,60 +52,65 @@ def floor_fn(gemms, dtype=np.float32, seed: int = 0):
 
 
 def replay_fn(fn):
-    """A callable replaying the BLAS GEMM calls that one ``fn()`` makes (``fn`` is run once
-    here), with the same routines, arguments and arrays: the block's own buffers. Replayed
-    outputs are the block's work buffers (rewritten by its next call) and its gradients
-    (beta=1 calls accumulate, as the block's own do)."""
-    calls = []
-    table = _gemm_mod._GEMM
-    saved = dict(table)
+    """A callable replaying the ``kernels.ops.gemm`` calls that one ``fn()`` makes (``fn`` is
+    run once here, recorded), with the same arguments and arrays: the block's own buffers.
+    Replayed outputs are the block's work buffers (rewritten by its next call) and its
+    gradients (beta=1 calls accumulate, as the block's own do). ``run.calls`` holds the
+    argument tuples as passed (``gemm_args`` fills in the defaults).
 
-    def wrap(f):
-        def rec(*args):
-            calls.append((f, args))
-            return f(*args)
-        return rec
-
-    try:
-        for key, f in saved.items():
-            table[key] = wrap(f)
+    Replayed back to back, the calls compound: a backward GEMM may write a buffer that a
+    forward GEMM reads (the elementwise passes between them are not replayed), so values can
+    grow every replay until they overflow, or shrink into denormals (slow arithmetic). The
+    block's own call rewrites those buffers, so a floor alternating with the block stays
+    put; a floor timed alone calls ``run.restore()`` (untimed) first, which copies back every
+    output as the recorded call left it."""
+    with record(["gemm"]) as rec:
         fn()
-    finally:
-        table.update(saved)
+    calls = tuple(c.args for c in rec.of("gemm"))
     if not calls:
-        raise RuntimeError("replay_fn: the function made no GEMM call through kernels.gemm")
-    calls = tuple(calls)
+        raise RuntimeError("replay_fn: the function made no GEMM call through kernels.ops.gemm")
+    gemm = ops.gemm  # the with block has put the real kernel back: replay calls it directly
+    outputs = {}
+    for args in calls:  # one snapshot per output array (an array may be written twice)
+        outputs.setdefault(id(args[0]), args[0])
+    saved = tuple((out, out.copy()) for out in outputs.values())
 
     def run():
-        for f, args in calls:
-            f(*args)
-    run.calls = calls  # ((routine, args), ...) as passed to scipy
+        for args in calls:
+            gemm(*args)
+
+    def restore():
+        for out, values in saved:
+            np.copyto(out, values)
+    run.calls = calls
+    run.restore = restore
     return run
+
+
+# gemm's defaults after (out, a, b): a recorded call holds only the arguments passed.
+GEMM_DEFAULTS = (False, False, 1.0, 0.0)  # trans_a, trans_b, alpha, beta
+
+
+def gemm_args(args) -> tuple:
+    """A recorded gemm call's arguments with the defaults filled in: (out, a, b, trans_a,
+    trans_b, alpha, beta)."""
+    return (*args, *GEMM_DEFAULTS[len(args) - 3:])
+
+
+def gemm_mnk(args) -> tuple:
+    """(M, N, K) of one recorded gemm call ``(out, a, b[, trans_a, ...])``."""
+    out, a, _, trans_a = gemm_args(args)[:4]
+    return out.shape[0], out.shape[1], a.shape[0] if trans_a else a.shape[1]
 
 
 @contextlib.contextmanager
 def record_gemms():
-    """Record the (M, N, K) of every GEMM that goes through ``kernels.gemm`` (``gemm`` and
-    ``gemm_unchecked`` both look the BLAS routine up in ``kernels.gemm._GEMM`` per call).
-    A block that calls scipy's BLAS by another route is not seen (the list stays short)."""
-    calls = []
-    table = _gemm_mod._GEMM
-    saved = dict(table)
-
-    def wrap(f):
-        def rec(alpha, a, b, beta, c, trans_a=0, trans_b=0, overwrite_c=0):
-            # Fortran view: c (n_f, m_f) = op(a) op(b); row-major out is c.T.
-            k = a.shape[0] if trans_a else a.shape[1]
-            calls.append((c.shape[1], c.shape[0], k))
-            return f(alpha, a, b, beta, c, trans_a, trans_b, overwrite_c)
-        return rec
-
-    try:
-        for key, f in saved.items():
-            table[key] = wrap(f)
-        yield calls
-    finally:
-        table.update(saved)
+    """Record the (M, N, K) of every ``kernels.ops.gemm`` call made inside the block; the
+    yielded list is filled when the block ends."""
+    seen: list = []
+    with record(["gemm"]) as rec:
+        yield seen
+    seen.extend(gemm_mnk(c.args) for c in rec.of("gemm"))
 
 
 def mnk(gemms) -> list:

@@ -7,7 +7,9 @@ block at the large shape and the highest thread count (bench/step_profile.py, pr
 one measures memory with tracemalloc (bench/results/memory.json). The report puts every step
 next to its GEMM floor, the naive reference and the issue's targets, and says where the time
 of each missed target goes. Times and ratios are medians over the samples no other process
-disturbed (bench/timing.py). ``--report-only`` re-prints it from the saved JSON.
+disturbed (bench/timing.py). The kernel table includes the machine's memory bandwidth (a
+triad, bench/bandwidth.py) and AdamW.step's effective bandwidth as a fraction of it, measured
+in the same process. ``--report-only`` re-prints it from the saved JSON.
 """
 from __future__ import annotations
 
@@ -25,18 +27,20 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make the "bench" package importable
     sys.path.insert(0, str(ROOT))
 
-from bench import cases, floors  # noqa: E402
+from bench import bandwidth, cases, floors  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 _SUMMARY = re.compile(r"\d+ (passed|failed|error|skipped)")
 BENCH_FILES = ("bench/test_bench_blocks.py", "bench/test_bench_kernels.py")
 
-# Targets of issue 5 (medians, float32, at the highest thread count run).
+# Targets (medians, float32, at the highest thread count run).
 FWD_BWD_LARGE_LIMIT = {"FFN-relu": 1.08, "FFN-gelu": 1.12, "GMLP": 1.12,
                        "FFNSublayer-post-gelu": 1.12}
 FWD_BWD_SMALL_LIMIT = 1.5
 STEP_LARGE_LIMIT = 1.15
 ADAMW_SPEEDUP_MIN = 4.0
+# AdamW.step with its state coming from memory, GB/s as a fraction of the triad's.
+ADAMW_BANDWIDTH_MIN = 0.8
 SCALING_MIN = 1.7
 MEMORY_RATIO_MAX = 1.25
 
@@ -212,16 +216,25 @@ def _gemm_check(g) -> str:
 
 
 def kernel_rows(benchmarks) -> list:
+    """One row per (kernel, size, threads): medians (ms) of the fast, checked and baseline
+    implementations, the speed-up, and for rows that move a known number of bytes the GB/s
+    and that as a fraction of the triad's GB/s at the same thread count (``of_triad``)."""
     groups: dict = {}
     for b in benchmarks:
         if "kernel" in b:
             g = groups.setdefault((b["kernel"], b["size"], b["threads"]), {})
             g[b["impl"]] = b["median"]
+            if b.get("bytes") and b["impl"] == "fast":
+                g["bytes"] = b["bytes"]
     rows = []
     for (name, size, thr), g in groups.items():
         rows.append(dict(kernel=name, size=size, threads=thr, fast_ms=_ms(g.get("fast")),
                          checked_ms=_ms(g.get("checked")), ref_ms=_ms(g.get("ref")),
-                         speedup=_div(g.get("ref"), g.get("fast"))))
+                         speedup=_div(g.get("ref"), g.get("fast")), bytes=g.get("bytes"),
+                         gbs=_div(g.get("bytes") and g["bytes"] / 1e9, g.get("fast"))))
+    triad = {r["threads"]: r["gbs"] for r in rows if r["kernel"] == bandwidth.TRIAD_ROW}
+    for r in rows:
+        r["of_triad"] = _div(r["gbs"], triad.get(r["threads"]))
     rows.sort(key=lambda r: (r["threads"], 0))
     return rows
 
@@ -305,6 +318,9 @@ def target_checks(rows, krows, scaling, memory) -> list:
         if k["threads"] == thr and k["kernel"] in ("adamw_update_many", "AdamW.step (engine)"):
             add(f"{k['kernel']} 2.1M params, x naive ({thr} thr)", k["speedup"],
                 ADAMW_SPEEDUP_MIN, le=False, kind="adamw", block=k["kernel"])
+        if k["threads"] == thr and k["kernel"] == bandwidth.ADAMW_COLD_ROW:
+            add(f"{k['kernel']} GB/s / triad GB/s ({thr} thr)", k["of_triad"],
+                ADAMW_BANDWIDTH_MIN, le=False, kind="adamw_bw", block=k["kernel"])
     for sc in scaling:
         add(f"step scaling {sc['lo']}->{sc['hi']} thr {sc['block']} {sc['shape']}",
             sc["step_scaling"], SCALING_MIN, le=False, kind="scaling", block=sc["block"],
@@ -344,14 +360,7 @@ def table(headers, rows, left=1, groups=()) -> str:
 
 
 def _shape_legend() -> str:
-    parts = []
-    for s in cases.SHAPES.values():
-        lead = "x".join(map(str, s.lead))
-        if s.sizes:
-            parts.append(f"{s.name} = batch {lead}, sizes {list(s.sizes)}")
-        else:
-            parts.append(f"{s.name} = {lead} tokens, d_model {s.d_model}, d_ff {s.d_ff}")
-    return "; ".join(parts)
+    return "; ".join(f"{s.name} = {s.legend()}" for s in cases.SHAPES.values())
 
 
 def _star(text, noisy):
@@ -422,13 +431,20 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None) 
         out.append(table(hdr, body, left=1))
     if krows:
         out.append("")
-        out.append("KERNELS (medians). baseline = np.matmul for gemm, kernels.reference "
-                   "otherwise;\nspeed-up = baseline / fast; checked = kernels.gemm with its "
-                   "argument checks.")
-        hdr = ["kernel", "size", "thr", "fast ms", "checked ms", "baseline ms", "speed-up"]
+        out.append(
+            "KERNELS (medians). baseline = np.matmul for gemm, kernels.reference otherwise;\n"
+            "speed-up = baseline / fast; checked = kernels.gemm with its argument checks.\n"
+            "GB/s = bytes moved / fast; of triad = GB/s / the triad's GB/s at that thread "
+            "count.\nBytes: triad a=b+s*c 4 arrays (b, c read; a write-allocated and written), "
+            "update a+=s*c\n3 (no write-allocate: both at one GB/s confirms the triad's 4), "
+            "AdamW 7 per parameter\n(p, g, m, v read; p, m, v written); cold cache = the last-"
+            "level cache evicted before each call.")
+        hdr = ["kernel", "size", "thr", "fast ms", "checked ms", "baseline ms", "speed-up",
+               "GB/s", "of triad"]
         body = [[k["kernel"], k["size"], k["threads"], _fmt(k["fast_ms"], ".3f"),
                  _fmt(k["checked_ms"], ".3f"), _fmt(k["ref_ms"], ".3f"),
-                 _fmt(k["speedup"], ".2f") + "x"] for k in krows]
+                 "-" if k["speedup"] is None else _fmt(k["speedup"], ".2f") + "x",
+                 _fmt(k.get("gbs"), ".1f"), _fmt(k.get("of_triad"), ".2f")] for k in krows]
         out.append(table(hdr, body, left=2))
     if memory:
         out.append("")
@@ -450,7 +466,7 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None) 
         out.append(format_profile(profile))
     if checks:
         out.append("")
-        out.append("TARGETS (issue 5). pairs = undisturbed pairs kept / pairs run.")
+        out.append("TARGETS. pairs = undisturbed pairs kept / pairs run.")
         body = []
         for c in checks:
             starred |= c["noisy"]
@@ -471,10 +487,8 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None) 
 
 
 # ----------------------------------------------------------------------------- profile
-def _prof_cell(seconds, floor, calls=None):
+def _prof_cell(seconds, floor):
     if seconds is None:
-        return "n/a"
-    if calls == 0 and seconds == 0:
         return "-"
     return f"{1e3 * seconds:.2f} {100 * seconds / floor:5.1f}%"
 
@@ -485,20 +499,20 @@ def format_profile(profile) -> str:
     thr = profile[0]["threads"]
     shape = profile[0]["shape"]
     lines = [f"PROFILE of the full step at the {shape} shape, {thr} threads (bench/step_profile.py): "
-             f"ms, and % of the GEMM floor.\nMedians over undisturbed steps. Kernel parts are "
-             f"timed through the engine's kernel aliases\n(exclusive); other = the forward's "
-             f"and backward's own Python and inline NumPy; the loss,\noptimizer and "
-             f"zero_grad rows are whole calls. n/a = the engine no longer has that alias."]
+             f"ms, and % of the GEMM floor.\nMedians over undisturbed steps. One row per "
+             f"kernels.ops kernel that forward and backward call,\ntimed by "
+             f"kernels.instrument.record (exclusive); other = the forward's and backward's own\n"
+             f"Python and inline NumPy; the loss, optimizer and zero_grad rows are whole calls.\n"
+             f"- = the block does not call that kernel."]
     hdr = ["part"] + [p["block"] for p in profile]
     body = []
     labels = _fwd_bwd_labels(profile)
     for label in labels:
-        calls = [p["calls"].get(label) if label in p["calls"] else None for p in profile]
         name = label
-        if label == labels[0]:
+        if label == prof.GEMM:
+            calls = [p["calls"].get(label, 0) for p in profile]
             name = f"{label} (calls: {'/'.join(str(c) for c in calls)})"
-        body.append([name] + [_prof_cell(p["parts"].get(label), p["floor"], c)
-                              for p, c in zip(profile, calls)])
+        body.append([name] + [_prof_cell(p["parts"].get(label), p["floor"]) for p in profile])
     body.append(["= forward + backward"] + [_prof_cell(p["fwd_bwd"], p["floor"])
                                             for p in profile])
     for label in prof.WHOLE:
@@ -517,12 +531,12 @@ def format_profile(profile) -> str:
 
 
 def _fwd_bwd_labels(profile) -> list:
-    """The forward + backward part labels of a saved profile, in its order."""
+    """The forward + backward parts of saved profiles: kernels (gemm first, then in
+    kernels.ops order), then other."""
     from bench import step_profile as prof
-    labels = []
-    for p in profile:
-        labels += [k for k in p["parts"] if k not in prof.WHOLE and k not in labels]
-    return labels
+    kernels_seen = [k for p in profile for k in p["parts"]
+                    if k not in prof.WHOLE and k != prof.OTHER]
+    return prof.order_parts(kernels_seen) + [prof.OTHER]
 
 
 def format_misses(checks, rows, krows, profile) -> str:
@@ -542,9 +556,9 @@ def format_misses(checks, rows, krows, profile) -> str:
             parts = _fwd_bwd_labels([p])
             if kind == "step":
                 parts += list(prof.WHOLE)
-            extra = [(label, p["parts"].get(label)) for label in parts if label != "GEMMs"]
+            extra = [(label, p["parts"].get(label)) for label in parts if label != prof.GEMM]
             extra = sorted([e for e in extra if e[1]], key=lambda e: -e[1])
-            gemm = p["parts"].get("GEMMs")
+            gemm = p["parts"].get(prof.GEMM)
             total = p["fwd_bwd"] if kind == "fwd_bwd" else p["step_instrumented"]
             text = (f"{head}: over by {c['measured'] - c['limit']:.2f}x the floor = "
                     f"{1e3 * over:.1f} ms (floor {1e3 * floor:.1f} ms in the profile run, "
@@ -567,6 +581,18 @@ def format_misses(checks, rows, krows, profile) -> str:
                     f"{p['block']} {1e3 * p['parts']['optimizer step']:.1f} ms"
                     for p in profile if p["parts"].get("optimizer step") is not None)
             out.append(text + ".")
+        elif kind == "adamw_bw":
+            k = next((k for k in krows if k["kernel"] == block
+                      and k["threads"] == c["threads"]), None)
+            t = next((k for k in krows if k["kernel"] == bandwidth.TRIAD_ROW
+                      and k["threads"] == c["threads"]), None)
+            text = head
+            if k and t and k.get("bytes") and t.get("gbs"):
+                need = k["bytes"] / (ADAMW_BANDWIDTH_MIN * t["gbs"] * 1e9)
+                text += (f": {_fmt(k['fast_ms'], '.2f')} ms = {_fmt(k['gbs'], '.1f')} GB/s vs "
+                         f"the triad's {_fmt(t['gbs'], '.1f')} GB/s; "
+                         f"{ADAMW_BANDWIDTH_MIN:g} of it needs <= {1e3 * need:.2f} ms")
+            out.append(text + ".")
         elif kind == "scaling":
             r = next((r for r in rows if r["block"] == block and r["shape"] == c["shape"]
                       and r["threads"] == c["threads"]), None)
@@ -574,7 +600,7 @@ def format_misses(checks, rows, krows, profile) -> str:
             if r and r.get("floor_scaling_paired"):
                 text += f"; the GEMM floor alone scales {r['floor_scaling_paired']:.2f}x"
             if p:
-                rest = p["step_instrumented"] - (p["parts"].get("GEMMs") or 0.0)
+                rest = p["step_instrumented"] - (p["parts"].get(prof.GEMM) or 0.0)
                 text += (f"; at {p['threads']} threads the non-GEMM parts take "
                          f"{1e3 * rest:.1f} ms of a {1e3 * p['step_instrumented']:.1f} ms "
                          f"step (PROFILE)")

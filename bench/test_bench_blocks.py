@@ -2,7 +2,8 @@
 floor, and the naive reference, all in one process so the ratios compare like with like.
 
 Benchmarks of one case run next to each other (floor, fwd+bwd, step, naive); the floor is
-the block's own GEMM calls replayed on its own buffers (``floors.replay_fn``); fwd+bwd and
+the block's own GEMM calls replayed on its own buffers (``floors.replay_fn``), the naive
+step is the block's twin from the registry (``engine.naive``); fwd+bwd and
 step also record their ratio to the floor over alternating pairs of calls (``paired_ratio``),
 which is what the table reports; at the large shape the step and the floor record their
 one-thread / N-thread time ratio the same way (``paired_scaling``). Quick mode skips the
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import cases, floors, naive
+from bench import cases, floors
 from bench.timing import QUICK, run_benchmark
 
 KINDS = ("floor", "fwd_bwd", "step", "naive_fwd_bwd", "naive_step")
@@ -46,12 +47,13 @@ def test_block(benchmark, built, threads, block, shape, kind):
     gemms = floors.gemm_list(block, sh)
     info = dict(block=block, shape=shape, kind=kind, flops=floors.gemm_flops(gemms),
                 n_gemms=len(gemms), rows=sh.rows)
-    floor = None
+    floor = setup = None
     c = built(block, shape)
     if kind in ("floor", "fwd_bwd", "step") and "floor" not in c:
         c["floor"] = floors.replay_fn(c["fwd_bwd"])  # the block's own GEMMs, own buffers
     if kind == "floor":
         fn = c["floor"]
+        setup = fn.restore  # timed alone, back to back: restored first (floors.replay_fn)
     else:
         if kind == "fwd_bwd":
             fn = c["fwd_bwd"]
@@ -63,8 +65,9 @@ def test_block(benchmark, built, threads, block, shape, kind):
         elif kind == "step":
             fn = c["step"]
             floor = c["floor"]
+            c["module"].zero_grad()  # what fwd_bwd accumulated is not the step's to apply
         else:
-            twin = naive.from_module(block, c["module"], cases.LR)
+            twin = cases.naive_twin(block, c["module"])
             x, target, dy = c["x"], c["target"], c["dy"]
             if kind == "naive_fwd_bwd":
                 def fn():
@@ -73,4 +76,4 @@ def test_block(benchmark, built, threads, block, shape, kind):
                 def fn():
                     twin.step(x, target)
     scaling = shape == SCALING_SHAPE and kind in ("floor", "step")
-    run_benchmark(benchmark, fn, floor, scaling, **info)
+    run_benchmark(benchmark, fn, floor, scaling, setup, **info)

@@ -1,5 +1,7 @@
 """Kernel benchmarks: each fast kernel next to its baseline (np.matmul for gemm, the
-kernels.reference version for the rest) on the large-shape sizes of the blocks."""
+kernels.reference version for the rest) on the large-shape sizes of the blocks; the memory
+bandwidth of this machine (a STREAM-style triad, bench/bandwidth.py) and AdamW.step's
+effective bandwidth, whose ratio run.py reports."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +9,7 @@ import pytest
 
 import kernels
 from kernels import reference as ref
+from bench import bandwidth, cases
 from bench.timing import run_benchmark
 
 F32 = np.float32
@@ -106,18 +109,30 @@ def _adamw_many():
 
 
 def _adamw_engine():
-    """engine.optim.AdamW.step over the same 2.1M parameters (adamw_update_many plus the
-    optimizer's bookkeeping)."""
-    from engine.module import Parameter
+    """engine.optim.AdamW.step over the large FFN's 2.1M parameters (one kernel call over the
+    parameter arena, plus the optimizer's bookkeeping); ``run.bytes``: what one step moves."""
     from engine.optim import AdamW
+    module = cases.build_module("FFN-relu", cases.SHAPES["large"])
     rng = np.random.default_rng(0)
-    params = []
-    for s in _ffn_param_shapes():
-        p = Parameter(_rand(rng, s, 0.02))
-        p.grad[...] = _rand(rng, s, 1e-3)
-        params.append(p)
-    return AdamW(params, lr=1e-4).step
+    for p in module.parameters():
+        p.grad[...] = _rand(rng, p.shape, 1e-3)
+    step = AdamW(module.parameters(), lr=1e-4).step
 
+    def run():
+        step()
+    run.bytes = bandwidth.adamw_bytes(module.num_parameters(), np.dtype(F32).itemsize)
+    return run
+
+
+def _adamw_engine_cold():
+    """_adamw_engine's step with the caches evicted before each timed call (setup): the
+    optimizer state comes from memory, as after a forward and backward."""
+    run = _adamw_engine()
+    run.setup = bandwidth.evict_fn()
+    return run
+
+
+_MEM_ARRAY = f"{bandwidth.triad_elements(F32) * np.dtype(F32).itemsize >> 20} MiB"
 
 LARGE, SMALL = (2048, 2048, 512), (8, 800, 200)
 # name, size label, implementation, factory
@@ -141,12 +156,19 @@ KERNELS = [
     ("adamw_update", "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
     ("adamw_update_many", "2.1M params (large FFN)", "fast", _adamw_many),
     ("adamw_update_many", "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
-    ("AdamW.step (engine)", "2.1M params (large FFN)", "fast", _adamw_engine),
-    ("AdamW.step (engine)", "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
+    (bandwidth.ADAMW_ROW, "2.1M params (large FFN)", "fast", _adamw_engine),
+    (bandwidth.ADAMW_ROW, "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
+    (bandwidth.TRIAD_ROW, f"3 x {_MEM_ARRAY} f32", "fast", bandwidth.triad_fn),
+    (bandwidth.UPDATE_ROW, f"2 x {_MEM_ARRAY} f32", "fast", bandwidth.update_fn),
+    (bandwidth.ADAMW_COLD_ROW, "2.1M params (large FFN)", "fast", _adamw_engine_cold),
 ]
 
 
 @pytest.mark.parametrize("name,size,impl,factory",
                          [pytest.param(*k, id=f"{k[0]}|{k[2]}") for k in KERNELS])
 def test_kernel(benchmark, name, size, impl, factory):
-    run_benchmark(benchmark, factory(), kernel=name, size=size, impl=impl)
+    fn = factory()
+    info = dict(kernel=name, size=size, impl=impl)
+    if getattr(fn, "bytes", None) is not None:  # a bandwidth row: GB/s = bytes / median
+        info["bytes"] = fn.bytes
+    run_benchmark(benchmark, fn, setup=getattr(fn, "setup", None), **info)

@@ -12,6 +12,7 @@ import time
 from typing import NamedTuple
 
 import kernels
+import kernels.ops  # noqa: F401  (settle runs the engine's GEMM entry)
 
 QUICK = os.environ.get("BLASNET_BENCH_QUICK", "") not in ("", "0")
 # Seconds of timed rounds per benchmark, and the bounds on the round count.
@@ -83,7 +84,7 @@ WAIT_MIN_NS = 50_000
 WAIT_FRACTION = 0.02
 OTHERS_FRACTION = 0.05
 NCPU = os.cpu_count() or 1
-_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
+TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
 
 
 class Sample(NamedTuple):
@@ -129,8 +130,8 @@ class CpuProbe:
             # "cpu  user nice system idle iowait irq softirq steal ..." in clock ticks
             v = os.pread(self._stat, 160, 0).split(b"\n", 1)[0].split()
             t = [int(x) for x in v[1:9]]
-            busy = (t[0] + t[1] + t[2] + t[5] + t[6] + t[7]) * _TICK_NS
-            steal = t[7] * _TICK_NS
+            busy = (t[0] + t[1] + t[2] + t[5] + t[6] + t[7]) * TICK_NS
+            steal = t[7] * TICK_NS
         waits = {}
         for tid, fd in list(self._tasks.items()):
             try:  # "run_ns wait_ns timeslices"
@@ -152,7 +153,7 @@ class CpuProbe:
         if b.steal > a.steal:
             return "steal"
         others = (b.busy - a.busy) - (b.own - a.own)
-        if others > NCPU * (2 * _TICK_NS + OTHERS_FRACTION * wall):
+        if others > NCPU * (2 * TICK_NS + OTHERS_FRACTION * wall):
             return "others"
         return None
 
@@ -204,29 +205,38 @@ def clean_median(values, reasons) -> Clean:
 
 
 # ----------------------------------------------------------------------------- measurements
-def paired_ratio(fn, ref, seconds_per_pair: float) -> Clean:
+def paired_ratio(fn, ref, seconds_per_pair: float, setup=None) -> Clean:
     """Median over alternating pairs of time(fn) / time(ref), over the pairs no other process
     disturbed. A shared machine drifts over seconds; two calls back to back see the same
     conditions, so this ratio is steadier than one of two medians taken at different times.
     Disturbed pairs are replaced by more pairs, up to twice the planned count plus 3, while
-    the process's EXTRA_S budget lasts."""
+    the process's EXTRA_S budget lasts. ``setup`` runs, untimed, before every call of
+    either."""
     clock = time.perf_counter
     p = probe()
     p.refresh()
     want = max(MIN_PAIRS, rounds_for(seconds_per_pair))
     ratios, reasons = [], []
+
+    def timed(f):
+        if setup is not None:
+            setup()
+        t0 = clock()
+        f()
+        return clock() - t0
     while len(ratios) < 2 * want + 3:
         i = len(ratios)
         s0 = p.sample()
         if i % 2:
-            t0 = clock(); ref(); t1 = clock(); fn(); t2 = clock()  # noqa: E702
-            ratios.append((t2 - t1) / (t1 - t0))
+            t_ref = timed(ref)
+            t_fn = timed(fn)
         else:
-            t0 = clock(); fn(); t1 = clock(); ref(); t2 = clock()  # noqa: E702
-            ratios.append((t1 - t0) / (t2 - t1))
+            t_fn = timed(fn)
+            t_ref = timed(ref)
+        ratios.append(t_fn / t_ref)
         reasons.append(p.disturbed(s0, p.sample()))
         if i >= want:  # a replacement pair
-            spend_extra(t2 - t0)
+            spend_extra(t_fn + t_ref)
         if reasons.count(None) >= want or (i + 1 >= want and extra_left() <= 0):
             break
         if all_disturbed(reasons):
@@ -234,13 +244,15 @@ def paired_ratio(fn, ref, seconds_per_pair: float) -> Clean:
     return clean_median(ratios, reasons)
 
 
-def warm_up(fn) -> float:
+def warm_up(fn, setup=None) -> float:
     """Untimed calls: at least WARM_CALLS, for WARM_S seconds, until one is clean (at most
-    WARM_MAX_S); returns the last call's time."""
+    WARM_MAX_S); returns the last call's time (``setup()`` runs before each, not timed)."""
     clock, p = time.perf_counter, probe()
     start = clock()
     calls = 0
     while True:
+        if setup is not None:
+            setup()
         s0 = p.sample()
         t0 = clock()
         fn()
@@ -260,7 +272,7 @@ def settle(max_s: float = SETTLE_MAX_S) -> float:
     import numpy as np
     a = np.ones((256, 256), np.float32)
     c = np.empty_like(a)
-    gemm = kernels.gemm_unchecked
+    gemm = kernels.ops.gemm
     clock, p = time.perf_counter, probe()
     gemm(c, a, a)
     p.refresh()
@@ -278,11 +290,14 @@ def settle(max_s: float = SETTLE_MAX_S) -> float:
             return clock() - start
 
 
-def timed_rounds(fn, rounds: int) -> tuple:
-    """``rounds`` timed calls outside pytest-benchmark: (times, reasons)."""
+def timed_rounds(fn, rounds: int, setup=None) -> tuple:
+    """``rounds`` timed calls outside pytest-benchmark, each after an untimed ``setup()``:
+    (times, reasons)."""
     clock, p = time.perf_counter, probe()
     times, reasons = [], []
     for _ in range(rounds):
+        if setup is not None:
+            setup()
         s0 = p.sample()
         t0 = clock()
         fn()
@@ -300,28 +315,36 @@ def on_one_thread(fn):
     return run
 
 
-def run_benchmark(benchmark, fn, floor=None, scaling=False, **info):
+def run_benchmark(benchmark, fn, floor=None, scaling=False, setup=None, **info):
     """Time ``fn`` with pytest-benchmark after ``warm_up`` (whose last call sizes the round
     count), ``rounds_for`` rounds of one call each, every round checked for interference
     (CpuProbe, sampled in the round's untimed setup and teardown). The median over the clean
     rounds goes into ``extra_info`` as ``median_clean`` (with ``median_clean_kept`` = [kept,
     total]); when fewer than half the rounds are clean, up to as many rounds again are timed
-    outside pytest-benchmark to find clean ones. ``info`` (block, shape, kind, flops, ...)
+    outside pytest-benchmark to find clean ones. ``setup`` (e.g. evicting the caches, or
+    restoring a replayed floor's buffers) runs, untimed, before every timed call of ``fn``
+    (the scaling pairs' included). ``info`` (block, shape, kind, flops, ...)
     goes into ``extra_info`` with the thread count. With ``floor``, the median ratio of
     alternating fn/floor pairs is stored too (``paired_ratio``, clean pairs only); with
     ``scaling`` (and more than one thread), the ratio of alternating one-thread/this-many-
     threads pairs (``paired_scaling``): the thread scaling measured side by side in one
     process."""
-    per_call = warm_up(fn)  # its first call allocates the work buffers
-    if floor is not None:
-        warm_up(floor)
+    if setup is not None and floor is not None:
+        raise ValueError("setup: not supported together with floor (paired block/floor calls)")
+    per_call = warm_up(fn, setup)  # its first call allocates the work buffers
+    if floor is not None:  # back to back: restored first when it can be (floors.replay_fn)
+        warm_up(floor, getattr(floor, "restore", None))
     rounds = rounds_for(per_call)
     p = probe()
     p.refresh()
     marks = []
     benchmark.extra_info.update(info, threads=kernels.get_num_threads(), quick=QUICK)
-    benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=0,
-                       setup=lambda: marks.append(p.sample()),
+
+    def before():
+        if setup is not None:
+            setup()
+        marks.append(p.sample())
+    benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=0, setup=before,
                        teardown=lambda: marks.append(p.sample()))
     if getattr(benchmark, "stats", None) is None:  # --benchmark-disable: nothing was timed
         return
@@ -333,7 +356,7 @@ def run_benchmark(benchmark, fn, floor=None, scaling=False, **info):
         if all_disturbed(reasons):
             wait_for_quiet()
         n = min(budget, need - reasons.count(None))
-        t, r = timed_rounds(fn, n)
+        t, r = timed_rounds(fn, n, setup)
         spend_extra(sum(t))
         times += t
         reasons += r
@@ -344,6 +367,6 @@ def run_benchmark(benchmark, fn, floor=None, scaling=False, **info):
     threads = benchmark.extra_info["threads"]
     if scaling and threads > 1:
         one = on_one_thread(fn)
-        warm_up(one)
+        warm_up(one, setup)
         benchmark.extra_info.update(
-            paired_ratio(one, fn, (1 + threads) * per_call).info("paired_scaling"))
+            paired_ratio(one, fn, (1 + threads) * per_call, setup).info("paired_scaling"))

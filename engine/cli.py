@@ -22,15 +22,16 @@ import kernels
 from . import __version__, checkpoint
 from . import data as _data
 from . import lr_scheduler as _lrs
-from .blocks import FFN, GMLP, FFNSublayer
+from . import registry
 from .callbacks import EarlyStopping, check_output_path
 from .data import REGRESSION_OUTPUTS, TASKS, make_task
-from .layers import MLP, Linear, Sequential
+from .layers import Linear, Sequential
 from .losses import CrossEntropyLoss, MSELoss
 from .optim import SGD, AdamW
 from .train import NonFiniteLossError, evaluate, fit, mean_absolute_error, predict, r2_score
 
-MODELS = ("gmlp", "ffn", "sublayer", "mlp", "gmlp-lm")
+MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
+MODELS += ("gmlp-lm",)  # the character language model of engine/lm.py (--task text)
 SCHEDULES = ("constant", "cosine", "linear", "step")
 HELD_OUT = 4096  # fresh samples drawn (with another seed) to measure generalisation
 
@@ -114,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         "train", formatter_class=d, help="train a model on a synthetic task or your own data",
         description="Train a model on a synthetic task or on your own data (--data), report "
                     "its fit, save a checkpoint and check that it reloads. The defaults are "
-                    "a gated-MLP regression experiment: a gMLP 16 -> 128 -> 512 -> 4 on 1024 regression "
-                    "samples, full batch, AdamW lr 1e-3, 1000 epochs. The data and every "
+                    "a gated-MLP regression experiment: a gMLP 16 -> 128 -> 512 -> 4 on 1024 "
+                    "regression samples, full batch, AdamW lr 1e-3, 1000 epochs. The data and every "
                     "output path are checked before the first step.")
     g = t.add_argument_group("model")
     g.add_argument("--model", choices=MODELS, default="gmlp",
@@ -175,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weight-decay", type=float, default=None, metavar="WD",
                    help="weight decay (default: 0.01 for AdamW, decoupled; 0 for SGD, L2)")
     g.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    g.add_argument("--shard-optimizer", action="store_true",
+                   help="under mpiexec: shard AdamW's state over the ranks (ZeRO stage 1)")
     g.add_argument("--schedule", choices=SCHEDULES, default="constant",
                    help="learning-rate schedule over the optimizer steps after the warmup: "
                         "constant; cosine (CosineAnnealingLR down to 0); linear (LinearLR down "
@@ -229,21 +232,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ----------------------------------------------------------------------------- train
+# CLI model name -> block registry entry (engine.registry): how each is built.
+_BLOCK_OF = {"gmlp": "GMLP", "ffn": "FFN", "sublayer": "FFNSublayer", "mlp": "MLP"}
+
+
 def build_model(args, d_in: int, d_out: int, seed: int):
-    """The model named by ``args.model`` for a task with ``d_in`` inputs and ``d_out`` outputs."""
+    """The model named by ``args.model`` for a task with ``d_in`` inputs and ``d_out`` outputs:
+    the registry's block, between Linear maps from and to the task's widths where the block
+    keeps its width (FFN, FFNSublayer)."""
     dt, rng = np.dtype(args.dtype), np.random.default_rng(seed)
+    block = registry.get(_BLOCK_OF[args.model])
     if args.model == "gmlp":
-        return GMLP(d_in, args.d_hidden, args.d_ff, d_out, dtype=dt, rng=rng)
+        dims = {"d_in": d_in, "d_model": args.d_hidden, "d_ff": args.d_ff, "d_out": d_out}
+        return block.build(dims, dtype=dt, rng=rng)
     if args.model == "mlp":
-        acts = [args.activation] * len(args.hidden) + [None]
-        return MLP([d_in, *args.hidden, d_out], acts, dtype=dt, rng=rng)
+        return block.build({"sizes": (d_in, *args.hidden, d_out)}, dtype=dt, rng=rng,
+                           activation=args.activation)
     d = args.d_hidden
-    if args.model == "ffn":
-        middle = FFN(d, args.d_ff, args.activation, dtype=dt, rng=rng)
-    else:
-        middle = FFNSublayer(d, args.d_ff, args.activation, norm=args.norm, dtype=dt, rng=rng)
-    return Sequential(Linear(d_in, d, dtype=dt, rng=rng), middle,
-                      Linear(d, d_out, init="xavier", dtype=dt, rng=rng))
+    options = {"activation": args.activation}
+    if args.model == "sublayer":
+        options["norm"] = args.norm
+    first = Linear(d_in, d, dtype=dt, rng=rng)
+    middle = block.build({"d_model": d, "d_ff": args.d_ff}, dtype=dt, rng=rng, **options)
+    return Sequential(first, middle, Linear(d, d_out, init="xavier", dtype=dt, rng=rng))
 
 
 def _describe(args, model, d_in: int, d_out: int) -> str:
@@ -256,9 +267,12 @@ def _describe(args, model, d_in: int, d_out: int) -> str:
     return f"{args.model} {shape} ({type(model).__name__}, {model.num_parameters():,} parameters)"
 
 
-def _optimizer(args, model):
+def _optimizer(args, model, comm=None):
     if args.optimizer == "adamw":
         wd = 1e-2 if args.weight_decay is None else args.weight_decay
+        if args.shard_optimizer and comm is not None:
+            from .distributed import ShardedAdamW
+            return ShardedAdamW(model.parameters(), comm, lr=args.lr, weight_decay=wd)
         return AdamW(model.parameters(), lr=args.lr, weight_decay=wd)
     wd = 0.0 if args.weight_decay is None else args.weight_decay
     return SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=wd)
@@ -310,6 +324,9 @@ def _check_args(args) -> None:
                           "--val-fraction > 0")
     if args.step_size is not None and args.schedule != "step":
         raise _UsageError("--step-size: only with --schedule step")
+    if args.shard_optimizer and args.optimizer != "adamw":
+        raise _UsageError("--shard-optimizer: ZeRO-1 shards AdamW's moments (use --optimizer "
+                          "adamw)")
 
 
 def _val_fraction(args) -> float:
@@ -419,8 +436,14 @@ def _train(args) -> int:
     if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/lm.py
         from . import lm
         return lm.run_cli(args, vars(build_parser().parse_args(["train"])))
+    from . import distributed
+    comm = distributed.world()  # K > 1 ranks under mpiexec: data parallel, else None
+    rank = 0 if comm is None else comm.Get_rank()
     if args.threads is not None:
         kernels.set_num_threads(args.threads)
+    elif comm is not None and kernels.ENV_VAR not in os.environ:
+        local = int(os.environ.get("MPI_LOCALNRANKS", "1"))  # ranks on this machine (hydra)
+        kernels.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     dt = np.dtype(args.dtype)
     own = args.data is not None
     if own:
@@ -449,9 +472,10 @@ def _train(args) -> int:
     model = build_model(args, d_in, d_out, args.seed)
     loss = CrossEntropyLoss() if classify else MSELoss()
     try:
-        opt = _optimizer(args, model)
+        opt = _optimizer(args, model, comm)
     except (ValueError, TypeError) as e:  # bad hyperparameters: the optimizer's message says which
-        print(f"error: {e}", file=sys.stderr)
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr)
         return 2
     bs = None if args.batch_size == 0 or args.batch_size >= n else args.batch_size
     total_steps = args.epochs * -(-n // (bs or n))
@@ -463,9 +487,12 @@ def _train(args) -> int:
                                 restore_best_weights=True)
         callbacks.append(stopper)
 
-    out = sys.stdout
-    print(f"blasnet {_version()} | numpy {np.__version__} | {args.dtype} | "
-          f"{kernels.get_num_threads()} BLAS thread(s)", file=out)
+    out = sys.stdout if rank == 0 else open(os.devnull, "w")  # rank 0 prints
+    threads = f"{kernels.get_num_threads()} BLAS thread(s)"
+    if comm is not None:
+        shard = ", AdamW sharded (ZeRO-1)" if args.shard_optimizer else ""
+        threads = f"{comm.Get_size()} ranks x {kernels.get_num_threads()} threads{shard}"
+    print(f"blasnet {_version()} | numpy {np.__version__} | {args.dtype} | {threads}", file=out)
     print(f"model     {_describe(args, model, d_in, d_out)}", file=out)
     if own:
         target = (f"{d_out} classes" if classify else f"{Y.shape[1]} output(s)")
@@ -498,9 +525,10 @@ def _train(args) -> int:
     try:
         h = fit(model, loss, opt, X, Y, args.epochs, batch_size=bs, rng=args.seed,
                 progress=every, validation=val, callbacks=callbacks, scheduler=sched,
-                scheduler_interval="step", clip_grad_norm=args.clip_grad_norm)
-    except NonFiniteLossError as e:
-        print(f"error: {e}", file=sys.stderr)
+                scheduler_interval="step", clip_grad_norm=args.clip_grad_norm, comm=comm)
+    except (NonFiniteLossError, distributed.RankError) as e:  # raised on every rank
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr)
         return 1
     t_fit = time.perf_counter() - t0
     if args.early_stopping is not None:
@@ -547,13 +575,13 @@ def _train(args) -> int:
     rate = h.samples / t_fit if t_fit > 0 else float("inf")
     print(f"time      {t_fit:.2f} s for {len(h)} epochs, {h.steps} steps "
           f"({rate:,.0f} samples/s)", file=out)
-    if args.history:
+    if args.history and rank == 0:  # one writer per file
         if args.history.lower().endswith(".json"):
             h.to_json(args.history)
         else:
             h.to_csv(args.history)
         print(f"history   {args.history} ({len(h)} epochs)", file=out)
-    if args.plot:
+    if args.plot and rank == 0:
         h.plot(args.plot, title=f"{args.model} on {os.path.basename(args.data) if own else task_name}")
         print(f"plot      {args.plot}", file=out)
 
@@ -572,7 +600,13 @@ def _train(args) -> int:
     if standardizer is not None:
         meta["standardizer"] = standardizer.state_dict()
     try:
-        if path.lower().endswith(".safetensors"):
+        tensors = path.lower().endswith(".safetensors")
+        if comm is not None:  # rank 0 writes; it alone checks the reload (others may see no file)
+            distributed.save(path, model, None if tensors else opt, comm=comm,
+                             scheduler=None if tensors else sched, ranks=comm.Get_size(), **meta)
+            if rank:
+                return 0
+        elif tensors:
             checkpoint.save(path, model, **meta)
         else:
             checkpoint.save(path, model, opt, scheduler=sched, **meta)

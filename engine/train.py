@@ -313,7 +313,7 @@ def predict(model, X, batch_size=None) -> np.ndarray:
 
 def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: bool = True,
         rng=0, validation=None, progress=True, callbacks=(), scheduler=None,
-        scheduler_interval: str = "epoch", clip_grad_norm=None) -> History:
+        scheduler_interval: str = "epoch", clip_grad_norm=None, comm=None) -> History:
     """Train ``model`` on ``(X, Y)`` for ``epochs`` passes; return the ``History``.
 
     Each step: forward, ``loss.forward``, a finiteness check, ``loss.backward``,
@@ -332,6 +332,9 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
       before the callbacks, so a checkpoint saved by one resumes at the next epoch's rate).
     - ``clip_grad_norm``: a max norm: the gradients are scaled to at most this global L2 norm
       before each update (``engine.clip_grad_norm``).
+    - ``comm``: an MPI communicator: data-parallel training over its ranks, ``batch_size``
+      being the global batch (``engine.distributed``; every rank gets the same History,
+      rank 0 prints).
 
     A NaN/inf loss raises ``NonFiniteLossError`` naming the epoch and step before that
     step's update, so the model keeps the parameters of the last good step. The model is
@@ -361,6 +364,12 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                              f"{clip_grad_norm!r}")
         clip_params = model.parameters()
     gen = make_rng(rng)
+    dp = None
+    if comm is not None:  # data parallel: checks the ranks agree, broadcasts parameters
+        from .distributed import fit_setup
+        dp = fit_setup(comm, model, optimizer, X, Y, epochs=epochs, batch_size=bs,
+                       shuffle=shuffle, rng=gen)
+        progress = progress if dp.rank == 0 else False
     bar = _Progress(progress, epochs)
     steps_per_epoch = -(-n // bs)
     full = bs == n
@@ -395,20 +404,24 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                 gen.shuffle(order)
             total, hit, rows = 0.0, 0, 0
             for step in range(1, steps_per_epoch + 1):
-                s = (step - 1) * bs
+                s, e = (step - 1) * bs, min(step * bs, n)
+                if dp is not None:  # this rank's rows of the global batch
+                    s, e = dp.share(s, e)
                 if gather:
-                    idx = order[s:s + bs]
+                    idx = order[s:e]
                     m = idx.shape[0]
                     # mode="clip" lets take write straight into out (mode="raise" buffers).
                     xb = np.take(X, idx, axis=0, out=xbuf[:m], mode="clip")
                     yb = np.take(Y, idx, axis=0, out=ybuf[:m], mode="clip")
-                elif full:
+                elif full and dp is None:
                     xb, yb = X, Y
                 else:
-                    xb, yb = X[s:s + bs], Y[s:s + bs]
+                    xb, yb = X[s:e], Y[s:e]
                 m = xb.shape[0]
                 pred = model.forward(xb)
                 value = loss.forward(pred, yb)
+                if dp is not None:  # the global batch's mean loss and rows, on every rank
+                    value, m = dp.batch_loss(value, m)
                 if not math.isfinite(value):
                     raise NonFiniteLossError(
                         f"non-finite loss ({value}) at epoch {epoch}/{epochs}, step "
@@ -419,8 +432,13 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                     hit += hits.count(pred, yb)
                     rows += _rows_of(pred)
                 model.backward(loss.backward())
+                if dp is not None:  # the gradient of the global batch, on every rank
+                    dp.reduce_gradients(None if m % dp.size == 0 else xb.shape[0] / m)
                 if clip_grad_norm is not None:
-                    _clip_grad_norm(clip_params, clip_grad_norm)
+                    if dp is not None:  # the global gradient's norm (ZeRO-1: of its slices)
+                        dp.clip_grad_norm(clip_grad_norm)
+                    else:
+                        _clip_grad_norm(clip_params, clip_grad_norm)
                 if fused_zero:
                     optimizer.step(zero_grad=True)
                 else:
@@ -433,6 +451,8 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                 h.samples += m
             h.loss.append(total / n)
             if classify:
+                if dp is not None:
+                    hit, rows = dp.allsum(hit, rows)
                 h.accuracy.append(hit / rows)
             if validation is not None:
                 vl, va = evaluate(model, loss, validation[0], validation[1], batch_size)
@@ -448,6 +468,12 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
             bar.update(epoch, h, time.perf_counter() - t_start, last=stop)
             if stop:
                 break
+        if dp is not None:
+            dp.finish()
+    except Exception as exc:
+        if dp is not None:  # meet the other ranks in their next collective step
+            dp.fail(exc)
+        raise
     finally:
         bar.close()
     for cb in callbacks:

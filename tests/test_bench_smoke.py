@@ -1,8 +1,8 @@
 """The bench harness cannot silently rot: the report math on fake results, a tiny real run of
 the driver, the floors against the GEMMs the blocks really make, the naive reference
-against the engine step, the memory pass, the interference filter (its decision rule on
-made-up samples, its signal on a real disturbance) and the step profile. No timing
-assertions."""
+against the engine step, the memory pass, the bandwidth kernels, the interference filter
+(its decision rule on made-up samples, its signal on a real disturbance) and the step
+profile. No timing assertions."""
 from __future__ import annotations
 
 import json
@@ -12,17 +12,22 @@ import sys
 import time
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+
+from kernels import ops
+from kernels.instrument import record
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import cases, floors, memory, naive, run, step_profile, timing  # noqa: E402
+from bench import bandwidth, cases, floors, memory, run, step_profile, timing  # noqa: E402
 
 # A small shape with every dimension distinct, so a transposed GEMM cannot pass for another.
-TINY = cases.Shape("tiny", (3, 5), 12, 20)
+TINY = cases.Shape("tiny", (3, 5), d_model=12, d_ff=20)
 TINY_MLP = cases.Shape("tinymlp", (7,), sizes=(11, 9, 6, 4))
 TINY_CASES = [(b, TINY) for b in cases.TRANSFORMER_BLOCKS] + [("MLP", TINY_MLP)]
 
@@ -49,6 +54,11 @@ def _write_fake(tmp_path):
             b.append(_bench(extra, scale * ms / 1e3))
         b.append(_bench(dict(kernel="adamw_update_many", size="2.1M", impl="fast", threads=thr), 0.002))
         b.append(_bench(dict(kernel="adamw_update_many", size="2.1M", impl="ref", threads=thr), 0.006))
+        # triad 4e9 bytes in 0.1 s = 40 GB/s; AdamW 28e6 bytes in 1 ms = 28 GB/s = 0.7 of it
+        b.append(_bench(dict(kernel=bandwidth.TRIAD_ROW, size="3 x 128 MiB", impl="fast",
+                             threads=thr, bytes=4e9), 0.1))
+        b.append(_bench(dict(kernel=bandwidth.ADAMW_COLD_ROW, size="2.1M", impl="fast",
+                             threads=thr, bytes=28e6), 0.001))
         (tmp_path / f"threads{thr}.json").write_text(json.dumps({"benchmarks": b}))
     mib = 1 << 20
     mem = [dict(block="FFN-relu", shape="large", params=100, state=4 * mib, buffers=4 * mib,
@@ -143,25 +153,83 @@ def test_replayed_floor_is_the_blocks_own_gemms_on_its_own_buffers(block, shape)
     module = cases.build_module(block, shape, np.float64)
     x, _, dy = cases.make_data(block, shape, np.float64)
     fwd_bwd = cases.fwd_bwd_fn(module, x, dy)
-    with floors.record_gemms() as seen:
-        floor = floors.replay_fn(fwd_bwd)
+    floor = floors.replay_fn(fwd_bwd)
     gemms = floors.gemm_list(block, shape)
-    assert len(floor.calls) == len(seen) == len(gemms)
-    assert floors.same_gemms(seen, gemms)
-    # scipy's argument order: (alpha, a, b, beta, c, trans_a, trans_b, overwrite_c)
-    operands = [arr for _, args in floor.calls for arr in (args[1], args[2])]
-    outputs = [(args[4], args[3]) for _, args in floor.calls]
-    for p in module.parameters():
+    assert len(floor.calls) == len(gemms)
+    assert floors.same_gemms([floors.gemm_mnk(args) for args in floor.calls], gemms)
+    # kernels.ops.gemm's argument order: (out, a, b, trans_a, trans_b, alpha, beta)
+    full = [floors.gemm_args(args) for args in floor.calls]
+    operands = [arr for args in full for arr in (args[1], args[2])]
+    outputs = [(args[0], args[6]) for args in full]
+    for name, p in module.named_parameters():
         if p.data.ndim == 2:
-            assert any(np.shares_memory(p.data, a) for a in operands), p.name
-            assert any(np.shares_memory(p.grad, c) and beta == 1.0 for c, beta in outputs), p.name
+            assert any(np.shares_memory(p.data, a) for a in operands), name
+            assert any(np.shares_memory(p.grad, c) and beta == 1.0 for c, beta in outputs), name
     module.zero_grad()
     fwd_bwd()
-    once = {p.name: p.grad.copy() for p in module.parameters() if p.data.ndim == 2}
+    once = {n: p.grad.copy() for n, p in module.named_parameters() if p.data.ndim == 2}
     floor()
-    for p in module.parameters():
-        if p.name in once:
-            assert np.isfinite(p.grad).all() and not np.array_equal(p.grad, once[p.name]), p.name
+    for name, p in module.named_parameters():
+        if name in once:
+            assert np.isfinite(p.grad).all() and not np.array_equal(p.grad, once[name]), name
+
+
+@pytest.mark.parametrize("block,shape", TINY_CASES, ids=[b for b, _ in TINY_CASES])
+def test_replayed_floor_restore_puts_back_every_output(block, shape):
+    # Check that restore() copies back every array the replay writes, as the recorded call
+    # left it, so that a floor timed alone, restored before each call, never runs on values
+    # that replays compounded (GMLP's dZ buffer feeds a forward GEMM, the sublayer's ds is
+    # read and accumulated into); after many restored calls all stays finite.
+    module = cases.build_module(block, shape)
+    x, _, dy = cases.make_data(block, shape)
+    floor = floors.replay_fn(cases.fwd_bwd_fn(module, x, dy))
+    outs = {id(args[0]): args[0] for args in floor.calls}
+    recorded = {k: out.copy() for k, out in outs.items()}
+    for _ in range(3):
+        floor()
+    floor.restore()
+    for k, out in outs.items():
+        np.testing.assert_array_equal(out, recorded[k])
+    with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(300):
+            floor.restore()
+            floor()
+    assert all(np.isfinite(out).all() for out in outs.values())
+
+
+def test_paired_ratio_runs_setup_before_each_call():
+    # Check that paired_ratio's setup runs right before every call of either side.
+    log = []
+    timing.paired_ratio(lambda: log.append("fn"), lambda: log.append("ref"), 1e-3,
+                        setup=lambda: log.append("setup"))
+    calls = [i for i, x in enumerate(log) if x != "setup"]
+    assert len(calls) >= 2 * timing.MIN_PAIRS
+    assert all(log[i - 1] == "setup" for i in calls)
+
+
+def test_replayed_floor_calls_the_kernel_not_a_recorder():
+    # Check that the replay runs the real kernels.ops.gemm: a recording around it sees no
+    # call (a replay bound to the recorder of its own recording would append to a finished
+    # Recording, and time the recorder's overhead as floor).
+    module = cases.build_module("FFN-relu", TINY, np.float64)
+    x, _, dy = cases.make_data("FFN-relu", TINY, np.float64)
+    floor = floors.replay_fn(cases.fwd_bwd_fn(module, x, dy))
+    with record(["gemm"]) as rec:
+        floor()
+    assert rec.calls == []
+
+
+def test_record_gemms_sees_each_gemm_once():
+    # Check that record_gemms lists the (M, N, K) of the ops.gemm calls made inside it, in
+    # order, whether the call passes every argument or relies on the defaults.
+    a, b = np.ones((4, 3)), np.ones((4, 5))
+    out, out2 = np.empty((3, 5)), np.empty((4, 4))
+    with floors.record_gemms() as seen:
+        ops.gemm(out, a, b, True, False, 1.0, 0.0)
+        ops.gemm(out, a, b, True, False, 1.0, 1.0)
+        ops.gemm(out2, a, a, False, True)
+    assert seen == [(3, 5, 4), (3, 5, 4), (4, 4, 3)]
+    np.testing.assert_array_equal(out, 8.0)
 
 
 @pytest.mark.parametrize("block,shape", TINY_CASES, ids=[b for b, _ in TINY_CASES])
@@ -169,7 +237,7 @@ def test_naive_step_equals_engine_step(block, shape):
     # Check that the naive baseline does the same training step as the engine (float64).
     f64 = np.float64
     module = cases.build_module(block, shape, dtype=f64)
-    twin = naive.from_module(block, module, cases.LR)
+    twin = cases.naive_twin(block, module)
     x, target, _ = cases.make_data(block, shape, dtype=f64)
     loss, opt = cases.make_loss(block), cases.make_optimizer(module)
     step = cases.step_fn(module, x, target, loss, opt)
@@ -177,12 +245,9 @@ def test_naive_step_equals_engine_step(block, shape):
         step()
         twin.step(x, target)
     ours = {name: p.data for name, p in module.named_parameters()}
+    assert set(ours) == set(twin.params)
     for name in ours:
-        key = name
-        if block == "MLP":  # engine "0.W" / "0.b" -> naive "W0" / "b0"
-            i, kind = name.split(".")
-            key = f"{kind}{i}"
-        np.testing.assert_allclose(twin.params[key], ours[name], rtol=1e-9, atol=1e-12,
+        np.testing.assert_allclose(twin.params[name], ours[name], rtol=1e-9, atol=1e-12,
                                    err_msg=f"{block} {name}")
 
 
@@ -220,7 +285,7 @@ def test_disturbed_rule_on_made_up_samples():
     assert p.disturbed(a, _sample(1, wait_ms=0.04)) is None
     assert p.disturbed(a, _sample(1, wait_ms=0.08)) == "wait"
     assert p.disturbed(a, _sample(100, own_ms=100, busy_ms=100, steal_ms=10)) == "steal"
-    margin = timing.NCPU * (2 * timing._TICK_NS + timing.OTHERS_FRACTION * 100e6) / 1e6
+    margin = timing.NCPU * (2 * timing.TICK_NS + timing.OTHERS_FRACTION * 100e6) / 1e6
     assert p.disturbed(a, _sample(100, own_ms=100, busy_ms=100 + margin - 1)) is None
     assert p.disturbed(a, _sample(100, own_ms=100, busy_ms=100 + margin + 1)) == "others"
 
@@ -275,73 +340,174 @@ def test_probe_sees_a_real_disturbance():
     assert waited >= 0.3
 
 
+# ----------------------------------------------------------------------------- bandwidth
+def test_triad_and_update_compute_what_they_say():
+    # Check that the triad writes a = b + 3c and the update a += 3c then a -= 3c (the sign
+    # alternates so that timed calls keep a bounded), on every element of an odd-sized array
+    # split over the blocks, and that their byte counts are 4 and 3 arrays.
+    n = 3 * bandwidth.TRIAD_BLOCK + 7
+    tri = bandwidth.triad_fn(n, np.float64)
+    a, b, c = tri.arrays
+    rng = np.random.default_rng(0)
+    b[:], c[:] = rng.standard_normal(n), rng.standard_normal(n)
+    tri()
+    np.testing.assert_allclose(a, b + 3.0 * c, rtol=1e-15)
+    assert tri.bytes == 4 * n * 8
+    upd = bandwidth.update_fn(n, np.float32)
+    a, c = upd.arrays
+    c[:] = rng.standard_normal(n)
+    upd()
+    np.testing.assert_allclose(a, 3.0 * c, rtol=1e-6)
+    upd()
+    np.testing.assert_allclose(a, 0.0, atol=1e-5)
+    assert upd.bytes == 3 * n * 4
+
+
+def test_triad_arrays_are_larger_than_the_last_level_cache():
+    # Check that the default triad array is at least 4x the last-level cache the OS reports
+    # (else the triad would time the cache, not memory), and AdamW's byte count is 7 arrays.
+    llc = bandwidth.llc_bytes()
+    assert llc > 0
+    assert bandwidth.triad_elements(np.float32) * 4 >= 4 * llc
+    assert bandwidth.adamw_bytes(2_099_712) == 7 * 4 * 2_099_712
+
+
+class _FakeBenchmark:
+    """pytest-benchmark's pedantic() as run_benchmark uses it: setup, the call, teardown."""
+
+    def __init__(self):
+        self.extra_info, self.stats = {}, None
+
+    def pedantic(self, fn, rounds, iterations, warmup_rounds, setup, teardown):
+        data = []
+        for _ in range(rounds):
+            setup()
+            t0 = time.perf_counter()
+            fn()
+            data.append(time.perf_counter() - t0)
+            teardown()
+        self.stats = SimpleNamespace(stats=SimpleNamespace(data=data))
+
+
+def test_run_benchmark_runs_setup_before_every_timed_call():
+    # Check that with setup= every call of fn (warm-up and timed rounds) comes right after a
+    # setup call, and that extra info (bytes) reaches extra_info.
+    log = []
+    bench = _FakeBenchmark()
+    timing.run_benchmark(bench, lambda: log.append("fn"), setup=lambda: log.append("setup"),
+                         kernel="k", bytes=123)
+    assert log.count("fn") >= timing.MIN_ROUNDS
+    assert all(log[i - 1] == "setup" for i, x in enumerate(log) if x == "fn")
+    assert bench.extra_info["bytes"] == 123 and bench.extra_info["median_clean"] > 0
+
+
+def test_report_bandwidth_rows_and_target(tmp_path):
+    # Check that GB/s = bytes / median, that AdamW's is reported as a fraction of the triad's
+    # at the same thread count, and that the fraction is a target (0.7 < 0.8: missed) whose
+    # miss says how fast AdamW would have to be.
+    _write_fake(tmp_path)
+    text, data = run.report(tmp_path)
+    k = {(r["kernel"], r["threads"]): r for r in data["kernels"]}
+    assert k[(bandwidth.TRIAD_ROW, 2)]["gbs"] == pytest.approx(40.0)
+    cold = k[(bandwidth.ADAMW_COLD_ROW, 2)]
+    assert cold["gbs"] == pytest.approx(28.0) and cold["of_triad"] == pytest.approx(0.7)
+    assert k[("adamw_update_many", 2)]["gbs"] is None
+    (t,) = [t for t in data["targets"] if t["kind"] == "adamw_bw"]
+    assert t["measured"] == pytest.approx(0.7) and t["limit"] == 0.8 and t["met"] is False
+    assert "GB/s" in text and "of triad" in text
+    miss = text[text.index("WHERE THE TIME GOES"):]
+    assert "<= 0.88 ms" in miss  # 28e6 bytes at 0.8 x 40 GB/s
+
+
 # ----------------------------------------------------------------------------- profile
-def test_profiler_time_is_exclusive(monkeypatch):
-    # Check that a timed call inside another is counted once: the outer label gets its own
-    # time only (fake clock: outer 0..10, inner 1..3).
-    ticks = iter([0.0, 1.0, 3.0, 10.0])
-    monkeypatch.setattr(step_profile.time, "perf_counter", lambda: next(ticks))
-    prof = step_profile.Profiler()
-    inner = prof.wrap("inner", lambda: None)
-    prof.call("outer", inner)
-    assert prof.acc == {"outer": 8.0, "inner": 2.0}
-    assert prof.calls == {"outer": 1, "inner": 1}
+class _FakeModule:
+    """forward: one gemm; backward: one colsum; the loss and optimizer call kernels too (they
+    are whole calls, not parts)."""
+
+    def __init__(self):
+        self.a, self.out = np.ones((2, 2)), np.empty((2, 2))
+
+    def forward(self, x):
+        return ops.gemm(self.out, self.a, self.a, False, False, 1.0, 0.0)
+
+    def backward(self, dy):
+        return ops.colsum(np.zeros(2), dy, 1.0)
+
+    def zero_grad(self):
+        pass
+
+
+def test_instrumented_step_parts_are_forward_and_backward_kernels():
+    # Check that the instrumented step counts, as parts, the kernels forward and backward
+    # call (one gemm, one colsum) and not those of the loss or optimizer (whole calls).
+    m = _FakeModule()
+    out = np.empty((2, 2))
+    loss = SimpleNamespace(forward=lambda y, t: ops.gemm(out, m.a, m.a, False, False, 1.0, 0.0),
+                           backward=lambda: np.ones((2, 2)))
+    opt = SimpleNamespace(step=lambda: ops.gemm(out, m.a, m.a, False, False, 1.0, 0.0))
+    case = dict(module=m, x=np.ones((2, 2)), target=None, loss=loss, opt=opt)
+    wall, phase, kernel_s, kernel_n = step_profile.instrumented_step(case)()
+    assert kernel_n == {"gemm": 1, "colsum": 1}
+    assert set(phase) == {"forward", "backward", *step_profile.WHOLE}
+    assert sum(phase.values()) <= wall
 
 
 def test_profile_of_a_tiny_sublayer_step(monkeypatch):
     # Check that the profile counts the block's real kernel calls (the floor's 6 GEMMs, one
-    # layernorm each way), that the parts add up to the instrumented step, and that every
-    # alias is the engine's own again afterwards.
-    import engine.blocks as blocks
-    before = {a: getattr(blocks, a) for _, al in step_profile.KERNEL_PARTS for m, a in al
-              if m == "engine.blocks" and hasattr(blocks, a)}
+    # layernorm each way, no gating), that the parts add up to the instrumented step, and
+    # that every kernels.ops entry is the real kernel again afterwards.
+    before = {n: getattr(ops, n) for n in ops.NAMES}
     monkeypatch.setitem(cases.SHAPES, "tiny", TINY)
     r = step_profile.profile_case("FFNSublayer-post-gelu", "tiny", reps=2)
-    assert r["calls"]["GEMMs"] == len(floors.gemm_list("FFNSublayer-post-gelu", TINY))
-    assert r["calls"]["layernorm fwd"] == 1 and r["calls"]["layernorm bwd"] == 1
-    assert r["calls"]["gMLP gating fwd+bwd"] == 0
+    assert r["calls"]["gemm"] == len(floors.gemm_list("FFNSublayer-post-gelu", TINY))
+    assert r["calls"]["layernorm_forward"] == 1 and r["calls"]["layernorm_backward"] == 1
+    assert "gate_forward" not in r["calls"]
+    assert list(r["parts"])[0] == "gemm"
     assert all(v is not None and v >= 0 for v in r["parts"].values())
     assert r["kept"][1] >= 2 and r["floor"] > 0 and r["step"] > 0
     assert sum(r["parts"].values()) == pytest.approx(r["step_instrumented"], rel=0.2)
-    assert {a: getattr(blocks, a) for a in before} == before
+    assert {n: getattr(ops, n) for n in ops.NAMES} == before
 
 
-def test_profile_says_na_for_a_missing_alias(monkeypatch):
-    # Check that an alias the engine no longer has is reported as n/a, not a crash.
-    monkeypatch.setitem(cases.SHAPES, "tiny", TINY)
-    monkeypatch.setattr(step_profile, "KERNEL_PARTS",
-                        step_profile.KERNEL_PARTS + [("fused thing", [("engine.blocks", "_nope")])])
-    r = step_profile.profile_case("FFN-relu", "tiny", reps=1)
-    assert r["parts"]["fused thing"] is None
-    assert r["parts"]["GEMMs"] is not None
-    text = run.format_profile([r])
-    assert "fused thing" in text and "n/a" in text
-
-
-def _fake_profile(block, floor, parts):
-    full = {label: 0.0 for label in step_profile.fwd_bwd_parts()}
-    full.update({label: 0.001 for label in step_profile.WHOLE})
+def _fake_profile(block, floor, parts, calls=None):
+    full = {label: 0.001 for label in step_profile.WHOLE}
     full.update(parts)
+    full.setdefault(step_profile.OTHER, 0.0)
     fb = sum(v for k, v in full.items() if k not in step_profile.WHOLE)
     return dict(block=block, shape="large", threads=2, floor=floor, step=fb + 0.004,
                 step_instrumented=fb + 0.004, fwd_bwd=fb, parts=full,
-                calls={label: 1 for label, _ in step_profile.KERNEL_PARTS}, kept=[5, 6],
-                fallback=False, dropped={"wait": 1})
+                calls=calls or {k: 1 for k in parts if k != step_profile.OTHER},
+                kept=[5, 6], fallback=False, dropped={"wait": 1})
+
+
+def test_profile_table_has_one_row_per_kernel_called():
+    # Check that the PROFILE table has a row per kernel any block called, gemm first with
+    # its call counts, and '-' where a block does not call that kernel.
+    prof = [_fake_profile("FFN-relu", 0.010, {"gemm": 0.010, "bias_act": 0.001},
+                          {"gemm": 6, "bias_act": 1}),
+            _fake_profile("GMLP", 0.020, {"gemm": 0.020, "gate_forward": 0.002},
+                          {"gemm": 9, "gate_forward": 1})]
+    text = run.format_profile(prof)
+    rows = {line.split("  ")[0]: line for line in text.splitlines()}
+    assert "gemm (calls: 6/9)" in rows
+    assert list(rows).index("gemm (calls: 6/9)") < list(rows).index("bias_act")
+    assert rows["bias_act"].split()[-1] == "-" and rows["gate_forward"].split()[1] == "-"
+    assert "10.0%" in rows["gate_forward"]  # 2 ms of a 20 ms floor
 
 
 def test_report_profile_and_misses(tmp_path):
     # Check that the report prints the PROFILE table and, for a missed target, the excess
     # in ms and the largest non-GEMM part; a fallback median is starred with its note.
     _write_fake(tmp_path)
-    prof = [_fake_profile("FFN-relu", 0.010, {"GEMMs": 0.010, "act fwd (bias+act)": 0.0015})]
+    prof = [_fake_profile("FFN-relu", 0.010, {"gemm": 0.010, "bias_act": 0.0015})]
     (tmp_path / "profile.json").write_text(json.dumps(prof))
     text, data = run.report(tmp_path)
-    assert "PROFILE" in text and "act fwd (bias+act)" in text and " 15.0%" in text
+    assert "PROFILE" in text and "bias_act" in text and " 15.0%" in text
     assert "WHERE THE TIME GOES" in text
     miss = text[text.index("WHERE THE TIME GOES"):]
-    # fwd+bwd 1.10 vs 1.08 on a 10 ms floor: 0.2 ms over; act fwd is the largest extra part
+    # fwd+bwd 1.10 vs 1.08 on a 10 ms floor: 0.2 ms over; bias_act is the largest extra part
     assert "fwd+bwd/floor FFN-relu large (2 thr)" in miss and "0.2 ms" in miss
-    assert "act fwd (bias+act) 1.5" in miss
+    assert "bias_act 1.5" in miss
     assert data["profile"] == prof
     assert "*" not in text.split("TARGETS")[1].split("WHERE")[0]
     raw = json.loads((tmp_path / "threads2.json").read_text())

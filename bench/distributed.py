@@ -1,0 +1,317 @@
+"""Data parallel over MPI on this machine (loopback): what a collective costs, and whether two
+ranks of one thread train the large FFN as fast as one process of two threads.
+
+1. Allreduce (in place, float32 sum) on 2 ranks, 1 KiB to 64 MiB: median time per size, and
+   the latency alpha and bandwidth beta of t = alpha + bytes / beta, fitted by least squares
+   on relative errors (so the small sizes set alpha and the large ones beta).
+2. The large FFN step (2048 x 512 x 2048, GELU, float32, MSE, AdamW) on one global batch of
+   2048 rows: one process with 2 BLAS threads against 2 ranks with 1 thread and 1024 rows
+   each (plain data parallel, and ZeRO-1), with the ratio of throughputs and the fraction of
+   a step spent in communication (the gradient reduction, and for ZeRO-1 the parameter
+   gather, including the wait for the other rank).
+3. Overlap probe: a non-blocking Iallreduce of the gradient vector started before a
+   backward-sized GEMM and waited for after it, against the two one after the other; it
+   tells whether MPI moves the data while the rank computes.
+4. The scaling model (docs/distributed.md): projected efficiency on K = 2, 8, 64 machines on
+   a 25 Gb/s network for the large FFN and a 12-block stack, plain and ZeRO-1.
+
+``python bench/distributed.py [--quick] [--out PATH]`` prints a table and writes JSON (default
+bench/results/distributed.json). It launches its own workers (``mpiexec -n 2``); it needs the
+optional extra ``mpi``. Numbers are only meaningful on an otherwise idle machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+SIZES = [1 << k for k in range(10, 27, 2)]  # bytes: 1 KiB, 4 KiB, ... 64 MiB
+BLOCK, SHAPE = "FFN-gelu", "large"
+NET_BYTES_PER_S = 25e9 / 8      # a 25 Gb/s network
+NET_LATENCY_S = 20e-6           # assumed per message on that network (TCP-class)
+MACHINES = (2, 8, 64)
+STACK = 12
+
+
+# ----------------------------------------------------------------------------- workers
+def _case(rows):
+    """The large FFN case of make bench, with ``rows`` rows of its input."""
+    from bench import cases
+    c = cases.build_case(BLOCK, SHAPE)
+    return c["module"], c["x"][:rows], c["target"][:rows], c["loss"], c["opt"]
+
+
+def _median_step(step, steps, warm=3):
+    for _ in range(warm):
+        step()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), min(times)
+
+
+def worker_single(args) -> dict:
+    """One process (its BLAS threads from BLASNET_NUM_THREADS), the whole global batch."""
+    import kernels
+    from bench import cases
+    model, x, target, loss, opt = _case(2048)
+    med, best = _median_step(cases.step_fn(model, x, target, loss, opt), args.steps)
+    return {"threads": kernels.get_num_threads(), "rows": 2048, "median_s": med, "min_s": best}
+
+
+def worker_mpi(args) -> dict:
+    import numpy as np
+
+    from engine import distributed as D
+    MPI = D.mpi()
+    comm = MPI.COMM_WORLD
+    rank, k = comm.Get_rank(), comm.Get_size()
+    out = {"ranks": k}
+
+    # 1. Allreduce against message size.
+    rows = []
+    for nbytes in SIZES:
+        buf = np.ones(nbytes // 4, np.float32)
+        reps = max(3, min(200, int(2e7 // nbytes))) if not args.quick else 3
+        times = []
+        for _ in range(reps + 1):
+            comm.Barrier()
+            t = time.perf_counter()
+            comm.Allreduce(MPI.IN_PLACE, buf)
+            times.append(time.perf_counter() - t)
+        times = times[1:]  # the first call of a size sets up buffers
+        rows.append({"bytes": nbytes, "median_s": statistics.median(times), "min_s": min(times)})
+    out["allreduce"] = rows
+
+    # 2. The large FFN step, each rank on its share of the global batch.
+    for mode in ("plain", "zero1"):
+        model, x, target, loss, opt = _case(2048)
+        zero = mode == "zero1"
+        if zero:
+            opt = D.ShardedAdamW(model.parameters(), comm, lr=opt.param_groups[0]["lr"])
+        dp = D.DataParallel(model, opt, comm)
+        lo, hi = dp.share(0, 2048)
+        xb, tb = x[lo:hi], target[lo:hi]
+        comm_s = [0.0]
+
+        def step():
+            loss.forward(model.forward(xb), tb)
+            model.backward(loss.backward())
+            t0 = time.perf_counter()
+            dp.reduce_gradients()
+            t1 = time.perf_counter()
+            if zero:  # the update of this rank's slice is compute; the gather is not
+                opt.update_shard()
+                t2 = time.perf_counter()
+                opt.gather_parameters()
+                comm_s[0] += (t1 - t0) + (time.perf_counter() - t2)
+            else:
+                opt.step()
+                comm_s[0] += t1 - t0
+            model.zero_grad()
+
+        comm.Barrier()
+        _median_step(step, 3)  # warm-up (its communication time is discarded)
+        comm_s[0] = 0.0
+        comm.Barrier()
+        med, best = _median_step(step, args.steps, warm=0)
+        out[mode] = {"rows_per_rank": hi - lo, "median_s": med, "min_s": best,
+                     "comm_s": comm_s[0] / args.steps,
+                     "optimizer_state_bytes": (opt.state_nbytes() if zero else
+                                               2 * model.flat_params().nbytes)}
+
+    # 3. Overlap probe: Iallreduce + a GEMM, against GEMM then Allreduce.
+    from kernels import ops
+    g = model.flat_grads()
+    a = np.ones((1024, 2048), np.float32)
+    b = np.ones((2048, 512), np.float32)
+    c = np.empty((1024, 512), np.float32)
+
+    def gemm():
+        ops.gemm(c, a, b, False, False, 1.0, 0.0)
+
+    def seq():
+        gemm()
+        comm.Allreduce(MPI.IN_PLACE, g)
+
+    def ovl():
+        req = comm.Iallreduce(MPI.IN_PLACE, g)
+        gemm()
+        req.Wait()
+
+    res = {}
+    for name, fn in (("gemm", gemm), ("sequential", seq), ("overlapped", ovl)):
+        comm.Barrier()
+        res[name] = _median_step(fn, 5 if args.quick else 15)[0]
+    out["overlap"] = res
+    return out if rank == 0 else None
+
+
+# ----------------------------------------------------------------------------- the model
+def fit_alpha_beta(rows) -> tuple:
+    """``(alpha seconds, beta bytes/s)`` of t = alpha + n / beta, least squares on t's
+    relative error (each row weighted by 1/t)."""
+    import numpy as np
+    n = np.array([r["bytes"] for r in rows], float)
+    t = np.array([r["median_s"] for r in rows], float)
+    a = np.stack([1.0 / t, n / t], axis=1)  # (alpha, 1/beta) . (1/t, n/t) = 1
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    return float(alpha), float(1.0 / inv_beta) if inv_beta > 0 else math.inf
+
+
+def ring_allreduce_s(nbytes, k, alpha=NET_LATENCY_S, beta=NET_BYTES_PER_S) -> float:
+    """Ring allreduce (= reduce-scatter + allgather): 2 (K-1) messages of n/K bytes each."""
+    return 2 * (k - 1) * alpha + 2 * (k - 1) / k * nbytes / beta
+
+
+def projections(compute_s, optimizer_s, param_bytes) -> list:
+    """Weak scaling (every machine keeps the large shape's 2048 rows): efficiency
+    E(K) = T(1) / T(K) with T(K) = compute + optimizer(K) + allreduce(K), no overlap;
+    ZeRO-1 moves the same bytes (reduce-scatter + allgather) and runs 1/K of the optimizer.
+    Strong scaling (one global batch of 2048 rows, compute / K, optimistically linear):
+    E(K) = T(1) / (K T(K)). For the 12-block stack everything is 12x (the ratios do not
+    change, only the latency term's weight does)."""
+    out = []
+    for label, mult in (("large FFN", 1), (f"{STACK}-block stack", STACK)):
+        c, o, n = compute_s * mult, optimizer_s * mult, param_bytes * mult
+        t1 = c + o
+        for k in MACHINES:
+            comm = ring_allreduce_s(n, k)
+            row = {"model": label, "K": k, "allreduce_s": comm}
+            for mode, opt in (("plain", o), ("zero1", o / k)):
+                row[f"weak_{mode}"] = t1 / (c + opt + comm)
+                row[f"strong_{mode}"] = t1 / (k * (c / k + opt + comm))
+            out.append(row)
+    return out
+
+
+# ----------------------------------------------------------------------------- driver
+def _run(cmd, env_threads, quick):
+    env = dict(os.environ, BLASNET_NUM_THREADS=str(env_threads), PYTHONPATH=ROOT)
+    if quick:
+        env["BLASNET_BENCH_QUICK"] = "1"
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "distributed.json"))
+    ap.add_argument("--worker", choices=("single", "mpi"), help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.steps = args.steps or (5 if args.quick else 20)
+    if args.worker:
+        res = worker_single(args) if args.worker == "single" else worker_mpi(args)
+        if res is not None:
+            print(json.dumps(res), flush=True)
+        return 0
+
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        print("bench/distributed.py: skipped, the optional extra 'mpi' is not installed "
+              "(pip install 'blasnet[mpi]')")
+        return 0
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
+    me = [sys.executable, os.path.abspath(__file__), "--steps", str(args.steps)]
+    me += ["--quick"] if args.quick else []
+    single = [_run(me + ["--worker", "single"], 2, args.quick)]
+    mp = _run([mpiexec, "-n", "2"] + me + ["--worker", "mpi"], 1, args.quick)
+    single.append(_run(me + ["--worker", "single"], 2, args.quick))
+    one = min(single, key=lambda r: r["median_s"])
+
+    alpha, beta = fit_alpha_beta(mp["allreduce"])
+    from bench import cases
+    model = cases.build_module(BLOCK, cases.SHAPES[SHAPE])
+    param_bytes = model.flat_params().nbytes
+    res = {"date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick,
+           "allreduce": mp["allreduce"], "alpha_s": alpha, "beta_bytes_per_s": beta,
+           "one_process": one, "one_process_runs": single, "plain": mp["plain"],
+           "zero1": mp["zero1"], "overlap": mp["overlap"], "param_bytes": param_bytes}
+    for mode in ("plain", "zero1"):
+        r = mp[mode]
+        r["throughput_ratio"] = one["median_s"] / r["median_s"]
+        r["comm_fraction"] = r["comm_s"] / r["median_s"]
+    # The model's inputs: compute = 2-thread forward+backward at 2048 rows (the one-process
+    # step minus its optimizer), optimizer = AdamW over the parameters (both measured here).
+    opt_s = _optimizer_seconds()
+    res["projection_inputs"] = {"compute_s": one["median_s"] - opt_s, "optimizer_s": opt_s,
+                                "net_bytes_per_s": NET_BYTES_PER_S, "net_latency_s": NET_LATENCY_S}
+    res["projections"] = projections(one["median_s"] - opt_s, opt_s, param_bytes)
+
+    print(report(res))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+        f.write("\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _optimizer_seconds() -> float:
+    """Median time of AdamW.step over the large FFN's parameters, in this process."""
+    from bench import cases
+    model = cases.build_module(BLOCK, cases.SHAPES[SHAPE])
+    opt = cases.make_optimizer(model)
+    return _median_step(opt.step, 10)[0]
+
+
+def _size(n) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def report(res) -> str:
+    lines = ["ALLREDUCE on 2 ranks (loopback, float32 sum, in place)",
+             f"  {'size':>8}  {'median':>10}  {'min':>10}  {'GB/s (median)':>13}"]
+    for r in res["allreduce"]:
+        lines.append(f"  {_size(r['bytes']):>8}  {r['median_s'] * 1e6:8.1f} us  "
+                     f"{r['min_s'] * 1e6:8.1f} us  {r['bytes'] / r['median_s'] / 1e9:13.2f}")
+    lines.append(f"  fit t = alpha + n / beta: alpha = {res['alpha_s'] * 1e6:.1f} us, "
+                 f"beta = {res['beta_bytes_per_s'] / 1e9:.2f} GB/s")
+    one = res["one_process"]
+    lines += ["", f"LARGE FFN STEP ({BLOCK}, 2048 x 512 x 2048, float32, AdamW), global batch 2048",
+              f"  {'':28} {'median':>9} {'samples/s':>10} {'ratio':>6} {'comm':>6}",
+              f"  {'1 process x %d threads' % one['threads']:28} {one['median_s'] * 1e3:7.1f} ms "
+              f"{2048 / one['median_s']:10,.0f} {1.0:6.2f} {'':>6}"]
+    for mode, label in (("plain", "2 ranks x 1 thread"), ("zero1", "2 ranks x 1 thread, ZeRO-1")):
+        r = res[mode]
+        lines.append(f"  {label:28} {r['median_s'] * 1e3:7.1f} ms {2048 / r['median_s']:10,.0f} "
+                     f"{r['throughput_ratio']:6.2f} {r['comm_fraction'] * 100:5.1f}%")
+    lines.append("  (ratio: throughput against one process, target >= 0.9; comm: share of the "
+                 "step in the gradient reduction and the ZeRO-1 parameter gather)")
+    o = res["overlap"]
+    lines += ["", "OVERLAP PROBE (gradient Iallreduce during a 1024x2048x512 GEMM)",
+              f"  GEMM {o['gemm'] * 1e3:.2f} ms, GEMM then Allreduce {o['sequential'] * 1e3:.2f} ms,"
+              f" Iallreduce + GEMM + Wait {o['overlapped'] * 1e3:.2f} ms"]
+    p = res["projection_inputs"]
+    lines += ["", f"SCALING MODEL, 25 Gb/s, {p['net_latency_s'] * 1e6:.0f} us per message, ring "
+                  f"allreduce; compute {p['compute_s'] * 1e3:.1f} ms + AdamW "
+                  f"{p['optimizer_s'] * 1e3:.1f} ms per machine per step",
+              f"  {'model':18} {'K':>3} {'allreduce':>10} {'weak plain':>10} {'weak ZeRO':>9} "
+              f"{'strong plain':>12} {'strong ZeRO':>11}"]
+    for r in res["projections"]:
+        lines.append(f"  {r['model']:18} {r['K']:3d} {r['allreduce_s'] * 1e3:7.2f} ms "
+                     f"{r['weak_plain']:10.3f} {r['weak_zero1']:9.3f} {r['strong_plain']:12.3f} "
+                     f"{r['strong_zero1']:11.3f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

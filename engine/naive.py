@@ -1,0 +1,254 @@
+"""Naive twins of the blocks: each block's forward, backward and training step written the way
+the formulas read, in whole-array NumPy on ``kernels.reference`` (every intermediate a new
+array, ``np.matmul`` for the products, separate gate and projection products in the gMLP).
+
+A twin copies a module's parameters (same names, same numbers) and then lives on its own:
+``forward(x)`` caches what ``backward(dy)`` needs, ``backward`` returns the input gradient
+and adds the parameter gradients into ``grads``, ``step(x, target)`` runs forward, loss,
+backward, AdamW (PyTorch semantics) and zero_grad. It is the oracle of the registry's twin
+tests (micrograd's build-it-twice) and the baseline of bench's "x naive" columns.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import reference as ref
+
+__all__ = ["NaiveBlock", "NaiveFFN", "NaiveFFNSublayer", "NaiveGMLP", "NaiveMLP", "LOSSES"]
+
+
+def _mse(pred, target):
+    """MSE (mean over all elements) and its gradient."""
+    return ref.mse_forward(pred, target), ref.mse_backward(np.empty_like(pred), pred, target)
+
+
+def _cross_entropy(logits, target):
+    """Softmax cross-entropy (mean over rows; integer labels or probabilities) and its
+    gradient."""
+    probs = np.empty_like(logits)
+    loss = ref.softmax_cross_entropy_forward(probs, logits, target)
+    return loss, ref.softmax_cross_entropy_backward(np.empty_like(logits), probs, target)
+
+
+# loss name -> fn(pred2, target) -> (loss, dpred2); pred2 is (N, d)
+LOSSES = {"mse": _mse, "cross_entropy": _cross_entropy}
+
+
+def _no_dropout(dropout) -> None:
+    if dropout:
+        raise ValueError(f"dropout: the naive twin has no dropout (it cannot draw the "
+                         f"engine's mask); expected 0.0, got {dropout!r}")
+
+
+class NaiveBlock:
+    """Parameters (copies, by the engine's names), accumulated gradients and AdamW moments.
+    Subclasses write ``forward_rows(x2) -> (y2, cache)`` and ``backward_rows(cache, dy2) ->
+    (dx2, {name: grad})`` on 2-D rows."""
+
+    def __init__(self, params: dict, *, lr: float = 1e-3, weight_decay: float = 1e-2,
+                 loss: str = "mse"):
+        if loss not in LOSSES:
+            raise ValueError(f"loss: expected one of {tuple(LOSSES)}, got {loss!r}")
+        self.params = {k: np.array(v, order="C", copy=True) for k, v in params.items()}
+        self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.m = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.v = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.lr, self.wd, self.t = lr, weight_decay, 0
+        self.loss_fn = LOSSES[loss]
+        self._cache = None
+
+    def forward_rows(self, x2):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def backward_rows(self, cache, dy2):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x):
+        """y for ``x`` of shape (..., d_in), as a new array of shape (..., d_out)."""
+        y2, self._cache = self.forward_rows(x.reshape(-1, x.shape[-1]))
+        self._lead = x.shape[:-1]
+        return y2.reshape(*self._lead, y2.shape[-1])
+
+    def backward(self, dy):
+        """dx for the last forward; parameter gradients are added into ``grads``."""
+        if self._cache is None:
+            raise RuntimeError("backward: no forward to differentiate (one backward per forward)")
+        dx2, grads = self.backward_rows(self._cache, dy.reshape(-1, dy.shape[-1]))
+        self._cache = None
+        for k, g in grads.items():
+            self.grads[k] += g
+        return dx2.reshape(*self._lead, dx2.shape[-1])
+
+    def forward_backward(self, x, dy):
+        """One forward and backward; returns (y, dx)."""
+        y = self.forward(x)
+        return y, self.backward(dy)
+
+    def step(self, x, target):
+        """forward, loss, backward, AdamW, zero_grad; returns the loss."""
+        y = self.forward(x)
+        y2 = y.reshape(-1, y.shape[-1])
+        t2 = target.reshape(y2.shape[0], -1) if target.ndim > 1 else target
+        loss, dy2 = self.loss_fn(y2, t2)
+        self.backward(dy2.reshape(y.shape))
+        self.t += 1
+        for k, p in self.params.items():
+            ref.adamw_update(p, self.grads[k], self.m[k], self.v[k], self.t, self.lr,
+                             weight_decay=self.wd)
+        for g in self.grads.values():
+            g[...] = 0.0
+        return loss
+
+
+class NaiveFFN(NaiveBlock):
+    """y = act(x W_in + b1) W_out + b2 (Vaswani et al. 2017's position-wise FFN); parameter
+    names under ``prefix`` (``"ffn."`` inside the sublayer); no biases when the module has
+    none."""
+
+    def __init__(self, params, *, activation="relu", dropout=0.0, prefix="", **kw):
+        super().__init__(params, **kw)
+        _no_dropout(dropout)
+        self.act, self.pre = activation, prefix
+
+    def _ffn_forward(self, x):
+        p, q = self.params, self.pre
+        z = x @ p[q + "W_in"]
+        if q + "b1" in p:
+            z = z + p[q + "b1"]
+        h = ref.activation(z, self.act)
+        y = h @ p[q + "W_out"]
+        if q + "b2" in p:
+            y = y + p[q + "b2"]
+        return y, (x, z, h)
+
+    def _ffn_backward(self, cache, dy):
+        x, z, h = cache
+        p, q = self.params, self.pre
+        grads = {q + "W_out": h.T @ dy}
+        dz = (dy @ p[q + "W_out"].T) * ref.activation_grad(z, self.act)
+        grads[q + "W_in"] = x.T @ dz
+        if q + "b2" in p:
+            grads[q + "b2"] = dy.sum(axis=0)
+        if q + "b1" in p:
+            grads[q + "b1"] = dz.sum(axis=0)
+        return dz @ p[q + "W_in"].T, grads
+
+    forward_rows, backward_rows = _ffn_forward, _ffn_backward
+
+
+class NaiveFFNSublayer(NaiveFFN):
+    """``norm="post"``: y = LayerNorm(x + FFN(x)); ``norm="pre"``: y = x + FFN(LayerNorm(x))
+    (LayerNorm: Ba et al. 2016, per-feature ``norm.gamma``/``norm.beta``)."""
+
+    def __init__(self, params, *, activation="relu", dropout=0.0, norm="post", eps=1e-5, **kw):
+        super().__init__(params, activation=activation, dropout=dropout, prefix="ffn.", **kw)
+        if norm not in ("post", "pre"):
+            raise ValueError(f"norm: expected 'post' or 'pre', got {norm!r}")
+        self.norm, self.eps = norm, eps
+
+    def _ln_forward(self, s):
+        n = s.shape[0]
+        y, mean, rstd = np.empty_like(s), np.empty(n, s.dtype), np.empty(n, s.dtype)
+        ref.layernorm_forward(y, mean, rstd, s, self.params["norm.gamma"],
+                              self.params["norm.beta"], self.eps)
+        return y, (s, mean, rstd)
+
+    def _ln_backward(self, cache, dy, grads):
+        s, mean, rstd = cache
+        ds = np.empty_like(s)
+        dgamma = np.zeros_like(self.params["norm.gamma"])
+        dbeta = np.zeros_like(self.params["norm.beta"])
+        ref.layernorm_backward(ds, dgamma, dbeta, dy, s, mean, rstd, self.params["norm.gamma"])
+        grads["norm.gamma"], grads["norm.beta"] = dgamma, dbeta
+        return ds
+
+    def forward_rows(self, x):
+        if self.norm == "post":
+            f, fcache = self._ffn_forward(x)
+            y, lcache = self._ln_forward(x + f)
+        else:
+            xn, lcache = self._ln_forward(x)
+            f, fcache = self._ffn_forward(xn)
+            y = x + f
+        return y, (fcache, lcache)
+
+    def backward_rows(self, cache, dy):
+        fcache, lcache = cache
+        if self.norm == "post":
+            grads: dict = {}
+            ds = self._ln_backward(lcache, dy, grads)
+            dx_ffn, fgrads = self._ffn_backward(fcache, ds)
+            grads.update(fgrads)
+            return ds + dx_ffn, grads
+        dxn, grads = self._ffn_backward(fcache, dy)
+        return dy + self._ln_backward(lcache, dxn, grads), grads
+
+
+class NaiveGMLP(NaiveBlock):
+    """Gated MLP (channel gating after Liu et al. 2021, "Pay Attention to MLPs"):
+    Z = GELU(X W_in), G = sigmoid(Z W_gate), P = Z W_proj, A = G * P, Y = A W_out, with the
+    gate and projection as separate (d_hidden, d_ffn) matrices and separate products."""
+
+    def __init__(self, params, *, activation="gelu", **kw):
+        super().__init__(params, **kw)
+        self.act = activation
+
+    def forward_rows(self, x):
+        p = self.params
+        zp = x @ p["W_in"]
+        z = ref.activation(zp, self.act)
+        gp = z @ p["W_gate"]
+        g = ref.activation(gp, "sigmoid")
+        pr = z @ p["W_proj"]
+        a = g * pr
+        return a @ p["W_out"], (x, zp, z, gp, g, pr, a)
+
+    def backward_rows(self, cache, dy):
+        x, zp, z, gp, g, pr, a = cache
+        p = self.params
+        grads = {"W_out": a.T @ dy}
+        da = dy @ p["W_out"].T
+        dgp = da * pr * ref.activation_grad(gp, "sigmoid")
+        dpr = da * g
+        grads["W_gate"] = z.T @ dgp
+        grads["W_proj"] = z.T @ dpr
+        dz = dgp @ p["W_gate"].T + dpr @ p["W_proj"].T
+        dzp = dz * ref.activation_grad(zp, self.act)
+        grads["W_in"] = x.T @ dzp
+        return dzp @ p["W_in"].T, grads
+
+
+class NaiveMLP(NaiveBlock):
+    """Linear layers ``{i}.W`` (d_in, d_out) and ``{i}.b``, ``activation`` between them and
+    none after the last (logits)."""
+
+    def __init__(self, params, *, activation="relu", **kw):
+        super().__init__(params, **kw)
+        n = sum(1 for k in self.params if k.endswith(".W"))
+        if any(f"{i}.W" not in self.params for i in range(n)):
+            raise ValueError(f"params: expected layers '0.W' ... '{n - 1}.W', got "
+                             f"{sorted(self.params)}")
+        self.acts = [activation] * (n - 1) + [None]
+
+    def forward_rows(self, x):
+        cache = []
+        h = x
+        for i, act in enumerate(self.acts):
+            z = h @ self.params[f"{i}.W"]
+            if f"{i}.b" in self.params:
+                z = z + self.params[f"{i}.b"]
+            cache.append((h, z))
+            h = z if act is None else ref.activation(z, act)
+        return h, cache
+
+    def backward_rows(self, cache, dy):
+        grads = {}
+        for i in reversed(range(len(self.acts))):
+            h, z = cache[i]
+            if self.acts[i] is not None:
+                dy = dy * ref.activation_grad(z, self.acts[i])
+            grads[f"{i}.W"] = h.T @ dy
+            if f"{i}.b" in self.params:
+                grads[f"{i}.b"] = dy.sum(axis=0)
+            dy = dy @ self.params[f"{i}.W"].T
+        return dy, grads

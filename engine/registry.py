@@ -1,0 +1,218 @@
+"""The block registry: one entry per block kind, read by bench, the CLI and the tests.
+
+An entry holds what everything outside the block needs to know about it: how to build it
+from sizes (``build``), its naive twin in ``engine.naive`` (``twin``), and the GEMMs of one
+forward + backward (``gemms``: the floor bench times it against). Adding a block is its
+file plus one ``register`` call here; ``tests/test_registry.py`` walks every entry (complete,
+twin agrees with the module in float64, GEMM list = the GEMMs the module runs).
+
+Sizes are a dict ``dims`` whose keys each entry names (``Block.dims``): ``d_model``/``d_ff``
+for the transformer blocks (GMLP also reads optional ``d_in``/``d_out``), ``sizes`` for the
+MLP. A GEMM is ``(M, N, K, trans_a, trans_b, beta)`` in the row-major terms of
+``kernels.ops.gemm``: out (M, N) = op(a) (M, K) @ op(b) (K, N) + beta out, where beta is
+what the product means (1.0: accumulates into a gradient; 0.0: a fresh product, even when the
+module pre-fills the output with a bias and adds into it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import naive
+
+__all__ = ["Block", "BLOCKS", "register", "get", "names"]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block kind. ``build(dims, dtype=, rng=, **options)`` -> the engine module;
+    ``naive`` -> the twin class (``naive(params, lr=, weight_decay=, loss=, **options)``);
+    ``gemm_list(rows, dims, **options)`` -> the GEMMs of one forward + backward;
+    ``d_in(dims)`` / ``d_out(dims)`` -> feature widths of input and output.
+    ``dims``: the size keys ``build`` requires; ``options``: the keyword options and their
+    defaults (what ``build`` and the twin both accept); ``example``: small sizes with every
+    width distinct (tests: a transposed GEMM cannot pass for another) and ``variants``:
+    option sets the tests cover."""
+
+    name: str
+    doc: str
+    build_fn: Callable
+    naive: type
+    gemm_fn: Callable
+    d_in: Callable
+    d_out: Callable
+    dims: tuple
+    options: dict = field(default_factory=dict)
+    example: dict = field(default_factory=dict)
+    variants: tuple = ({},)
+
+    def _options(self, options) -> dict:
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise TypeError(f"{self.name}: unknown options {unknown}; expected some of "
+                            f"{sorted(self.options)}")
+        return {**self.options, **options}
+
+    def _check_dims(self, dims) -> None:
+        missing = [k for k in self.dims if k not in dims]
+        if missing:
+            raise ValueError(f"dims: {self.name} needs sizes {list(self.dims)}, missing "
+                             f"{missing} in {dict(dims)}")
+
+    def build(self, dims, *, dtype=np.float32, rng=None, **options):
+        """The engine module of this kind at sizes ``dims``."""
+        self._check_dims(dims)
+        return self.build_fn(dims, dtype=dtype, rng=rng, **self._options(options))
+
+    def twin(self, module, *, lr: float = 1e-3, weight_decay: float = 1e-2, loss: str = "mse",
+             **options):
+        """The naive twin of ``module`` (built by ``build`` with the same ``options``): its
+        parameters copied by name, AdamW(lr, weight_decay) and ``loss`` for ``step``."""
+        params = {n: p.data for n, p in module.named_parameters()}
+        return self.naive(params, lr=lr, weight_decay=weight_decay, loss=loss,
+                          **self._options(options))
+
+    def gemms(self, rows: int, dims, **options) -> list:
+        """The GEMMs of one forward + backward over ``rows`` rows, forward first."""
+        self._check_dims(dims)
+        return self.gemm_fn(int(rows), dims, **self._options(options))
+
+
+BLOCKS: dict = {}
+
+
+def register(block: Block) -> Block:
+    if block.name in BLOCKS:
+        raise ValueError(f"register: a block named {block.name!r} is already registered")
+    BLOCKS[block.name] = block
+    return block
+
+
+def get(name: str) -> Block:
+    try:
+        return BLOCKS[name]
+    except KeyError:
+        raise ValueError(f"block: expected one of {names()}, got {name!r}") from None
+
+
+def names() -> tuple:
+    return tuple(BLOCKS)
+
+
+# ----------------------------------------------------------------------------- GEMM lists
+def linear_gemms(n: int, d_in: int, d_out: int, dx: bool = True):
+    """(forward, backward) GEMMs of y = x W: y (n, d_out) = x @ W; dW (d_in, d_out) += x^T dy;
+    dx (n, d_in) = dy W^T (when the input gradient is computed)."""
+    fwd = [(n, d_out, d_in, False, False, 0.0)]
+    bwd = [(d_in, d_out, n, True, False, 1.0)]
+    if dx:
+        bwd.append((n, d_in, d_out, False, True, 0.0))
+    return fwd, bwd
+
+
+def _ffn_gemms(n, dims, **_):
+    """2 forward, 4 backward (dW_out, dh, dW_in, dx); LayerNorm adds none."""
+    d, f = dims["d_model"], dims["d_ff"]
+    f1, b1 = linear_gemms(n, d, f)
+    f2, b2 = linear_gemms(n, f, d)
+    return f1 + f2 + b2 + b1
+
+
+def _gmlp_widths(dims):
+    d = dims["d_model"]
+    return dims.get("d_in", d), d, dims["d_ff"], dims.get("d_out", d)
+
+
+def _gmlp_gemms(n, dims, **_):
+    """3 forward, 6 backward: W_gate and W_proj multiply the same Z, so they share one
+    (d_hidden, 2 d_ffn) GEMM each way (gradient and input gradient)."""
+    d_in, dh, f, d_out = _gmlp_widths(dims)
+    fwd = [(n, dh, d_in, False, False, 0.0),          # U (n, dh) = X W_in
+           (n, 2 * f, dh, False, False, 0.0),         # [G | P] pre (n, 2f) = Z [W_gate | W_proj]
+           (n, d_out, f, False, False, 0.0)]          # Y (n, d_out) = A W_out
+    bwd = [(f, d_out, n, True, False, 1.0),           # dW_out += A^T dY
+           (n, f, d_out, False, True, 0.0),           # dA = dY W_out^T
+           (dh, 2 * f, n, True, False, 1.0),          # d[W_gate | W_proj] += Z^T d[G | P]
+           (n, dh, 2 * f, False, True, 0.0),          # dZ = d[G | P] [W_gate | W_proj]^T
+           (d_in, dh, n, True, False, 1.0),           # dW_in += X^T dU
+           (n, d_in, dh, False, True, 0.0)]           # dX = dU W_in^T
+    return fwd + bwd
+
+
+def _mlp_gemms(n, dims, **_):
+    """3 per layer (every layer, the first included, returns its input gradient)."""
+    sizes = dims["sizes"]
+    fwd, bwd = [], []
+    for d_in, d_out in zip(sizes[:-1], sizes[1:]):
+        f, b = linear_gemms(n, d_in, d_out)
+        fwd += f
+        bwd = b + bwd
+    return fwd + bwd
+
+
+# ----------------------------------------------------------------------------- factories
+def _build_ffn(dims, *, dtype, rng, activation, dropout):
+    from .blocks import FFN
+    return FFN(dims["d_model"], dims["d_ff"], activation=activation, dropout=dropout,
+               dtype=dtype, rng=rng)
+
+
+def _build_gmlp(dims, *, dtype, rng):
+    from .blocks import GMLP
+    return GMLP(*_gmlp_widths(dims), dtype=dtype, rng=rng)
+
+
+def _build_sublayer(dims, *, dtype, rng, activation, dropout, norm):
+    from .blocks import FFNSublayer
+    return FFNSublayer(dims["d_model"], dims["d_ff"], activation=activation, dropout=dropout,
+                       norm=norm, dtype=dtype, rng=rng)
+
+
+def _build_mlp(dims, *, dtype, rng, activation):
+    from .layers import MLP
+    sizes = list(dims["sizes"])
+    return MLP(sizes, [activation] * (len(sizes) - 2) + [None], dtype=dtype, rng=rng)
+
+
+def _d_model(dims):
+    return dims["d_model"]
+
+
+register(Block(
+    name="FFN",
+    doc="position-wise feed-forward, y = act(x W_in + b1) W_out + b2 (Vaswani et al. 2017)",
+    build_fn=_build_ffn, naive=naive.NaiveFFN, gemm_fn=_ffn_gemms,
+    d_in=_d_model, d_out=_d_model, dims=("d_model", "d_ff"),
+    options={"activation": "relu", "dropout": 0.0},
+    example={"d_model": 12, "d_ff": 20},
+    variants=({"activation": "relu"}, {"activation": "gelu"})))
+
+register(Block(
+    name="GMLP",
+    doc="gated MLP, Y = (sigmoid(Z W_gate) * Z W_proj) W_out with Z = GELU(X W_in) "
+        "(Liu et al. 2021, channel gating)",
+    build_fn=_build_gmlp, naive=naive.NaiveGMLP, gemm_fn=_gmlp_gemms,
+    d_in=lambda dims: _gmlp_widths(dims)[0], d_out=lambda dims: _gmlp_widths(dims)[3],
+    dims=("d_model", "d_ff"),
+    example={"d_in": 7, "d_model": 12, "d_ff": 20, "d_out": 5}))
+
+register(Block(
+    name="FFNSublayer",
+    doc="the FFN with its residual and LayerNorm: post-norm LayerNorm(x + FFN(x)) or "
+        "pre-norm x + FFN(LayerNorm(x))",
+    build_fn=_build_sublayer, naive=naive.NaiveFFNSublayer, gemm_fn=_ffn_gemms,
+    d_in=_d_model, d_out=_d_model, dims=("d_model", "d_ff"),
+    options={"activation": "relu", "dropout": 0.0, "norm": "post"},
+    example={"d_model": 12, "d_ff": 20},
+    variants=({"activation": "gelu", "norm": "post"}, {"activation": "gelu", "norm": "pre"})))
+
+register(Block(
+    name="MLP",
+    doc="multilayer perceptron: Linear layers with ``activation`` between them, linear output",
+    build_fn=_build_mlp, naive=naive.NaiveMLP, gemm_fn=_mlp_gemms,
+    d_in=lambda dims: dims["sizes"][0], d_out=lambda dims: dims["sizes"][-1],
+    dims=("sizes",), options={"activation": "relu"},
+    example={"sizes": (11, 9, 6, 4)},
+    variants=({"activation": "relu"}, {"activation": "tanh"})))

@@ -1,0 +1,280 @@
+"""engine.distributed: data parallel over MPI and ZeRO-1, against one process.
+
+The MPI checks run in workers (tests/mpi/) that this module launches with ``mpiexec -n K``
+(K = 2 and 3, oversubscribed on small machines, one BLAS thread per rank) under a timeout;
+each launch batches many checks and prints one JSON line, which the tests below read. The
+oracle is the engine's own single-process training of a second copy of each model.
+They are skipped only when the optional extra ``mpi`` (mpi4py, mpich) is not installed.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kernels
+from engine import cli
+from engine import distributed as D
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MPIEXEC = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+           or shutil.which("mpiexec"))
+HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and MPIEXEC is not None
+needs_mpi = pytest.mark.skipif(
+    not HAVE_MPI, reason="the optional extra 'mpi' is not installed (mpi4py and mpiexec from "
+                         "the mpich wheel): pip install 'blasnet[mpi]'")
+TIMEOUT = 120  # seconds per launch: a hang fails the test instead of stalling the suite
+
+
+def launch(k, *args, check=True, threads=1):
+    """``mpiexec -n k python *args`` from the project root, ``threads`` BLAS threads per
+    rank (None: BLASNET_NUM_THREADS unset)."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("BLASNET_NUM_THREADS", None)
+    if threads is not None:
+        env["BLASNET_NUM_THREADS"] = str(threads)
+    proc = subprocess.run([MPIEXEC, "-n", str(k), sys.executable, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"mpiexec -n {k} {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def json_line(proc):
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["K2", "K3"])
+def equiv(request):
+    return json_line(launch(request.param, os.path.join(HERE, "mpi", "equivalence.py")))
+
+
+@pytest.fixture(scope="module")
+def faults():
+    return json_line(launch(2, os.path.join(HERE, "mpi", "faults.py")))
+
+
+# ----------------------------------------------------------------------------- equivalence
+@needs_mpi
+def test_data_parallel_equals_one_process_float64(equiv):
+    # Check that K ranks on a global batch (some batches not divisible by K) give, after 5
+    # AdamW steps, the parameters of one process on that batch, to 1e-12 relative.
+    for kind in ("FFN", "GMLP", "FFNSublayer", "MLP"):
+        assert equiv["steps"][f"{kind} plain"]["rel_err"] <= 1e-12, kind
+
+
+@needs_mpi
+def test_zero1_equals_one_process_float64(equiv):
+    # Check that ZeRO-1 (ShardedAdamW, with parameter groups) gives one process's parameters.
+    for kind in ("FFN", "GMLP", "FFNSublayer", "MLP"):
+        assert equiv["steps"][f"{kind} zero1"]["rel_err"] <= 1e-12, kind
+
+
+@needs_mpi
+def test_float32_equals_one_process_to_1e5(equiv):
+    # Check that float32 data parallel (plain and ZeRO-1) agrees with one process to 1e-5.
+    assert equiv["steps"]["FFN float32 plain"]["rel_err"] <= 1e-5
+    assert equiv["steps"]["FFN float32 zero1"]["rel_err"] <= 1e-5
+
+
+@needs_mpi
+def test_parameters_bit_identical_across_ranks(equiv):
+    # Check that after every step every rank holds the same bits, plain and ZeRO-1.
+    assert all(case["identical"] for case in equiv["steps"].values())
+    assert equiv["fit plain"]["identical"] and equiv["fit zero1"]["identical"]
+
+
+@needs_mpi
+@pytest.mark.parametrize("mode", ["plain", "zero1"])
+def test_fit_with_comm_equals_fit(equiv, mode):
+    # Check that fit(comm=...) (shuffled batches of 11 over 53 samples, classification,
+    # validation, a cosine schedule, clipping at norm 0.5) gives fit's parameters, losses,
+    # accuracies and counts.
+    r = equiv[f"fit {mode}"]
+    assert r["rel_err"] <= 1e-12
+    assert r["history_rel_err"] <= 1e-12
+    assert r["accuracy_equal"] and r["val_accuracy_equal"]
+    assert r["steps"] == [15, 15] and r["samples"] == [159, 159]
+
+
+@needs_mpi
+def test_fit_on_one_rank_is_fit(equiv):
+    # Check that fit on a communicator of one rank gives plain fit's parameter bits.
+    r = equiv["fit one rank"]
+    assert r["params_equal"] and r["history_rel_err"] <= 1e-15
+
+
+@needs_mpi
+def test_sharded_optimizer_memory_is_one_kth(equiv):
+    # Check that the optimizer memory a rank allocates (tracemalloc: construction and first
+    # step) is about 1/K of AdamW's: two moments of a 1/K slice instead of the whole arena.
+    k = equiv["K"]
+    for r in equiv["memory"]:
+        assert r["plain"] >= 2 * r["params_bytes"]
+        assert r["sharded"] <= r["plain"] / k * 1.05 + 4096
+        assert abs(r["state_nbytes"] - 2 * r["params_bytes"] / k) <= 2 * 64 * k
+
+
+@needs_mpi
+def test_sharded_checkpoint_is_an_adamw_checkpoint(equiv):
+    # Check that a ShardedAdamW checkpoint (written by rank 0) loads into a plain AdamW with
+    # the same moments and step count, and back into a ShardedAdamW on every rank.
+    c = equiv["checkpoints"]
+    assert c["state_nonzero"] and c["plain_load"] and c["sharded_reload"]
+
+
+@needs_mpi
+def test_dropout_streams_differ_per_rank(equiv):
+    # Check that rank_rng gives each rank its own reproducible dropout stream.
+    assert equiv["dropout"] == {"masks_differ": True, "reproducible": True}
+
+
+# ----------------------------------------------------------------------------- faults
+@needs_mpi
+def test_ranks_with_different_models_are_rejected(faults):
+    # Check that a parameter shape that differs on one rank raises ValueError on every rank,
+    # naming the parameter.
+    for kind, msg in faults["different_models"]:
+        assert kind == "ValueError" and "W_in" in msg and "rank 1" in msg
+
+
+@needs_mpi
+def test_ranks_with_different_data_are_rejected(faults):
+    # Check that data drawn with another seed on one rank raises ValueError on every rank.
+    for kind, msg in faults["different_data"]:
+        assert kind == "ValueError" and "X (shape" in msg
+
+
+@needs_mpi
+def test_bad_data_on_one_rank_stops_every_rank(faults):
+    # Check that a label only rank 1 sees stops rank 1 with its ValueError and rank 0 with a
+    # RankError carrying that message.
+    (k0, m0), (k1, m1) = faults["bad_label"]
+    assert k1 == "ValueError" and "labels must lie in [0, 3)" in m1
+    assert k0 == "RankError" and "rank 1 of 2" in m0 and m1 in m0
+
+
+@needs_mpi
+def test_nonfinite_loss_stops_every_rank(faults):
+    # Check that a NaN in rank 1's rows makes the global loss NaN: NonFiniteLossError on
+    # every rank, at the same step.
+    (k0, m0), (k1, m1) = faults["nan_input"]
+    assert k0 == k1 == "NonFiniteLossError" and m0 == m1 and "step 1/1" in m0
+
+
+@needs_mpi
+def test_error_in_backward_stops_every_rank(faults):
+    # Check that rank 1 raising in backward (rank 0 then waits to reduce gradients) stops
+    # rank 0 with rank 1's message.
+    (k0, m0), (k1, m1) = faults["backward_raises"]
+    assert k1 == "RuntimeError" and k0 == "RankError" and "deliberate failure" in m0
+
+
+@needs_mpi
+def test_batches_smaller_than_the_world_are_rejected(faults):
+    # Check that a last batch with fewer rows than ranks raises ValueError on every rank.
+    for kind, msg in faults["tiny_batches"]:
+        assert kind == "ValueError" and "at least one sample per rank" in msg
+
+
+@needs_mpi
+def test_failed_save_stops_every_rank(faults):
+    # Check that rank 0 failing to write the checkpoint raises on every rank.
+    (k0, m0), (k1, m1) = faults["failed_save"]
+    assert k0 == "NotADirectoryError" and k1 == "RankError" and "rank 0 of 2" in m1
+
+
+@needs_mpi
+def test_no_rank_is_left_in_a_collective(faults):
+    # Check that after all those failures the ranks still meet in the same collective.
+    assert faults["alive"] is True
+
+
+@needs_mpi
+def test_uncaught_exception_aborts_the_job():
+    # Check that an exception nobody catches on rank 1, while rank 0 waits in a collective,
+    # ends the job (non-zero, with rank 1's message) instead of hanging until the timeout.
+    proc = launch(2, os.path.join(HERE, "mpi", "abort.py"), check=False)
+    said = f"exit {proc.returncode}\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}"
+    assert proc.returncode != 0, said
+    assert "deliberate uncaught error on rank 1" in proc.stderr, said
+    assert "rank 0 passed the collective" not in proc.stdout, said
+
+
+# ----------------------------------------------------------------------------- the CLI
+CLI = ["--model", "ffn", "--task", "regression", "--dtype", "float64", "--epochs", "3",
+       "--batch-size", "64"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The checkpoint of the same command in this process (one BLAS thread)."""
+    path = str(tmp_path_factory.mktemp("cli") / "one.npz")
+    with kernels.num_threads(1):
+        assert cli.main(["train", *CLI, "--save", path]) == 0
+    return path
+
+
+def _assert_same_parameters(a_path, b_path, rtol):
+    a, b = np.load(a_path), np.load(b_path)
+    names = [k for k in b.files if k.startswith("param/")]
+    assert names and sorted(names) == sorted(k for k in a.files if k.startswith("param/"))
+    for k in names:
+        err = np.max(np.abs(a[k] - b[k])) / np.max(np.abs(b[k]))
+        assert err <= rtol, (k, err)
+
+
+@needs_mpi
+def test_cli_two_ranks_equal_one_process(tmp_path, one_process):
+    # Check that `mpiexec -n 2 python -m engine train ...` writes the parameters of the same
+    # command run as one process, to 1e-10 relative; that rank 0 alone prints; and that the
+    # header says "2 ranks x 1 threads".
+    path = str(tmp_path / "two.npz")
+    proc = launch(2, "-m", "engine", "train", *CLI, "--save", path)
+    _assert_same_parameters(path, one_process, 1e-10)
+    assert proc.stdout.count("final loss") == 1
+    assert "2 ranks x 1 threads" in proc.stdout.splitlines()[0]
+
+
+@needs_mpi
+def test_cli_shard_optimizer_equals_one_process(tmp_path, one_process):
+    # Check that --shard-optimizer (ZeRO-1) writes one process's parameters too, and that
+    # without BLASNET_NUM_THREADS each rank takes cores / ranks threads.
+    path = str(tmp_path / "zero.npz")
+    proc = launch(2, "-m", "engine", "train", *CLI, "--shard-optimizer", "--save", path,
+                  threads=None)
+    _assert_same_parameters(path, one_process, 1e-10)
+    header = proc.stdout.splitlines()[0]
+    assert f"2 ranks x {max(1, os.cpu_count() // 2)} threads" in header and "ZeRO-1" in header
+
+
+# ----------------------------------------------------------------------------- without MPI
+def test_world_is_none_without_a_launcher(monkeypatch):
+    # Check that a process not started by mpiexec is no MPI world (the CLI trains as before).
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert D.launched_size() == 1
+    assert D.world() is None
+
+
+def test_launched_size_reads_the_launcher(monkeypatch):
+    # Check that the job size comes from MPICH's or Open MPI's environment.
+    monkeypatch.delenv("PMI_SIZE", raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert D.launched_size() == 4
+    monkeypatch.setenv("PMI_SIZE", "3")
+    assert D.launched_size() == 3
+
+
+def test_missing_extra_says_how_to_install(monkeypatch):
+    # Check that without mpi4py the API raises ImportError naming the extra to install.
+    monkeypatch.setattr(D, "_MPI", None)
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    with pytest.raises(ImportError, match=r"blasnet\[mpi\]"):
+        D.mpi()
