@@ -17,7 +17,7 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -30,8 +30,8 @@ from .module import check_dtype, check_positive_int, make_rng
 from .optim import AdamW
 from .train import evaluate, fit
 
-__all__ = ["LMConfig", "LMResult", "Vocabulary", "corpus", "split", "windows",
-           "unigram_bits", "build_model", "bits_per_char", "sample", "train"]
+__all__ = ["LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split", "windows",
+           "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train"]
 
 LN2 = math.log(2.0)
 
@@ -170,13 +170,14 @@ def sample(model, vocab: Vocabulary, prompt: str, length: int, seq_len: int,
 # ----------------------------------------------------------------------------- training
 @dataclass
 class LMConfig:
-    """Settings of ``train``; the defaults finish in about a minute on 2 cores."""
+    """Settings of ``train``. The defaults are sized for about a minute of training on two
+    cores (docs/lm.md has a measured run)."""
     seq_len: int = 64          # characters per training window, and the sampling context
     d_model: int = 128         # width of the embedding and the residual stream
     d_ffn: int = 384           # GMLPBlock's d_ffn (U and V halves of d_ffn / 2)
     blocks: int = 4            # GMLPBlocks
     batch_size: int = 32       # windows per step
-    epochs: int = 3            # passes over the training windows
+    epochs: int = 5            # passes over the training windows
     lr: float = 3e-3           # AdamW peak learning rate
     weight_decay: float = 0.01
     warmup: int = 100          # steps of linear warmup, then cosine decay to 0
@@ -190,23 +191,42 @@ class LMConfig:
 
 
 @dataclass
+class LMSetup:
+    """Everything ``train`` runs on, made by ``setup``: the text and its vocabulary, the split
+    (ids) and its windows, the model, AdamW and the per-step learning-rate schedule."""
+    config: LMConfig
+    text: str
+    vocab: Vocabulary
+    train_ids: np.ndarray
+    held_ids: np.ndarray
+    X: np.ndarray           # (N, seq_len) training windows
+    Y: np.ndarray           # (N, seq_len) their next characters
+    Xh: np.ndarray          # held-out windows
+    Yh: np.ndarray
+    model: Sequential
+    optimizer: AdamW
+    scheduler: object
+    steps: int
+
+
+@dataclass
 class LMResult:
     """What ``train`` measured: held-out bits per character next to the unigram baseline, the
-    sample, the history and the times; ``model`` and ``vocab`` to go on with."""
-    config: LMConfig
-    model: object
-    vocab: Vocabulary
-    optimizer: object
+    sample, the history and the training time; ``setup`` holds the model and data."""
+    setup: LMSetup
     history: object
     held_bits: float
     unigram_bits: float
     sample: str
-    train_chars: int
-    held_chars: int
-    corpus_chars: int
-    steps: int
     seconds: float
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def model(self):
+        return self.setup.model
+
+    @property
+    def vocab(self):
+        return self.setup.vocab
 
 
 def _steps_scheduler(opt, total: int, warmup: int):
@@ -221,38 +241,47 @@ def _steps_scheduler(opt, total: int, warmup: int):
     return lrs.SequentialLR(opt, [warm, cosine], milestones=[warmup])
 
 
-def train(config: LMConfig | None = None, progress=True, text: str | None = None) -> LMResult:
-    """Train the character LM of ``config`` on ``text`` (default: ``corpus()``) with AdamW,
-    linear warmup and cosine decay per step; report held-out bits per character, the unigram
-    baseline and a sample from ``config.prompt``."""
+def setup(config: LMConfig | None = None, text: str | None = None) -> LMSetup:
+    """The data, model and optimizer of ``config`` for ``text`` (default: ``corpus()``)."""
     c = config or LMConfig()
     dt = check_dtype(c.dtype)
     text = corpus() if text is None else text
     vocab = Vocabulary(text)
-    ids = vocab.encode(text)
-    train_ids, held_ids = split(ids, c.held_out, c.block)
+    vocab.encode(c.prompt)  # a prompt the model cannot read fails before training
+    train_ids, held_ids = split(vocab.encode(text), c.held_out, c.block)
     X, Y = windows(train_ids, c.seq_len)
     Xh, Yh = windows(held_ids, c.seq_len)
-    rng = np.random.default_rng(c.seed)
-    model = build_model(len(vocab), c.seq_len, c.d_model, c.d_ffn, c.blocks, dt, rng)
+    model = build_model(len(vocab), c.seq_len, c.d_model, c.d_ffn, c.blocks, dt,
+                        np.random.default_rng(c.seed))
     # Decoupled weight decay on the matrices only (not on biases and LayerNorm gains).
     decay = [p for p in model.parameters() if p.data.ndim == 2]
     other = [p for p in model.parameters() if p.data.ndim != 2]
     opt = AdamW([{"params": decay}, {"params": other, "weight_decay": 0.0}], lr=c.lr,
                 weight_decay=c.weight_decay)
     steps = c.epochs * -(-X.shape[0] // c.batch_size)
-    sched = _steps_scheduler(opt, steps, c.warmup)
+    return LMSetup(c, text, vocab, train_ids, held_ids, X, Y, Xh, Yh, model, opt,
+                   _steps_scheduler(opt, steps, c.warmup), steps)
+
+
+def train(config: LMConfig | None = None, progress=True, text: str | None = None,
+          prepared: LMSetup | None = None) -> LMResult:
+    """Train the character LM of ``config`` on ``text`` (or on ``prepared``, from ``setup``)
+    with AdamW, linear warmup and cosine decay per step; report held-out bits per character,
+    the unigram baseline and a sample from ``config.prompt``."""
+    s = prepared or setup(config, text)
+    c = s.config
     t0 = time.perf_counter()
-    history = fit(model, CrossEntropyLoss(), opt, X, Y, c.epochs, batch_size=c.batch_size,
-                  rng=c.seed, validation=(Xh, Yh), progress=progress, scheduler=sched,
-                  scheduler_interval="step")
+    history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, c.epochs,
+                  batch_size=c.batch_size, rng=c.seed, validation=(s.Xh, s.Yh),
+                  progress=progress, scheduler=s.scheduler, scheduler_interval="step")
     seconds = time.perf_counter() - t0
-    held = history.val_loss[-1] / LN2 if history.val_loss else bits_per_char(model, Xh, Yh)
-    text_out = sample(model, vocab, c.prompt, c.sample_length, c.seq_len, c.temperature,
+    # The last epoch's validation is the held-out loss (evaluate, batches of batch_size).
+    held = (history.val_loss[-1] / LN2 if history.val_loss else
+            bits_per_char(s.model, s.Xh, s.Yh, c.batch_size))
+    text_out = sample(s.model, s.vocab, c.prompt, c.sample_length, c.seq_len, c.temperature,
                       np.random.default_rng(c.seed))
-    return LMResult(c, model, vocab, opt, history, held, unigram_bits(train_ids, held_ids,
-                    len(vocab)), text_out, len(train_ids), len(held_ids), len(text),
-                    history.steps, seconds)
+    return LMResult(s, history, held, unigram_bits(s.train_ids, s.held_ids, len(s.vocab)),
+                    text_out, seconds)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -301,27 +330,28 @@ def run_cli(args, defaults: dict, out=None) -> int:
     if args.threads is not None:
         kernels.set_num_threads(args.threads)
     t_all = time.perf_counter()
-    text = corpus()
     print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | "
           f"{kernels.get_num_threads()} BLAS thread(s)", file=out)
-    print(f"corpus    {corpus_description(text)}", file=out)
-    every = args.log_every or 1
     try:
-        r = train(c, progress=every, text=text)
+        s = setup(c)
     except ValueError as e:  # e.g. a prompt with characters the corpus does not have
         print(f"error: {e}", file=sys.stderr)
         return 2
-    n_params = r.model.num_parameters()
-    print(f"split     {r.train_chars:,} training / {r.held_chars:,} held-out characters "
-          f"(every {round(1 / c.held_out)}th block of {c.block}), vocabulary {len(r.vocab)}",
-          file=out)
-    print(f"model     gmlp-lm: Embedding({len(r.vocab)}, {c.d_model}) -> {c.blocks} x "
-          f"GMLPBlock({c.d_model}, d_ffn {c.d_ffn}, seq_len {c.seq_len}, causal) -> LayerNorm "
-          f"-> Linear({c.d_model}, {len(r.vocab)}); {n_params:,} parameters", file=out)
-    print(f"training  AdamW(lr={c.lr}, weight_decay={c.weight_decay}), {c.warmup} warmup steps "
-          f"then cosine; {c.epochs} epochs of {r.steps // max(c.epochs, 1)} steps x "
-          f"{c.batch_size} windows of {c.seq_len}; seed {c.seed}; {r.seconds:.1f} s "
-          f"({r.history.samples * c.seq_len / r.seconds:,.0f} characters/s)", file=out)
+    v = len(s.vocab)
+    print(f"corpus    {corpus_description(s.text)}", file=out)
+    print(f"split     {len(s.train_ids):,} training / {len(s.held_ids):,} held-out characters "
+          f"(every {round(1 / c.held_out)}th block of {c.block}), vocabulary {v}", file=out)
+    print(f"model     gmlp-lm: Embedding({v}, {c.d_model}) -> {c.blocks} x GMLPBlock("
+          f"{c.d_model}, d_ffn {c.d_ffn}, seq_len {c.seq_len}, causal) -> LayerNorm -> "
+          f"Linear({c.d_model}, {v}); {s.model.num_parameters():,} parameters", file=out)
+    print(f"training  AdamW(lr={c.lr}, weight_decay={c.weight_decay}), {c.warmup} warmup "
+          f"steps then cosine; {c.epochs} epochs x {s.steps // max(c.epochs, 1)} steps of "
+          f"{c.batch_size} windows of {c.seq_len}; seed {c.seed}", file=out)
+    out.flush()
+    r = train(progress=args.log_every or 1, prepared=s)
+    chars = r.history.samples * c.seq_len
+    print(f"time      {r.seconds:.1f} s for {r.history.steps} steps "
+          f"({chars / r.seconds if r.seconds > 0 else 0:,.0f} characters/s)", file=out)
     gain = r.unigram_bits - r.held_bits
     versus = (f"{gain:.2f} bits/char below it, {100 * gain / r.unigram_bits:.0f}% fewer bits"
               if gain > 0 else f"{-gain:.2f} bits/char above it")
@@ -337,17 +367,16 @@ def run_cli(args, defaults: dict, out=None) -> int:
         tmpdir = tempfile.TemporaryDirectory(prefix="blasnet-")
         path = os.path.join(tmpdir.name, "gmlp-lm.npz")
     try:
-        meta = dict(model="gmlp-lm", vocab=r.vocab.chars, held_bits=r.held_bits,
+        meta = dict(model="gmlp-lm", vocab=s.vocab.chars, held_bits=r.held_bits,
                     config=asdict(c))
         if path.lower().endswith(".safetensors"):
-            checkpoint.save(path, r.model, **meta)
+            checkpoint.save(path, s.model, **meta)
         else:
-            checkpoint.save(path, r.model, r.optimizer, **meta)
-        fresh = build_model(len(r.vocab), c.seq_len, c.d_model, c.d_ffn, c.blocks,
-                            check_dtype(c.dtype), c.seed + 1)
+            checkpoint.save(path, s.model, s.optimizer, **meta)
+        fresh = build_model(v, c.seq_len, c.d_model, c.d_ffn, c.blocks, check_dtype(c.dtype),
+                            c.seed + 1)
         checkpoint.load(path, fresh)
-        Xh, Yh = windows(split(r.vocab.encode(text), c.held_out, c.block)[1], c.seq_len)
-        again = bits_per_char(fresh, Xh, Yh)
+        again = bits_per_char(fresh, s.Xh, s.Yh, c.batch_size)
         same = ("identical" if again == r.held_bits else f"differs by {again - r.held_bits:.3g}")
         where = path if args.save else f"{path} (temporary)"
         print(f"checkpoint {where}, {os.path.getsize(path) / 1024:,.0f} KiB; reloaded: "
