@@ -436,6 +436,8 @@ def _train(args) -> int:
     if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/lm.py
         from . import lm
         return lm.run_cli(args, vars(build_parser().parse_args(["train"])))
+    if args.prompt is not None or args.sample_length is not None:
+        raise _UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
     from . import distributed
     comm = distributed.world()  # K > 1 ranks under mpiexec: data parallel, else None
     rank = 0 if comm is None else comm.Get_rank()

@@ -177,7 +177,7 @@ class LMConfig:
     d_ffn: int = 384           # GMLPBlock's d_ffn (U and V halves of d_ffn / 2)
     blocks: int = 4            # GMLPBlocks
     batch_size: int = 32       # windows per step
-    epochs: int = 5            # passes over the training windows
+    epochs: int = 4            # passes over the training windows
     lr: float = 3e-3           # AdamW peak learning rate
     weight_decay: float = 0.01
     warmup: int = 100          # steps of linear warmup, then cosine decay to 0

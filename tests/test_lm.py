@@ -118,9 +118,11 @@ def test_cli_runs_the_language_model(capsys):
     (["--model", "gmlp-lm", "--hidden", "3,4"], "--hidden: not used"),
     (["--model", "gmlp-lm", "--prompt", "\u20ac", "--epochs", "0", "--d-hidden", "4",
       "--d-ff", "4"], "not in the vocabulary"),
+    (["--model", "mlp", "--sample-length", "5"], "only with --model gmlp-lm"),
 ])
 def test_cli_rejects_what_the_language_model_cannot_do(argv, msg, capsys):
     # Check exit status 2 and a message for another model on the text task, an option the
-    # language model does not read, and a prompt character the corpus does not have.
+    # language model does not read, a prompt character the corpus does not have, and a
+    # sampling option given to another model.
     assert main(["train", *argv]) == 2
     assert msg in capsys.readouterr().err
