@@ -73,13 +73,13 @@ class SpatialGatingUnit(Module):
         self.W = Parameter(rng.uniform(-init_eps, init_eps, (t, t)).astype(self.dtype))
         self.b = Parameter(np.ones(t, self.dtype))
         self.norm = LayerNorm(self.half, eps, dtype)
-        self._c.bt = None     # (B, T) of the last forward
-        self._c.pending = None  # (B, T) of the call being checked (committed by _forward)
-        self._c.mask = None   # (T, T) lower-triangular ones of the causal unit (not a work
-        #                     buffer: its contents outlive one forward)
-        self._c.z3 = None     # (B, T, d_ffn) the last input, by reference
-        self._c.vp = None     # (T, B * half) LN(V) time-major (the child's output)
-        self._c.wm = None     # (T, T) the weight the forward used (W or masked W)
+        c = self._c
+        c.bt = None       # (B, T) of the last forward
+        c.pending = None  # (B, T) of the call being checked (committed by _forward)
+        c.mask = None     # (T, T) lower-triangular ones (not a work buffer: it outlives a call)
+        c.z3 = None       # (B, T, d_ffn) the last input, by reference
+        c.vp = None       # (T, B * half) LN(V) time-major (the child's output)
+        c.wm = None       # (T, T) the weight the forward used (W or masked W)
 
     def out_features(self, d_in: int) -> int:
         return self.half
@@ -91,7 +91,7 @@ class SpatialGatingUnit(Module):
     def forward(self, z, *, residual=None):
         """``s(z)`` for ``z`` of shape (B, T, d_ffn); returns (B, T, d_ffn / 2)."""
         self._c.pending = _check_sequences(z, self.seq_len, self.causal, self.d_ffn,
-                                         "spatial gating unit")
+                                           "spatial gating unit")
         return super().forward(z, residual=residual)
 
     def _make_views(self, key):
@@ -106,7 +106,8 @@ class SpatialGatingUnit(Module):
             dvp=ws.get("dvp", t, b * h),        # (T, B*h) dV' time-major
             dz=ws.get("dz", n, 2 * h))          # (n, 2h) input gradient [dU | dV]
         v.vtm3, v.stm3 = v.vtm.reshape(t, b, h), v.stm.reshape(t, b, h)
-        v.sbt3, v.a3, v.tmp3 = v.sbt.reshape(b, t, h), v.a.reshape(b, t, h), v.tmp.reshape(b, t, h)
+        v.sbt3, v.a3 = v.sbt.reshape(b, t, h), v.a.reshape(b, t, h)
+        v.tmp3 = v.tmp.reshape(b, t, h)
         v.dz3 = v.dz.reshape(b, t, 2 * h)
         v.du3, v.dv3 = v.dz3[:, :, :h], v.dz3[:, :, h:]
         if self.causal:
@@ -194,10 +195,11 @@ class GMLPBlock(Module):
         self.sgu = SpatialGatingUnit(d_ffn, seq_len, causal, eps, dtype, rng)
         self.W_out = Parameter(init_weight(h, d_model, "xavier", dt, rng))
         self.b_out = Parameter(np.zeros(d_model, dt))
-        self._c.bt = None       # (B, T) of the last forward
-        self._c.pending = None  # (B, T) of the call being checked (committed by _forward)
-        self._c.xn = None  # (n, d_model) LN(x) (the child's output)
-        self._c.a = None   # (n, d_ffn/2) s(Z) (the child's output)
+        c = self._c
+        c.bt = None       # (B, T) of the last forward
+        c.pending = None  # (B, T) of the call being checked (committed by _forward)
+        c.xn = None       # (n, d_model) LN(x) (the child's output)
+        c.a = None        # (n, d_ffn/2) s(Z) (the child's output)
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, d_ffn={self.d_ffn}, seq_len={self.seq_len}, "
@@ -206,7 +208,7 @@ class GMLPBlock(Module):
     def forward(self, x, *, residual=None):
         """``x + gMLP(x)`` (``+ residual`` when given) for ``x`` of shape (B, T, d_model)."""
         self._c.pending = _check_sequences(x, self.seq_len, self.causal, self.d_model,
-                                         "gMLP block")
+                                           "gMLP block")
         return super().forward(x, residual=residual)
 
     def _make_views(self, n):
@@ -239,15 +241,15 @@ class GMLPBlock(Module):
         b, t = self._c.bt
         if n:
             ops.colsum(self.b_out.grad, dy2, 1.0)
-            ops.gemm(self.W_out.grad, self._c.a, dy2, True, False, 1.0, 1.0)   # dW_out += A^T dy
-            ops.gemm(v.da, dy2, self.W_out.data, False, True, 1.0, 0.0)      # dA = dy W_out^T
+            ops.gemm(self.W_out.grad, self._c.a, dy2, True, False, 1.0, 1.0)  # dW_out += A^T dy
+            ops.gemm(v.da, dy2, self.W_out.data, False, True, 1.0, 0.0)       # dA = dy W_out^T
         dz = self.sgu.backward(v.da.reshape(b, t, self.d_ffn // 2))
         dz2 = dz.reshape(n, self.d_ffn)
         if n:
             ops.act_backward_cached(dz2, dz2, v.zpre)                        # through GELU
             ops.colsum(self.b_in.grad, dz2, 1.0)
-            ops.gemm(self.W_in.grad, self._c.xn, dz2, True, False, 1.0, 1.0)   # dW_in += LN(x)^T dZ
-            ops.gemm(v.dxn, dz2, self.W_in.data, False, True, 1.0, 0.0)
+            ops.gemm(self.W_in.grad, self._c.xn, dz2, True, False, 1.0, 1.0)  # += LN(x)^T dZ
+            ops.gemm(v.dxn, dz2, self.W_in.data, False, True, 1.0, 0.0)       # dZ W_in^T
         dx = self.norm.backward(v.dxn)
         ops.add(dx, dx, dy2)                                                 # the residual path
         self._c.xn = self._c.a = None

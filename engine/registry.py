@@ -218,7 +218,7 @@ register(Block(
     variants=({"activation": "relu"}, {"activation": "tanh"})))
 
 
-# ----------------------------------------------------------------------------- gated FFN, gMLP block
+# ----------------------------------------------------------------------------- GatedFFN, GMLPBlock
 def _gated_gemms(n, dims, **_):
     """2 forward, 4 backward, as the FFN: W_gate and W_up multiply the same x, so they are one
     (2 d_ff, d_model) GEMM each way, computed transposed ([G; U]^T, features by rows)."""
