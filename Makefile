@@ -24,6 +24,7 @@ test: install
 # QUICK=1 runs a shortened bench (fewer rounds, no large shapes on one thread).
 bench: install
 	$(PY) bench/run.py $(if $(QUICK),--quick,)
+	$(PY) bench/distributed.py $(if $(QUICK),--quick,)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench/results/*.json

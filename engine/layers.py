@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels import ops
-from kernels.activations import ACTIVATIONS
+from kernels.activations import ACTIVATIONS, REGISTRY
 
 from .module import (_GENERATION, INITS, Module, Parameter, Workspace, _rows_of, check_float,
                      check_positive_int, init_weight, make_rng)
@@ -33,13 +33,12 @@ def check_activation(name: str, activation) -> str:
     return activation
 
 
-def sign_from_output(activation: str) -> bool:
+def sign_from_output(activation: str, negative_slope: float = 0.01) -> bool:
     """Whether backward can read the sign of z from act(z), so the activation may run in
-    place on its pre-activation buffer (kernels.activations registry)."""
-    try:
-        from kernels.activations import REGISTRY
-    except ImportError:  # TEMPORARY until the activation registry lands
-        return activation in ("relu", "leaky_relu", "identity")
+    place on its pre-activation buffer (the registry's flag; a leaky_relu with a negative
+    slope flips the sign)."""
+    if activation == "leaky_relu" and negative_slope < 0:
+        return False
     return REGISTRY[activation].sign_from_output
 
 
@@ -82,7 +81,7 @@ class Linear(Module):
         # relu-like: act runs in place over z; others cache act'(z) over z; row-wise ones
         # keep their output (their backward reads it).
         self._inplace = (activation is not None and not self._rowwise
-                         and sign_from_output(activation))
+                         and sign_from_output(activation, self.negative_slope))
         self.W = Parameter(init_weight(self.d_in, self.d_out, init, self.dtype, make_rng(rng)))
         self.b = Parameter(np.zeros(self.d_out, self.dtype)) if bias else None
         self._c.x = None  # (N, d_in) the last input, by reference

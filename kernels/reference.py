@@ -11,8 +11,6 @@ import math
 import numpy as np
 from scipy.special import erf as _erf
 
-ACTIVATIONS = ("identity", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
-
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
 
@@ -27,60 +25,125 @@ def gemm(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
 
 
 # ----------------------------------------------------------------------------- activations
+# One pair per activation: act(z) and act'(z) as new arrays, ``(z, negative_slope)`` (the
+# slope is read by leaky_relu only). kernels.activations.REGISTRY points at these pairs; the
+# names an activation goes by live there, not here.
 def _sigmoid(z):
     # 1/(1+exp(-z)) written to avoid overflow for large |z|.
     e = np.exp(-np.abs(z))
     return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(z.dtype)
 
 
+def identity(z, negative_slope=0.01):
+    return z.copy()
+
+
+def identity_grad(z, negative_slope=0.01):
+    return np.ones_like(z)
+
+
+def relu(z, negative_slope=0.01):
+    return np.maximum(z, 0).astype(z.dtype)
+
+
+def relu_grad(z, negative_slope=0.01):
+    return (z > 0).astype(z.dtype)
+
+
+def leaky_relu(z, negative_slope=0.01):
+    return np.where(z > 0, z, negative_slope * z).astype(z.dtype)
+
+
+def leaky_relu_grad(z, negative_slope=0.01):
+    return np.where(z > 0, 1.0, negative_slope).astype(z.dtype)
+
+
+def gelu(z, negative_slope=0.01):
+    """z Phi(z) (Hendrycks & Gimpel 2016), Phi through erf."""
+    return (0.5 * z * (1.0 + _erf(z / math.sqrt(2.0)))).astype(z.dtype)
+
+
+def gelu_grad(z, negative_slope=0.01):
+    cdf = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return (cdf + z * pdf).astype(z.dtype)
+
+
+def gelu_tanh(z, negative_slope=0.01):
+    """GELU's tanh approximation, 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))."""
+    return (0.5 * z * (1.0 + np.tanh(_SQRT_2_OVER_PI * (z + _GELU_C * z**3)))).astype(z.dtype)
+
+
+def gelu_tanh_grad(z, negative_slope=0.01):
+    u = _SQRT_2_OVER_PI * (z + _GELU_C * z**3)
+    t = np.tanh(u)
+    du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * z * z)
+    return (0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du).astype(z.dtype)
+
+
+def silu(z, negative_slope=0.01):
+    """z sigmoid(z)."""
+    return (z * _sigmoid(z)).astype(z.dtype)
+
+
+def silu_grad(z, negative_slope=0.01):
+    s = _sigmoid(z)
+    return (s * (1.0 + z * (1.0 - s))).astype(z.dtype)
+
+
+def sigmoid(z, negative_slope=0.01):
+    return _sigmoid(z)
+
+
+def sigmoid_grad(z, negative_slope=0.01):
+    s = _sigmoid(z)
+    return s * (1.0 - s)
+
+
+def tanh(z, negative_slope=0.01):
+    return np.tanh(z)
+
+
+def tanh_grad(z, negative_slope=0.01):
+    t = np.tanh(z)
+    return 1.0 - t * t
+
+
+def relu2(z, negative_slope=0.01):
+    """Squared ReLU, max(z, 0)^2 (So et al. 2021, "Primer")."""
+    return (np.maximum(z, 0) ** 2).astype(z.dtype)
+
+
+def relu2_grad(z, negative_slope=0.01):
+    return (2.0 * np.maximum(z, 0)).astype(z.dtype)
+
+
+def mish(z, negative_slope=0.01):
+    """Mish, z tanh(softplus(z)) (Misra 2019); softplus(z) = log(1 + exp(z)) via logaddexp."""
+    return (z * np.tanh(np.logaddexp(0.0, z))).astype(z.dtype)
+
+
+def mish_grad(z, negative_slope=0.01):
+    """tanh(softplus(z)) + z sigmoid(z) (1 - tanh(softplus(z))^2): softplus' is the sigmoid."""
+    t = np.tanh(np.logaddexp(0.0, z))
+    return (t + z * _sigmoid(z) * (1.0 - t * t)).astype(z.dtype)
+
+
+def _entry(act):
+    from .activations import ACTIVATIONS, REGISTRY  # the registry imports this module
+    if not isinstance(act, str) or act not in REGISTRY:
+        raise ValueError(f"act: expected one of {ACTIVATIONS}, got {act!r}")
+    return REGISTRY[act]
+
+
 def activation(z, act="relu", negative_slope=0.01):
-    """act(z) as a new array."""
-    if act == "identity":
-        return z.copy()
-    if act == "relu":
-        return np.maximum(z, 0).astype(z.dtype)
-    if act == "leaky_relu":
-        return np.where(z > 0, z, negative_slope * z).astype(z.dtype)
-    if act == "gelu":
-        return (0.5 * z * (1.0 + _erf(z / math.sqrt(2.0)))).astype(z.dtype)
-    if act == "gelu_tanh":
-        return (0.5 * z * (1.0 + np.tanh(_SQRT_2_OVER_PI * (z + _GELU_C * z**3)))).astype(z.dtype)
-    if act == "silu":
-        return (z * _sigmoid(z)).astype(z.dtype)
-    if act == "sigmoid":
-        return _sigmoid(z)
-    if act == "tanh":
-        return np.tanh(z)
-    raise ValueError(f"act: expected one of {ACTIVATIONS}, got {act!r}")
+    """act(z) as a new array, for any name in kernels.activations.ACTIVATIONS."""
+    return _entry(act).reference(z, negative_slope)
 
 
 def activation_grad(z, act="relu", negative_slope=0.01):
     """act'(z) as a new array."""
-    if act == "identity":
-        return np.ones_like(z)
-    if act == "relu":
-        return (z > 0).astype(z.dtype)
-    if act == "leaky_relu":
-        return np.where(z > 0, 1.0, negative_slope).astype(z.dtype)
-    if act == "gelu":
-        cdf = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
-        pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-        return (cdf + z * pdf).astype(z.dtype)
-    if act == "gelu_tanh":
-        u = _SQRT_2_OVER_PI * (z + _GELU_C * z**3)
-        t = np.tanh(u)
-        du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * z * z)
-        return (0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du).astype(z.dtype)
-    if act == "silu":
-        s = _sigmoid(z)
-        return (s * (1.0 + z * (1.0 - s))).astype(z.dtype)
-    if act == "sigmoid":
-        s = _sigmoid(z)
-        return s * (1.0 - s)
-    if act == "tanh":
-        t = np.tanh(z)
-        return 1.0 - t * t
-    raise ValueError(f"act: expected one of {ACTIVATIONS}, got {act!r}")
+    return _entry(act).reference_grad(z, negative_slope)
 
 
 def bias_act_forward(h, z, bias=None, act="relu", negative_slope=0.01, grad=None):

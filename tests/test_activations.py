@@ -11,11 +11,11 @@ import pytest
 from scipy.special import ndtr
 
 from kernels import activations as A
-from kernels import num_threads, parallel
+from kernels import memory, num_threads, parallel
 from kernels import reference as R
 from gradcheck import numeric_grad
 
-ACTS = R.ACTIVATIONS
+ACTS = A.ACTIVATIONS
 DTYPES = [np.float64, np.float32]
 # float64: the reference's rounding differs from ours by a few ulps; its 1 + erf / 1 + tanh
 # cancel in the left tail, hence the small atol. float32: float32 tolerance.
@@ -304,6 +304,8 @@ _LIMITS = {
     "silu": ((1e4, 0.0), (1.0, 0.0)),
     "sigmoid": ((1.0, 0.0), (0.0, 0.0)),
     "tanh": ((1.0, -1.0), (0.0, 0.0)),
+    "relu2": ((1e8, 0.0), (2e4, 0.0)),
+    "mish": ((1e4, 0.0), (1.0, 0.0)),
 }
 
 
@@ -325,6 +327,25 @@ def test_extreme_inputs_no_overflow(dtype, act):
     for d in (dz, dzh):
         np.testing.assert_allclose(d[0, ::2], dp, rtol=1e-6, atol=1e-30)
         np.testing.assert_allclose(d[0, 1::2], dm, rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+def test_clamped_exp_far_below_the_clamp(dtype, act):
+    # Check that silu and sigmoid, which clamp exp's argument, stay at their limits (tiny,
+    # |.| < 1e-30) for z far below the clamping point, down to the dtype's most negative
+    # number, in every form, and at z = +max too.
+    big = float(np.finfo(dtype).max)
+    z = np.array([[-1e20, -1e30, -big, big]], dtype)
+    want_h = [0.0, 0.0, 0.0, big if act == "silu" else 1.0]
+    want_g = [0.0, 0.0, 0.0, 1.0 if act == "silu" else 0.0]
+    h, g = np.empty_like(z), np.empty_like(z)
+    with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+        A.bias_act_forward(h, z.copy(), None, act, grad=g)
+        dz = A.act_backward(np.empty_like(z), np.ones_like(z), z, act)
+    np.testing.assert_allclose(h[0], want_h, rtol=1e-6, atol=1e-30)
+    for got in (g, dz):
+        np.testing.assert_allclose(got[0], want_g, rtol=1e-6, atol=1e-30)
 
 
 # ----------------------------------------------------------------------------- bad inputs
@@ -558,20 +579,21 @@ def test_cached_no_allocation_after_warm_up(dtype, act):
 # ----------------------------------------------------------------------------- threads
 def _split_shape(dtype):
     """An array big enough to be split over two threads, with a remainder block per slice."""
-    rows = 2 * A._SPLIT_MIN_ELEMENTS // 777 + 3
+    rows = 2 * parallel.SPLIT_MIN // 777 + 3
     return (rows, 777)
 
 
 def test_large_arrays_split_over_threads(monkeypatch):
     # Check that at 2 threads a large pass is split (2 slices) and at 1 thread it is not.
     seen = []
-    real = A._parallel_for
+    real = A._split
 
-    def spy(fn, n, k):
+    def spy(fn, n, row_len):
+        k = real(fn, n, row_len)
         seen.append(k)
-        return real(fn, n, k)
+        return k
 
-    monkeypatch.setattr(A, "_parallel_for", spy)
+    monkeypatch.setattr(A, "_split", spy)
     z = np.zeros(_split_shape(np.float32), np.float32)
     h = np.empty_like(z)
     with num_threads(2):
@@ -581,7 +603,7 @@ def test_large_arrays_split_over_threads(monkeypatch):
     assert seen == [2, 2, 2]
     with num_threads(1):
         A.bias_act_forward(h, z, None, "gelu", grad=z)
-    assert seen == [2, 2, 2]
+    assert seen == [2, 2, 2, 1]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -608,13 +630,28 @@ def test_results_do_not_depend_on_thread_count(dtype, act):
         np.testing.assert_array_equal(a, b, err_msg=name)
 
 
-@pytest.mark.parametrize("act", ["gelu", "relu", "silu"])
+def _run_on_every_pool_thread(fn, k=9):
+    """``fn()`` once on the calling thread and on each of k - 1 pool threads: every slot of
+    the split waits at a barrier, so no thread can run two of them (and a pool of more than
+    k - 1 workers is not made by any test here)."""
+    barrier = threading.Barrier(k)
+
+    def slot(i0, i1, s):
+        barrier.wait(timeout=30)
+        fn()
+
+    with num_threads(k):
+        assert parallel.split(slot, k, parallel.MIN_ELEMENTS_PER_THREAD, 0) == k
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", "silu", "mish"])
 def test_split_passes_allocate_no_arrays(act):
-    # Check that passes split over 2 threads allocate no arrays after warm-up, even when the
-    # pool has idle workers that never ran a slice before (scratch belongs to the caller's
-    # slices, not to pool threads): the traced peak of every step (the pool's futures and
-    # closures, a few KiB) is the same when every dimension of the arrays doubles.
-    parallel.parallel_for(lambda i, j: None, 8, 5)  # a pool of 4 workers
+    # Check that passes split over 2 threads allocate no arrays once every pool thread has
+    # run one activation call (scratch is per thread, allocated whole on a thread's first
+    # call): the traced peak of every step (the pool's futures and closures, a few KiB) is
+    # the same when every dimension of the arrays doubles.
+    zw = np.ones((1, 8), np.float32)
+    _run_on_every_pool_thread(lambda: A.bias_act_forward(np.empty_like(zw), zw.copy(), None, act))
     peaks = []
     for k in (1, 2):
         shape = (_split_shape(np.float32)[0] * k, 777 * k)
@@ -629,7 +666,7 @@ def test_split_passes_allocate_no_arrays(act):
             A.act_backward_cached(dz, h, z)
 
         with num_threads(2):
-            for _ in range(3):  # warm-up: scratch on the pool thread too
+            for _ in range(3):  # warm-up: the scratch views of every block shape
                 step()
             worst = 0
             tracemalloc.start()
@@ -648,8 +685,29 @@ def test_split_passes_allocate_no_arrays(act):
 
 def test_scratch_is_cache_line_aligned():
     # Check that every scratch buffer starts on a 64-byte boundary (array-array ufuncs with a
-    # misaligned out run ~2x slower), for both dtypes and odd row widths.
+    # misaligned out run slower), for both dtypes and odd row widths.
     for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
         for rows, d in ((3, 5), (40, 777)):
             for buf in A._scratch(dtype, rows, d):
                 assert buf.ctypes.data % 64 == 0
+
+
+def test_scratch_comes_from_the_shared_runtime():
+    # Check that the block scratch is made of disjoint C-contiguous (rows, d) views of the
+    # calling thread's kernels.memory.scratch("activations") buffer, the same memory on
+    # every call whatever the block shape, and a different buffer on another thread.
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        first = A._scratch(dtype, 40, 777)
+        again = A._scratch(dtype, 7, 33)
+        owner = memory.scratch("activations", 1, dtype).base
+        for buf in first + again:
+            assert buf.shape == (buf.shape[0], buf.shape[1]) and buf.flags.c_contiguous
+            assert np.shares_memory(buf, owner)
+        for i, x in enumerate(first[:6]):  # cu is c's bits
+            for y in first[i + 1:6]:
+                assert not np.shares_memory(x, y)
+        other = []
+        t = threading.Thread(target=lambda: other.extend(A._scratch(dtype, 40, 777)))
+        t.start()
+        t.join()
+        assert not any(np.shares_memory(x, owner) for x in other)

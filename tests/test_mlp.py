@@ -317,3 +317,14 @@ def test_mlp_learns_xor():
     assert ce(m(x), labels) < 0.05
 
 
+
+
+@pytest.mark.parametrize("slopes", [-0.5, [0.2, -1.5, 0.0]], ids=["negative", "per-layer"])
+def test_mlp_gradcheck_leaky_slopes(slopes):
+    # Check gradients with a negative leaky slope (act(z) no longer has z's sign, so the
+    # layer must not read the derivative off its output) and with one slope per layer.
+    rng = np.random.default_rng(32)
+    m = MLP([4, 6, 5, 3], ["leaky_relu", "leaky_relu", "leaky_relu"], negative_slope=slopes,
+            dtype=np.float64, rng=3)
+    _randomise_biases(m, rng)
+    check_module_grads(m, rng.standard_normal((7, 4)), rng)
