@@ -194,6 +194,38 @@ def test_rejected_input_changes_nothing(causal, x, exc, msg):
     np.testing.assert_array_equal(m.flat_grads(), ref.flat_grads())
 
 
+# ----------------------------------------------------------------------------- protocol
+@pytest.mark.parametrize("causal", [False, True])
+def test_residual_and_dx_acc(causal):
+    # Check forward(x, residual=r) = block(x) + r and backward(dy, dx_acc=a) adds dx into a.
+    rng = np.random.default_rng(10)
+    m = GMLPBlock(5, 8, 6, causal=causal, dtype=np.float64, rng=0)
+    _randomise(m, rng)
+    x, r, dy = (rng.standard_normal((2, 6, 5)) for _ in range(3))
+    y = m(x).copy()
+    dx = m.backward(dy).copy()
+    np.testing.assert_allclose(m(x, residual=r), y + r, rtol=1e-14, atol=1e-15)
+    acc = rng.standard_normal((2, 6, 5))
+    expect = acc + dx
+    assert m.backward(dy, dx_acc=acc) is acc
+    np.testing.assert_allclose(acc, expect, rtol=1e-13, atol=1e-15)
+
+
+def test_overlap_and_one_backward_per_forward():
+    # Check that the block's own output as its input (or as dy) is rejected as overlapping,
+    # and that a second backward without a new forward is a RuntimeError.
+    rng = np.random.default_rng(11)
+    m = GMLPBlock(5, 8, 6, dtype=np.float64, rng=0)
+    y = m(rng.standard_normal((2, 6, 5)))
+    with pytest.raises(ValueError, match="overlaps"):
+        m(y)
+    with pytest.raises(ValueError, match="overlaps"):
+        m.backward(y)
+    m.backward(np.ones((2, 6, 5)))
+    with pytest.raises(RuntimeError, match="forward"):
+        m.backward(np.ones((2, 6, 5)))
+
+
 # ----------------------------------------------------------------------------- kernels
 def test_token_mix_kernels_match_reference():
     # Check swap01, the gating pair and the causal mask kernels against the naive twins, on
