@@ -4,8 +4,9 @@ of FFNSublayer(pre) blocks, ``Sequential(*blocks, checkpoint=False)`` against ``
 Activation memory is what a forward + backward allocates beyond the model: the module, its
 parameters and gradients, the input and the output gradient are made before tracing starts,
 so the traced peak of the first step (where every work buffer and checkpoint is allocated)
-is the activations, input copies and transient arrays, nothing else. Time is the median of
-the following steps (no allocation left), measured in the same process for both stacks.
+is the activations, input copies and transient arrays, nothing else. Time: the following
+steps (no allocation left) alternate between the two stacks; the ratio is the median of the
+pairs' ratios.
 Targets: peak with checkpointing <= 1/6 of without, time <= 1.4x.
 
 Run as a script it prints JSON: ``python -m bench.checkpoint_memory [--quick] [--out PATH]``;
@@ -39,7 +40,8 @@ def _stack(blocks, d, f, checkpoint, dtype):
                         for _ in range(blocks)], checkpoint=checkpoint)
 
 
-def _one(blocks, n, d, f, checkpoint, dtype, steps):
+def _first_step(blocks, n, d, f, checkpoint, dtype):
+    """The stack, its step, and the traced peak of its first step (bytes above the model)."""
     model = _stack(blocks, d, f, checkpoint, dtype)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((n, d)).astype(dtype)
@@ -59,25 +61,32 @@ def _one(blocks, n, d, f, checkpoint, dtype, steps):
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
     pools = {id(w): w for _, m in model.named_modules() for w in m._workspaces()}
     held = sum(w.nbytes() for w in pools.values())  # shared pools counted once
-    return dict(peak_bytes=peak, held_bytes=held,
-                step_seconds=statistics.median(times), params=model.num_parameters())
+    return model, step, dict(peak_bytes=peak, held_bytes=held, params=model.num_parameters())
 
 
 def measure(blocks: int = 12, n: int = 2048, d: int = 512, f: int = 2048,
             dtype=np.float32, steps: int = 5) -> dict:
     """Both stacks at (n, d, f): peak activation bytes, held work-buffer bytes, median step
-    seconds, and the two ratios next to their targets."""
-    plain = _one(blocks, n, d, f, False, dtype, steps)
-    ckpt = _one(blocks, n, d, f, True, dtype, steps)
+    seconds, and the two ratios next to their targets. The steps alternate between the two
+    stacks and the time ratio is the median of the pairs' ratios, so a disturbance from
+    another process hits both sides alike."""
+    _, plain_step, plain = _first_step(blocks, n, d, f, False, dtype)
+    _, ckpt_step, ckpt = _first_step(blocks, n, d, f, True, dtype)
+    tp, tc = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        plain_step()
+        t1 = time.perf_counter()
+        ckpt_step()
+        t2 = time.perf_counter()
+        tp.append(t1 - t0)
+        tc.append(t2 - t1)
+    plain["step_seconds"] = statistics.median(tp)
+    ckpt["step_seconds"] = statistics.median(tc)
     mem = ckpt["peak_bytes"] / plain["peak_bytes"]
-    tim = ckpt["step_seconds"] / plain["step_seconds"]
+    tim = statistics.median(c / p for p, c in zip(tp, tc))
     return dict(case=f"{blocks} x FFNSublayer(pre) at ({n}, {d}, {f}) {np.dtype(dtype).name}",
                 plain=plain, checkpoint=ckpt, memory_ratio=mem, time_ratio=tim,
                 memory_ratio_max=MEMORY_RATIO_MAX, time_ratio_max=TIME_RATIO_MAX,
