@@ -244,3 +244,17 @@ def test_steady_step_allocates_no_array(act, bias, dropout):
     # Check that a steady training step allocates no array over 1 KiB (tracemalloc at two
     # sizes, as tests/test_step_alloc.py).
     _check_two_sizes(f"GatedFFN-{act}", _make(act, bias, dropout), threads=1)
+
+
+@pytest.mark.slow
+def test_steady_step_allocates_no_array_with_split_passes():
+    # Check that with two threads, where the GLU passes over [G; U] (2048 x 1024 elements at
+    # the base size) are split over the thread pool, a steady step still allocates nothing
+    # over the limits of tests/test_step_alloc.py's split-pass check.
+    from test_step_alloc import PARALLEL_LIMIT, PARALLEL_PY_OBJECTS
+
+    def make(rng, k):
+        m = GatedFFN(512 * k, 1024 * k, "silu", rng=0)
+        x = rng.standard_normal((1024 * k, 512 * k)).astype(np.float32)
+        return m, x, rng.standard_normal(x.shape).astype(np.float32), MSELoss()
+    _check_two_sizes("GatedFFN-split", make, 2, PARALLEL_LIMIT, PARALLEL_PY_OBJECTS)
