@@ -4,6 +4,7 @@ fused options, training through fit with save/load, bad arguments, and a steady 
 allocations."""
 import numpy as np
 import pytest
+from gradcheck import check_module_grads
 from test_step_alloc import _check_two_sizes
 
 from engine import (GELU, AdamW, CrossEntropyLoss, Embedding, FFNSublayer, GatedFFN,
@@ -62,6 +63,20 @@ def test_checkpointing_is_bit_identical(build, x_shape, y_shape):
                 assert v is None
             else:
                 assert np.array_equal(u, v), f"step {step}: {what} differs"
+
+
+def test_checkpointed_stack_gradcheck():
+    # Check a checkpointed float64 stack (GatedFFN, GMLPBlock, LayerNorm, Linear) against
+    # central finite differences: input and every parameter.
+    rng = np.random.default_rng(8)
+    r = np.random.default_rng(0)
+    m = Sequential(GatedFFN(5, 6, "gelu", bias=True, dtype=np.float64, rng=r),
+                   GMLPBlock(5, 6, 4, causal=True, dtype=np.float64, rng=r),
+                   LayerNorm(5, dtype=np.float64), Linear(5, 3, dtype=np.float64, rng=r),
+                   checkpoint=True)
+    for _, p in m.named_parameters():
+        p.data[...] = 0.5 * rng.standard_normal(p.shape)
+    check_module_grads(m, rng.standard_normal((2, 4, 5)), rng)
 
 
 def test_fused_options_match():
