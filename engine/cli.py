@@ -435,7 +435,7 @@ def _train(args) -> int:
     _check_args(args)
     if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/lm.py
         from . import lm
-        return lm.run_cli(args, vars(build_parser().parse_args(["train"])))
+        return lm.run_cli(args)
     if args.prompt is not None or args.sample_length is not None:
         raise _UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
     from . import distributed
@@ -654,6 +654,7 @@ def info(args) -> int:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # re-read by engine/lm.py
         code = info(args) if args.command == "info" else train(args)
         sys.stdout.flush()  # here, so a closed pipe surfaces inside the try
         return code

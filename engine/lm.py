@@ -11,6 +11,7 @@ add-one smoothed), and ``sample`` generates text from a prompt. ``python -m engi
 """
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
@@ -285,30 +286,62 @@ def train(config: LMConfig | None = None, progress=True, text: str | None = None
 
 
 # ----------------------------------------------------------------------------- CLI
-# Generic ``train`` options the language model reads, as (option dest, LMConfig field); when
-# an option keeps its parser default, the LMConfig default applies instead.
-_CLI_FIELDS = (("d_hidden", "d_model"), ("d_ff", "d_ffn"), ("epochs", "epochs"),
-               ("batch_size", "batch_size"), ("lr", "lr"), ("weight_decay", "weight_decay"),
-               ("warmup", "warmup"), ("seed", "seed"), ("dtype", "dtype"),
-               ("prompt", "prompt"), ("sample_length", "sample_length"))
-_CLI_USED = {d for d, _ in _CLI_FIELDS} | {"command", "model", "task", "threads", "save",
-                                          "log_every"}
+def _number(kind, low, what):
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            v = None
+        if v is None or not math.isfinite(v) or v < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+    return parse
 
 
-def config_from_args(args, defaults: dict) -> LMConfig:
-    """``LMConfig`` with every option the user gave (``args`` differs from the parser's
-    ``defaults``) in place of the language model's own default."""
+def cli_parser() -> argparse.ArgumentParser:
+    """The options of ``train --model gmlp-lm --task text``, each defaulting to ``LMConfig``'s
+    value: the language model re-reads the command line with it, so an option counts as given
+    exactly when it is on the command line, and one it does not read is an error."""
     c = LMConfig()
-    for dest, name in _CLI_FIELDS:
-        v = getattr(args, dest, None)
-        if v is not None and v != defaults.get(dest):
-            setattr(c, name, v)
+    p = argparse.ArgumentParser(prog="python -m engine train --model gmlp-lm --task text",
+                                allow_abbrev=False)
+    p.add_argument("--model", choices=("gmlp-lm", "gmlp"), default="gmlp-lm")
+    p.add_argument("--task", choices=("text",), default="text")
+    p.add_argument("--d-hidden", dest="d_model", type=_number(int, 1, "a positive integer"),
+                   default=c.d_model)
+    p.add_argument("--d-ff", dest="d_ffn", type=_number(int, 2, "an integer >= 2"),
+                   default=c.d_ffn)
+    p.add_argument("--epochs", type=_number(int, 0, "an integer >= 0"), default=c.epochs)
+    p.add_argument("--batch-size", type=_number(int, 1, "a positive integer"),
+                   default=c.batch_size)
+    p.add_argument("--lr", type=_number(float, 0.0, "a number >= 0"), default=c.lr)
+    p.add_argument("--weight-decay", type=_number(float, 0.0, "a number >= 0"),
+                   default=c.weight_decay)
+    p.add_argument("--warmup", type=_number(int, 0, "an integer >= 0"), default=c.warmup)
+    p.add_argument("--seed", type=_number(int, 0, "an integer >= 0"), default=c.seed)
+    p.add_argument("--dtype", choices=("float32", "float64"), default=c.dtype)
+    p.add_argument("--threads", type=_number(int, 1, "a positive integer"), default=None)
+    p.add_argument("--save", default=None)
+    p.add_argument("--log-every", type=_number(int, 1, "a positive integer"), default=1)
+    p.add_argument("--prompt", default=c.prompt)
+    p.add_argument("--sample-length", type=_number(int, 0, "an integer >= 0"),
+                   default=c.sample_length)
+    return p
+
+
+def config_from_options(o) -> LMConfig:
+    """``LMConfig`` of the options ``cli_parser`` read."""
+    c = LMConfig()
+    for name in ("d_model", "d_ffn", "epochs", "batch_size", "lr", "weight_decay", "warmup",
+                 "seed", "dtype", "prompt", "sample_length"):
+        setattr(c, name, getattr(o, name))
     return c
 
 
-def run_cli(args, defaults: dict, out=None) -> int:
+def run_cli(args, out=None) -> int:
     """``python -m engine train --model gmlp-lm --task text``: train, report, save and
-    reload the checkpoint. Returns the exit status."""
+    reload the checkpoint. ``args`` is the engine CLI's namespace; the options are re-read
+    from its ``argv`` (the command line) by ``cli_parser``. Returns the exit status."""
     import kernels
 
     from . import __version__, checkpoint
@@ -317,18 +350,15 @@ def run_cli(args, defaults: dict, out=None) -> int:
         print(f"error: --model {args.model} --task {args.task}: the text task trains the "
               f"gmlp-lm model (--model gmlp-lm --task text)", file=sys.stderr)
         return 2
-    unused = [f"--{d.replace('_', '-')}" for d, v in sorted(vars(args).items())
-              if d not in _CLI_USED and v != defaults.get(d, v)]
-    if unused:
-        print(f"error: {', '.join(unused)}: not used by the gmlp-lm model (it reads "
-              f"{', '.join('--' + d.replace('_', '-') for d, _ in _CLI_FIELDS)}, --threads, "
-              f"--save and --log-every)", file=sys.stderr)
-        return 2
-    c = config_from_args(args, defaults)
-    if c.batch_size == 0:
-        c.batch_size = LMConfig.batch_size
-    if args.threads is not None:
-        kernels.set_num_threads(args.threads)
+    argv = list(getattr(args, "argv", None) or [])
+    argv = argv[argv.index("train") + 1:] if "train" in argv else []
+    try:
+        o = cli_parser().parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage and the error
+        return 2 if e.code else 0
+    c = config_from_options(o)
+    if o.threads is not None:
+        kernels.set_num_threads(o.threads)
     t_all = time.perf_counter()
     print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | "
           f"{kernels.get_num_threads()} BLAS thread(s)", file=out)
@@ -348,7 +378,7 @@ def run_cli(args, defaults: dict, out=None) -> int:
           f"steps then cosine; {c.epochs} epochs x {s.steps // max(c.epochs, 1)} steps of "
           f"{c.batch_size} windows of {c.seq_len}; seed {c.seed}", file=out)
     out.flush()
-    r = train(progress=args.log_every or 1, prepared=s)
+    r = train(progress=o.log_every, prepared=s)
     chars = r.history.samples * c.seq_len
     print(f"time      {r.seconds:.1f} s for {r.history.steps} steps "
           f"({chars / r.seconds if r.seconds > 0 else 0:,.0f} characters/s)", file=out)
@@ -361,8 +391,8 @@ def run_cli(args, defaults: dict, out=None) -> int:
           f"{c.temperature}):", file=out)
     print(r.sample, file=out)
     tmpdir = None
-    if args.save:
-        path = args.save
+    if o.save:
+        path = o.save
     else:
         tmpdir = tempfile.TemporaryDirectory(prefix="blasnet-")
         path = os.path.join(tmpdir.name, "gmlp-lm.npz")
@@ -378,7 +408,7 @@ def run_cli(args, defaults: dict, out=None) -> int:
         checkpoint.load(path, fresh)
         again = bits_per_char(fresh, s.Xh, s.Yh, c.batch_size)
         same = ("identical" if again == r.held_bits else f"differs by {again - r.held_bits:.3g}")
-        where = path if args.save else f"{path} (temporary)"
+        where = path if o.save else f"{path} (temporary)"
         print(f"checkpoint {where}, {os.path.getsize(path) / 1024:,.0f} KiB; reloaded: "
               f"held-out {again:.3f} bits/char ({same})", file=out)
     finally:

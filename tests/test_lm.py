@@ -99,6 +99,25 @@ def test_sample_rejects_bad_prompts():
         lm.sample(m, v, "abz", 3, 4)
 
 
+def test_cli_options_given_equal_to_the_generic_defaults_still_count(monkeypatch):
+    # Check that an option on the command line is used even when its value equals the
+    # generic CLI's default (--epochs 1000, --warmup 0): the language model re-reads argv.
+    class Stop(Exception):
+        pass
+
+    def capture(config):  # stands in for lm.setup: keep the config, train nothing
+        seen["config"] = config
+        raise Stop
+
+    seen = {}
+    monkeypatch.setattr(lm, "setup", capture)
+    with pytest.raises(Stop):
+        main(["train", "--model", "gmlp-lm", "--epochs", "1000", "--warmup", "0",
+              "--lr", "0.001"])
+    c = seen["config"]
+    assert (c.epochs, c.warmup, c.lr, c.d_ffn) == (1000, 0, 0.001, lm.LMConfig().d_ffn)
+
+
 def test_cli_runs_the_language_model(capsys):
     # Check `train --model gmlp-lm --task text` end to end with no training epochs: it
     # prints the corpus, the held-out bits per character next to the unigram baseline and a
@@ -115,14 +134,15 @@ def test_cli_runs_the_language_model(capsys):
 
 @pytest.mark.parametrize("argv,msg", [
     (["--task", "text", "--model", "mlp"], "gmlp-lm"),
-    (["--model", "gmlp-lm", "--hidden", "3,4"], "--hidden: not used"),
+    (["--model", "gmlp-lm", "--hidden", "3,4"], "unrecognized arguments: --hidden"),
+    (["--model", "gmlp-lm", "--d-ff", "7", "--epochs", "0"], "d_ffn: expected an even"),
     (["--model", "gmlp-lm", "--prompt", "\u20ac", "--epochs", "0", "--d-hidden", "4",
       "--d-ff", "4"], "not in the vocabulary"),
     (["--model", "mlp", "--sample-length", "5"], "only with --model gmlp-lm"),
 ])
 def test_cli_rejects_what_the_language_model_cannot_do(argv, msg, capsys):
     # Check exit status 2 and a message for another model on the text task, an option the
-    # language model does not read, a prompt character the corpus does not have, and a
-    # sampling option given to another model.
+    # language model does not read, an odd d_ffn, a prompt character the corpus does not
+    # have, and a sampling option given to another model.
     assert main(["train", *argv]) == 2
     assert msg in capsys.readouterr().err
