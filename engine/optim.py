@@ -331,7 +331,8 @@ class AdamW(Optimizer):
         """One AdamW update of every parameter from its current ``grad``: one kernel call over
         the runs of the parameter arenas (one run per group for a whole model), i.e. one pass
         over their concatenated elements and at most one parallel region. ``zero_grad=True``
-        also sets the gradients to zero (as ``zero_grad()`` after the step would)."""
+        also sets the gradients to zero (as ``zero_grad()`` after the step would), in the
+        same pass while each block is in cache."""
         t = self.steps + 1  # the kernel's bias correction counts steps from 1
         m_bufs, v_bufs = self._flat["exp_avg"], self._flat["exp_avg_sq"]
         items = []
@@ -344,10 +345,7 @@ class AdamW(Optimizer):
                     c = consts[dt] = _adamw_consts(dt, t, lr, b1, b2, eps, wd)
                 n = data.shape[0]
                 items.append(((data, grad, m_bufs[dt][off:off + n], v_bufs[dt][off:off + n]), c))
-        ops.adamw(items)
-        if zero_grad:
-            for (_, grad, _, _), _ in items:
-                grad.fill(0.0)
+        ops.adamw(items, bool(zero_grad))
         self.steps = t
 
 
@@ -381,8 +379,9 @@ class SGD(Optimizer):
 
     def step(self, zero_grad: bool = False) -> None:
         """One SGD update of every parameter from its current ``grad``, one kernel call per
-        run of the parameter arenas. ``zero_grad=True`` also sets the gradients to zero."""
-        state = self.state
+        run of the parameter arenas. ``zero_grad=True`` also sets the gradients to zero, in
+        the same pass."""
+        state, zero = self.state, bool(zero_grad)
         for g, group_runs in zip(self.param_groups, self._runs()):
             lr, mom, wd, damp, nest = (g["lr"], g["momentum"], g["weight_decay"],
                                        g["dampening"], g["nesterov"])
@@ -395,11 +394,9 @@ class SGD(Optimizer):
                         if "momentum_buffer" not in state[i]:
                             state[i]["momentum_buffer"] = self._flat_view_of("momentum_buffer", i)
                     buf = bufs[dt][off:off + data.shape[0]]
-                    ops.sgd(data, grad, buf, lr, mom, wd, damp, nest, new)
+                    ops.sgd(data, grad, buf, lr, mom, wd, damp, nest, new, zero)
                 else:
-                    ops.sgd(data, grad, None, lr, 0.0, wd, damp, False, False)
-                if zero_grad:
-                    grad.fill(0.0)
+                    ops.sgd(data, grad, None, lr, 0.0, wd, damp, False, False, zero)
         self.steps += 1
 
 

@@ -9,55 +9,22 @@ Generator, in order) while pool threads finish the blocks already drawn.
 from __future__ import annotations
 
 import queue
-import threading
 
 import numpy as np
 
 from . import parallel as _par
 from .gemm import check_array
+from .memory import bundle, scratch
 
 __all__ = ["dropout_forward", "dropout_backward",
            "dropout_forward_unchecked", "dropout_backward_unchecked"]
 
-# Elements per block: the draw, the compare/scale and x * mask touch each block while it is
-# in L2. The generator (~4 ns/element for float32) dominates the time, not the block size.
+# Inline blocks: the draw, the compare/scale and x * mask touch each block while it is in L2
+# (the generator dominates the time, not the block size: docs/performance.md, "Dropout").
 _BLOCK_BYTES = 256 * 1024
-# Pipelined (several threads), the caller's draws are the long GIL-free calls (~1.5-2 ns
-# per float32 element here, ~370 us per 1 MiB block) and the pool threads' four passes the
-# short ones. Measured at (2048, 2048) float32, 2 threads: inline 11.4 ms, pipelined with 256 KiB
-# blocks 9.2 ms, 1 MiB blocks 7.8 ms (drawing alone ~6-9 ms).
+# Pipelined blocks: long draws on the caller (GIL released) against the pool threads' four
+# short passes per block.
 _PIPE_BLOCK_BYTES = 1024 * 1024
-
-_tls = threading.local()  # per-thread bool scratch for the keep test
-
-
-def _keep_scratch(shape, n):
-    """A bool array of ``shape`` (n elements), a cached view of a per-thread flat buffer that
-    is allocated once (grown only if a block needs more)."""
-    views = getattr(_tls, "views", None)
-    if views is None:
-        views = _tls.views = {}
-        _tls.flat = np.empty(0, np.bool_)
-    keep = views.get(shape)
-    if keep is None:
-        if _tls.flat.size < n:
-            _tls.flat = np.empty(max(n, _BLOCK_BYTES // 4), np.bool_)
-            views.clear()
-        if len(views) > 64:
-            views.clear()
-        keep = views[shape] = _tls.flat[:n].reshape(shape)
-    return keep
-
-
-def _pipe_keeps(k, n):
-    """``k`` bool blocks of ``n`` elements for a pipelined call made by this thread: slot s
-    serves whichever thread runs slice s, so which pool thread that is does not matter
-    (each keeps its own only while the call runs). Allocated once per calling thread."""
-    keeps = getattr(_tls, "pipe", None)
-    if keeps is None or len(keeps) < k or keeps[0].size < n:
-        keeps = _tls.pipe = [np.empty(n, np.bool_) for _ in range(k)]  # k x (block,)
-    return keeps
-
 
 def _same(a, b):
     return a is b or a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
@@ -75,46 +42,46 @@ def _finish_block(of, mf, xf, i, j, p, scale, keep):
     np.multiply(xf[i:j], mb, of[i:j])
 
 
-def _forward_pipelined(of, mf, xf, p, scale, rng, k):
+def _keeps(k, blk):
+    """A (blk,) bool block per slot of a k-thread pipelined pass, taken on the caller."""
+    return [scratch(("dropout.keep", s), blk, np.bool_) for s in range(k)]
+
+
+def _forward_pipelined(of, mf, xf, p, scale, rng):
     """The caller draws every block in order into the mask (the Generator is not
-    thread-safe, and one stream keeps the reference's mask) and queues it; ``k - 1`` pool
-    threads finish queued blocks; once all are drawn the caller finishes what is still
-    queued. A pool thread that starts late (it must wake up first, or its core is busy)
-    just finishes fewer blocks."""
+    thread-safe, and one stream keeps the reference's mask) and queues it; pool threads
+    finish queued blocks; once all are drawn the caller finishes what is still queued. A
+    pool thread that starts late (it must wake up first, or its core is busy) just
+    finishes fewer blocks."""
     dt = mf.dtype
     n = mf.size
     blk = _PIPE_BLOCK_BYTES // dt.itemsize
-    drawn = queue.SimpleQueue()  # start index of each drawn block, then an end mark per
-                                 # pool thread
-    keeps = _pipe_keeps(k, blk)
+    drawn = queue.SimpleQueue()  # start index of each drawn block, then one end mark (None)
+    put = drawn.put
+    k = _par.threads_for(n)
+    keeps = bundle(("dropout.keeps", k, blk), _keeps, k, blk)
 
-    def finish(get, keep):
+    def finish(keep):
         while True:
-            i = get()
+            i = drawn.get()  # waits with the GIL released
             if i is None:
+                put(None)    # pass the end mark on to the next finisher
                 return
             _finish_block(of, mf, xf, i, min(i + blk, n), p, scale, keep)
 
-    def next_or_none():
-        try:
-            return drawn.get_nowait()
-        except queue.Empty:
-            return None
-
-    def run(s, _):
-        if s:
-            finish(drawn.get, keeps[s])  # waits (GIL released) for drawn blocks, to an end mark
+    def run(_i0, _i1, slot):
+        if slot:
+            finish(keeps[slot])
             return
-        random, put = rng.random, drawn.put
+        random = rng.random
         try:
             for i in range(0, n, blk):
                 random(out=mf[i:i + blk], dtype=dt)
                 put(i)
-            finish(next_or_none, keeps[0])  # all drawn: finish what is still queued
         finally:
-            for _ in range(k - 1):
-                put(None)        # one end mark per pool thread (also on error)
-    _par.parallel_for(run, k, k)
+            put(None)  # also on error: the pool threads finish what is queued and stop
+        finish(keeps[0])
+    _par.split(run, n, k=k)
 
 
 def dropout_forward_unchecked(out, mask, x, p, rng):
@@ -132,7 +99,7 @@ def dropout_forward_unchecked(out, mask, x, p, rng):
     step = max(1, _BLOCK_BYTES // dt.itemsize)
     ge, mul, copyto, random = np.greater_equal, np.multiply, np.copyto, rng.random
     if n <= step:  # one block: no flattening or slicing (small arrays are call-bound)
-        keep = _keep_scratch(x.shape, n)
+        keep = scratch("dropout.keep", x.shape, np.bool_)
         random(out=mask, dtype=dt)
         ge(mask, p, out=keep)
         copyto(mask, keep)
@@ -140,11 +107,10 @@ def dropout_forward_unchecked(out, mask, x, p, rng):
         mul(x, mask, out=out)
         return out
     xf, mf, of = x.reshape(-1), mask.reshape(-1), out.reshape(-1)  # views (C-contiguous)
-    k = _par.chunks(n, 1)
-    if k > 1:
-        _forward_pipelined(of, mf, xf, p, scale, rng, k)
+    if _par.threads_for(n) > 1:
+        _forward_pipelined(of, mf, xf, p, scale, rng)
         return out
-    keep = _keep_scratch((step,), step)
+    keep = scratch("dropout.keep", step, np.bool_)
     for i in range(0, n, step):
         # Block draws continue one stream: the concatenation equals rng.random(x.shape, dtype).
         random(out=mf[i:i + step], dtype=dt)       # u ~ U[0, 1)

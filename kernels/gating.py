@@ -17,7 +17,7 @@ __all__ = ["gate_forward", "gate_backward"]
 _BLOCK_BYTES = 128 * 1024
 # Split blocks are larger: each ufunc call takes the GIL back (kernels.parallel).
 _SPLIT_BLOCK_BYTES = 512 * 1024
-# (1, 2) as 0-d arrays per dtype: a Python float operand costs a ufunc call ~0.2 us more.
+# (1, 2) as 0-d arrays per dtype: a Python float operand is converted on every ufunc call.
 _CONST = {np.dtype(t): (np.array(1.0, t), np.array(2.0, t)) for t in (np.float32, np.float64)}
 
 
@@ -45,13 +45,11 @@ def _bwd_blocks(g, p, da, blk):
 
 def _run(fn, arrays):
     n = arrays[0].shape[0]
-    itemsize = arrays[0].itemsize
-    k = _par.chunks(n, 1) if n >= 2 * _par.MIN_ELEMENTS_PER_THREAD else 1
-    if k == 1:
-        fn(*arrays, _BLOCK_BYTES // itemsize)
+    if _par.threads_for(n) == 1:
+        fn(*arrays, _BLOCK_BYTES // arrays[0].itemsize)
         return
-    blk = _SPLIT_BLOCK_BYTES // itemsize
-    _par.parallel_for(lambda i, j: fn(*[x[i:j] for x in arrays], blk), n, k)
+    blk = _SPLIT_BLOCK_BYTES // arrays[0].itemsize
+    _par.split(lambda i, j, _: fn(*[x[i:j] for x in arrays], blk), n)
 
 
 def gate_forward(a, g, p):

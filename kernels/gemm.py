@@ -10,11 +10,24 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas as _blas
 
-__all__ = ["gemm", "gemm_unchecked", "gemv_colsum", "check_array"]
+from .memory import ones as _ones
 
+__all__ = ["gemm", "gemm_unchecked", "gemv_colsum", "check_array", "check_contiguous",
+           "check_like", "routines"]
+
+# The package's one table of scipy BLAS routines; every kernel gets its routines from here.
 _GEMM = {np.dtype(np.float32): _blas.sgemm, np.dtype(np.float64): _blas.dgemm}
 _GEMV = {np.dtype(np.float32): _blas.sgemv, np.dtype(np.float64): _blas.dgemv}
-_ONES: dict = {}  # (dtype, n) -> ones vector, reused by gemv_colsum
+# The pairs ``routines`` hands out, fixed at import: the model GEMMs (``gemm``) are what a
+# GEMM floor counts, so a kernel's own BLAS calls (LayerNorm's rank-1 updates) stay out of
+# anything that wraps ``_GEMM`` (kernels.instrument records them as the kernel they serve).
+_ROUTINES = {dt: (_GEMM[dt], _GEMV[dt]) for dt in _GEMM}
+
+
+def routines(dtype):
+    """``(gemm, gemv)``: scipy's Fortran BLAS routines for ``dtype`` (float32 or float64), for
+    kernels that call them on Fortran views directly (layernorm, losses)."""
+    return _ROUTINES[dtype]
 
 
 def check_array(name: str, x, ndim: int | None = None, dtype=None, shape=None) -> None:
@@ -35,6 +48,37 @@ def check_array(name: str, x, ndim: int | None = None, dtype=None, shape=None) -
             raise ValueError(f"{name}: expected shape {want}, got {x.shape}")
     if not x.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array (shape {x.shape}, strides {x.strides})")
+
+
+def check_contiguous(name: str, x, written: bool = False) -> None:
+    """Raise TypeError/ValueError naming ``name`` unless ``x`` is a C- or Fortran-contiguous
+    float32/float64 ndarray (of any shape), writeable if ``written``."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+    if x.dtype not in _GEMM:
+        raise TypeError(f"{name}: expected dtype float32 or float64, got {x.dtype}")
+    if not (x.flags.c_contiguous or x.flags.f_contiguous):
+        raise ValueError(f"{name}: expected a C- or Fortran-contiguous array, got strides "
+                         f"{x.strides} for shape {x.shape}")
+    if written and not x.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable array")
+
+
+def check_like(name: str, x, ref_name: str, ref, written: bool = False) -> None:
+    """Raise TypeError/ValueError naming ``name`` unless ``x`` is an ndarray with the dtype,
+    shape and memory order (C or Fortran) of ``ref``, writeable if ``written``."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{name}: expected dtype {ref.dtype} (that of {ref_name}), got {x.dtype}")
+    if x.shape != ref.shape:
+        raise ValueError(f"{name}: expected shape {ref.shape} (that of {ref_name}), got {x.shape}")
+    if not (x.flags.c_contiguous if ref.flags.c_contiguous else x.flags.f_contiguous):
+        order = "C" if ref.flags.c_contiguous else "Fortran"
+        raise ValueError(f"{name}: expected a {order}-contiguous array like {ref_name}, got "
+                         f"strides {x.strides} for shape {x.shape}")
+    if written and not x.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable array (the call writes it)")
 
 
 def gemm_unchecked(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
@@ -82,7 +126,7 @@ def gemm(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
 
 def gemv_colsum(out, x, beta=1.0):
     """``out = x.sum(axis=0) + beta * out`` for a C-contiguous (N, d) ``x`` via gemv with a
-    ones vector (about 2x faster than ``np.sum(axis=0)`` on large arrays). No checks."""
+    ones vector (faster than ``np.sum(axis=0)``: docs/performance.md). No checks."""
     n = x.shape[0]
     if x.shape[1] == 0:  # scipy's gemv wrapper errors on an empty output
         return out
@@ -90,10 +134,6 @@ def gemv_colsum(out, x, beta=1.0):
         if beta == 0.0:
             out.fill(0.0)
         return out
-    key = (x.dtype, n)
-    ones = _ONES.get(key)
-    if ones is None:
-        ones = _ONES[key] = np.ones(n, x.dtype)
     # x.T is Fortran (d, N); y = x.T @ ones.
-    _GEMV[x.dtype](1.0, x.T, ones, beta, out, 0, 1, 0, 1, 0, 1)
+    _GEMV[x.dtype](1.0, x.T, _ones(n, x.dtype), beta, out, 0, 1, 0, 1, 0, 1)
     return out

@@ -2,13 +2,16 @@
 
 ``with record() as rec: step()`` replaces each entry of ``kernels.ops`` by a recorder for the
 length of the block (calling thread only; calls from pool threads run straight through).
-``rec.calls`` lists ``Call(name, args, seconds)`` in order; with ``timed=True`` seconds are
-exclusive (a recorded call inside another is not counted twice). bench's GEMM floor replays
+``rec.calls`` lists ``Call(name, args, seconds)`` in order; ``args`` is the full positional
+tuple (keywords and defaults filled in), so ``getattr(ops, name)(*args)`` replays the call.
+With ``timed=True`` seconds are exclusive (a recorded call inside another is not counted
+twice). bench's GEMM floor replays
 the recorded ``gemm`` calls; its step profile sums the times by name.
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 from typing import NamedTuple
@@ -55,10 +58,10 @@ _active = [False]
 
 @contextlib.contextmanager
 def record(names=None, timed: bool = False):
-    """Record the calls of ``kernels.ops`` entries (all, or those in ``names``) made on this
-    thread inside the block; yields a ``Recording``. Not reentrant: a nested ``record``
+    """Record the calls of ``kernels.ops`` entries (all, or those in ``names``: one name or a
+    sequence) made on this thread inside the block; yields a ``Recording``. Not reentrant: a nested ``record``
     raises RuntimeError."""
-    wanted = ops.NAMES if names is None else tuple(names)
+    wanted = ops.NAMES if names is None else (names,) if isinstance(names, str) else tuple(names)
     unknown = [n for n in wanted if n not in ops.NAMES]
     if unknown:
         raise ValueError(f"names: unknown kernels {unknown}; expected names from {ops.NAMES}")
@@ -73,12 +76,27 @@ def record(names=None, timed: bool = False):
     saved = {n: getattr(ops, n) for n in wanted}
 
     def wrap(name, fn):
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):  # no introspectable signature: record as passed
+            sig = None
+        npos = 0 if sig is None else sum(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in sig.parameters.values())
+
+        def full(args, kwargs):  # every positional argument, as the kernel sees it
+            if sig is not None and (kwargs or len(args) < npos):
+                bound = sig.bind(*args, **kwargs)
+                bound.apply_defaults()
+                return bound.args
+            return args
+
         def call(*args, **kwargs):
             if threading.get_ident() != owner:
                 return fn(*args, **kwargs)
             if not timed:
-                rec.calls.append(Call(name, args, 0.0))
+                rec.calls.append(Call(name, full(args, kwargs), 0.0))
                 return fn(*args, **kwargs)
+            seen = full(args, kwargs)
             inner = [0.0]
             stack.append(inner)
             t0 = clock()
@@ -87,7 +105,7 @@ def record(names=None, timed: bool = False):
             finally:
                 dt = clock() - t0
                 stack.pop()
-                rec.calls.append(Call(name, args, dt - inner[0]))
+                rec.calls.append(Call(name, seen, dt - inner[0]))
                 if stack:
                     stack[-1][0] += dt
         call.__wrapped__ = fn

@@ -1,80 +1,49 @@
-"""LayerNorm over the last axis of an (N, d) array: forward caching mean and rstd, backward
-writing dx and accumulating dgamma/dbeta. Rows run in blocks of ~256 KiB so the chain of
-passes stays in L2, through reused per-thread scratch buffers. Row sums and broadcasts go
-through BLAS, the variance through np.vecdot (see below). It runs on the calling thread
-(see _SCRATCH for why: a NumPy-only split over blasnet's threads measured slower)."""
+"""LayerNorm (Ba et al. 2016) over the last axis of an (N, d) array: forward caching mean and
+rstd, backward writing dx and accumulating dgamma/dbeta, as llm.c's layernorm kernels.
+
+Rows run in blocks small enough that the chain of passes stays in L2, on per-thread scratch
+(kernels.memory). No call broadcasts: NumPy's broadcasting ufuncs allocate an iterator buffer
+per call and run several times slower than plain passes, so row sums are gemvs, per-row
+shifts rank-1 gemm updates (K=1, beta=1; not sger, which OpenBLAS threads from a few
+thousand elements on), and per-row or per-row-and-column scales
+(rstd_i * gamma_j) one K=1 gemm into scratch followed by a plain multiply; the variance is
+np.vecdot of the centred rows. The kernels run on the calling thread: every split over
+blasnet's threads measured slower, because the BLAS wrappers hold the GIL and a NumPy-only
+chain hands the GIL over between its many short calls (figures: docs/performance.md,
+"LayerNorm").
+"""
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
-from scipy.linalg import blas as _blas
 
-from .gemm import check_array
-from .memory import aligned_empty
+from .gemm import check_array, routines
+from .memory import bundle, ones, scratch
 
 __all__ = ["layernorm_forward", "layernorm_backward",
            "layernorm_forward_unchecked", "layernorm_backward_unchecked"]
 
-_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
-_GEMV = {_F32: _blas.sgemv, _F64: _blas.dgemv}
-_GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
-# Per (rows, d) scratch buffer. Measured fwd+bwd on (2048, 512) and (4096, 1024): 32 KiB
-# blocks ~1.4x slower (Python overhead), 64-512 KiB within noise, 256 KiB marginally best
-# (again in session 2: 128 and 512 KiB no better).
-_BLOCK_BYTES = 256 * 1024
-# Per-thread scratch, (dtype, d) -> (rows, A, B, r1, r2, ones_d, ones_r), so that threads may
-# call these kernels at once. The kernels are not split over blasnet's threads, because no
-# split measured faster than this inline BLAS chain at the bench's (2048, 512) float32:
-# - Session 1, this chain with rows split over two pool slices: fwd+bwd 4.1-4.4 ms vs 2.9
-#   inline (the gemv/gemm calls hold the GIL, so the threads serialise on them).
-# - Session 2, NumPy-only chains, every call releasing the GIL (tiles by np.copyto, row sums
-#   by np.vecdot or np.einsum, column sums by np.add.reduce), 2 threads, medians: fwd 1.4-1.9
-#   ms split vs 1.1-1.2 for session 1's version of this chain (0.9 now), bwd 2.0-2.5 vs
-#   1.6-1.8 (1.4 now); with x cold after a GEMM, fwd 2.0 split vs 1.9-2.0 (1.7 now). A pool
-#   thread merely reading the next blocks (a prefetch) slowed the caller's chain by 30-80%
-#   (GIL hand-offs again). Two threads each running such a chain on their own arrays
-#   got 0.9-1.4x the throughput of one, where two processes got 2.0x: the GIL hand-offs
-#   between the ~13-17 ufunc calls of each block (a thread that finds the GIL taken
-#   sleeps and wakes 10-20 us late; calls are 5-30 us) eat the second core. Also beware:
-#   np.vecdot and np.matmul keep the GIL unless they loop over more than 500 rows.
-_SCRATCH = threading.local()
-
-# Where the time goes (measured, 64 x 512 float32 block, one thread): any broadcasting
-# ufunc (x - mean[:, None], x * gamma) runs through numpy's buffered iterator, allocating a
-# 32 KiB buffer per call and costing ~3x a plain elementwise pass; np.add.reduce(axis=1)
-# costs ~4x a gemv and einsum allocates ~1.4 KiB per call. So row sums are gemvs, per-row
-# shifts are rank-1 gemm updates (K=1, beta=1), and per-row or per-row-and-column scales
-# (rstd_i * gamma_j) are one K=1 gemm into scratch followed by a plain multiply: no call
-# here broadcasts. sger would do the rank-1 updates too, but OpenBLAS threads it from ~9K
-# elements and on a loaded machine it took ~1 ms per call; gemm stays single-threaded
-# below M*N*K = 262144. In (2048, 512) float32 terms (one thread, x in L2 / cold after a
-# GEMM): a gemm rank-1 update or K=1 fill 0.14-0.17 / 0.17-0.26 ms, a plain multiply 0.10
-# / 0.14, a gemv 0.05, np.vecdot of the rows 0.07 / 0.13; the first pass over x, dout and
-# dx (memory, not L2) 0.45-0.6 ms each when cold. Scratch starts on a 64-byte boundary:
-# misaligned ufunc outputs cost up to 2x (kernels.memory; bwd 1.7 -> 1.5 ms here).
+_BLOCK_BYTES = 256 * 1024  # per scratch buffer: the block's passes stay in L2
 
 
-def _scratch(dtype, d):
-    try:
-        return _SCRATCH.bufs[dtype, d]
-    except AttributeError:
-        _SCRATCH.bufs = {}
-    except KeyError:
-        pass
+def _buffers(dtype, d):
+    """(rows, A, B, r1, r2, ones_d, ones_r, gemm, gemv): this thread's scratch
+    (kernels.memory), kept transposed, (d, rows) in Fortran order: the layout BLAS wants;
+    the constants and BLAS routines (kernels.gemm) the passes call."""
+    return bundle(("layernorm", dtype, d, _BLOCK_BYTES), _make_buffers, dtype, d)
+
+
+def _make_buffers(dtype, d):
     rows = max(1, _BLOCK_BYTES // (d * dtype.itemsize))
-    # Scratch is kept transposed, (d, rows) in Fortran order: the layout BLAS wants.
-    s = _SCRATCH.bufs[dtype, d] = (
-        rows,
-        aligned_empty((rows, d), dtype).T,      # A: (d, rows) scale (fwd); x - mean (bwd)
-        aligned_empty((rows, d), dtype).T,      # B: (d, rows) dout * (x - mean), scales (bwd)
-        np.empty(rows, dtype),                  # r1: (rows,) per-row sums
-        np.empty(rows, dtype),                  # r2: (rows,) per-row sums
-        np.ones((d, 1), dtype),                 # ones_d: (d, 1) row sums and row shifts
-        np.ones((1, rows), dtype),              # ones_r: (1, rows) column sums, beta
-    )
-    return s
+    return (rows,
+            scratch("layernorm.a", (rows, d), dtype).T,  # (d, rows) scale (fwd); x - mean (bwd)
+            scratch("layernorm.b", (rows, d), dtype).T,  # (d, rows) dout * (x - mean), scales
+            scratch("layernorm.r1", rows, dtype),        # (rows,) per-row sums
+            scratch("layernorm.r2", rows, dtype),        # (rows,) per-row sums
+            ones(d, dtype)[:, None],                     # (d, 1) row sums and row shifts
+            ones(rows, dtype)[None, :],                  # (1, rows) column sums, beta
+            *routines(dtype))
 
 
 # Both passes walk transposed views: a C-contiguous (n, d) array is a Fortran (d, n) one
@@ -89,10 +58,8 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
     n, d = x.shape
     if n == 0:
         return out
-    rows, S, _, _, var, ones_d, ones_r = _scratch(x.dtype, d)
-    gemv, gemm = _GEMV[x.dtype], _GEMM[x.dtype]
-    inv_d = 1.0 / d
-    d_eps, sqrt_d = d * eps, math.sqrt(d)
+    rows, S, _, _, var, ones_d, ones_r, gemm, gemv = _buffers(x.dtype, d)
+    d_eps, sqrt_d, inv_d = d * eps, math.sqrt(d), 1.0 / d
     xT, oT = x.T, out.T                         # (d, n) Fortran views
     mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views
     gcol, bcol, ones_v = gamma[:, None], beta[:, None], ones_d[:, 0]
@@ -106,8 +73,8 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
         np.copyto(ob, xb)
         gemm(-1.0, ones_d, mrow[:, i:j], 1.0, ob, 0, 0, 1)      # out = x - mean
         # Two-pass variance from the centred rows, d * var = t @ t row by row: np.vecdot
-        # (one read pass in L2) instead of t * t into scratch and a gemv (two passes),
-        # -0.2 ms at (2048, 512). rstd = sqrt(d) / sqrt(d var + d eps): three calls, not four.
+        # reads the block once (t * t into scratch and a gemv would take two passes).
+        # rstd = sqrt(d) / sqrt(d var + d eps): three calls, not four.
         tb = out[i:j]
         np.vecdot(tb, tb, out=var)
         np.add(var, d_eps, var)
@@ -125,8 +92,7 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     n, d = x.shape
     if n == 0:
         return dx
-    rows, t, P, c1, c2, ones_d, ones_r = _scratch(x.dtype, d)
-    gemv, gemm = _GEMV[x.dtype], _GEMM[x.dtype]
+    rows, t, P, c1, c2, ones_d, ones_r, gemm, gemv = _buffers(x.dtype, d)
     inv_d = 1.0 / d
     xT, gT, dT = x.T, dout.T, dx.T              # (d, n) Fortran views
     mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views

@@ -1,21 +1,19 @@
-"""Losses: softmax + cross-entropy (integer labels or probability targets) and MSE, each a
-forward returning the mean loss as a Python float and a fused backward; for MSE also
-``mse_forward_backward``, loss and gradient in one pass (what engine.MSELoss uses). Work
-runs in blocks of ~256 KiB with ``probs`` (or a small reused per-thread scratch) as the
-workspace; softmax's row max, row sums and per-row shifts go through numpy reductions and
-BLAS gemv/gemm. Large MSE calls are split over blasnet's threads."""
+"""Losses: softmax + cross-entropy (integer labels or probability targets) and MSE, with the
+mean reduction of PyTorch's CrossEntropyLoss and MSELoss. Each has a forward returning the
+mean loss as a Python float and a fused backward; MSE also ``mse_forward_backward``, loss
+and gradient in one pass (what engine.MSELoss uses). Work runs in blocks of ~256 KiB with
+``probs`` (or per-thread scratch from kernels.memory) as the workspace; softmax's row max,
+row sums and per-row shifts go through numpy reductions and BLAS gemv/gemm. Large MSE calls
+are split over blasnet's threads."""
 from __future__ import annotations
 
-import itertools
 import math
-import threading
 
 import numpy as np
-from scipy.linalg import blas as _blas
 
 from . import parallel as _par
-from .gemm import check_array
-from .memory import aligned_empty
+from .gemm import check_array, check_contiguous, check_like, routines
+from .memory import bundle, constant, ones, scratch
 from .optim import flat_view
 
 __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
@@ -24,47 +22,34 @@ __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
            "mse_forward_unchecked", "mse_backward_unchecked",
            "mse_forward_backward", "mse_forward_backward_unchecked"]
 
-_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
-_GEMV = {_F32: _blas.sgemv, _F64: _blas.dgemv}
-_GEMM = {_F32: _blas.sgemm, _F64: _blas.dgemm}
 _BLOCK_BYTES = 256 * 1024  # per block of rows (softmax) or of flat elements (MSE)
-# Per-thread scratch keyed by (kind, dtype, size), so that threads may call these at once.
 # Softmax + cross-entropy is not split over blasnet's threads (its gemv/gemm calls hold the
-# GIL; the bench's only CE is the MLP's (64, 10)); MSE is (see the MSE section).
-_SCRATCH = threading.local()
+# GIL); MSE is (see the MSE section).
 
 
-def _cache():
-    try:
-        return _SCRATCH.bufs
-    except AttributeError:
-        _SCRATCH.bufs = {}
-        return _SCRATCH.bufs
+def _rows_buffers(dtype, c):
+    """(rows, W, mx, ssum, z, idx, offs, ones_c, ones_r): this thread's softmax scratch
+    (kernels.memory) for ``c`` classes and the constants its BLAS calls read."""
+    return bundle(("losses.rows", dtype, c, _BLOCK_BYTES), _make_rows_buffers, dtype, c)
 
 
-def _rows_scratch(dtype, c):
-    key = ("rows", dtype, c)
-    cache = _cache()
-    s = cache.get(key)
-    if s is None:
-        rows = max(1, _BLOCK_BYTES // (c * dtype.itemsize))
-        s = cache[key] = (
-            rows,
-            np.empty((c, rows), dtype, order="F"),  # W: (C, rows) y * shifted, 1/sum rows
-            np.empty(rows, dtype),                  # mx: (rows,) row max, then 1 / row sum
-            np.empty(rows, dtype),                  # ssum: (rows,) row sums of exp, then lse
-            np.empty(rows, dtype),                  # z: (rows,) target logit or sum(y * s)
-            np.empty(rows, np.intp),                # idx: (rows,) flat indices of the labels
-            np.arange(rows, dtype=np.intp) * c,     # offs: (rows,) flat offset of each row
-            np.ones((c, 1), dtype),                 # ones_c: (C, 1) row sums, row shifts
-            np.ones(rows, dtype),                   # ones_r: (rows,) sums of (rows,) vectors
-        )
-    return s
+def _make_rows_buffers(dtype, c):
+    rows = max(1, _BLOCK_BYTES // (c * dtype.itemsize))
+    return (rows,
+            scratch("losses.w", (rows, c), dtype).T,  # (C, rows) y * shifted, 1/sum rows
+            scratch("losses.mx", rows, dtype),        # row max, then 1 / row sum
+            scratch("losses.ssum", rows, dtype),      # row sums of exp, then lse
+            scratch("losses.z", rows, dtype),         # target logit or sum(y * s)
+            scratch("losses.idx", rows, np.intp),     # flat indices of the labels
+            constant(("losses.offsets", rows, c),     # flat offset of each row
+                     lambda: np.arange(rows, dtype=np.intp) * c),
+            ones(c, dtype)[:, None],                  # (C, 1) row sums, row shifts
+            ones(rows, dtype))                        # (rows,) sums of (rows,) vectors
 
 
 # ----------------------------------------------------------------------------- softmax + CE
-# No call below broadcasts (numpy's broadcasting ufuncs allocate a 32 KiB iterator buffer
-# per call and run ~3x slower than plain passes): per-row shifts and scales are K=1 gemms,
+# No call below broadcasts (numpy's broadcasting ufuncs allocate an iterator buffer per call
+# and run several times slower than plain passes): per-row shifts and scales are K=1 gemms,
 # row sums gemvs, label gathers np.take/np.put on flat indices. Blocks are walked as
 # Fortran (C, rows) views of the C-contiguous (rows, C) blocks.
 
@@ -82,8 +67,8 @@ def softmax_cross_entropy_forward_unchecked(probs, logits, target):
     if n == 0:
         return math.nan
     dt = logits.dtype
-    rows, W, mx, ssum, z, idx, offs, ones_c, ones_r = _rows_scratch(dt, c)
-    gemv, gemm = _GEMV[dt], _GEMM[dt]
+    rows, W, mx, ssum, z, idx, offs, ones_c, ones_r = _rows_buffers(dt, c)
+    gemm, gemv = routines(dt)
     ones_cv, mxrow = ones_c[:, 0], mx[None, :]
     lT, pT = logits.T, probs.T  # (C, N) Fortran views
     labels = target.ndim == 1
@@ -139,7 +124,7 @@ def softmax_cross_entropy_backward_unchecked(dlogits, probs, target):
     n, c = probs.shape
     if n == 0:
         return dlogits
-    rows, _, _, _, z, idx, offs, _, _ = _rows_scratch(probs.dtype, c)
+    rows, _, _, _, z, idx, offs, _, _ = _rows_buffers(probs.dtype, c)
     labels = target.ndim == 1
     if labels:
         pflat, dflat = probs.reshape(-1), dlogits.reshape(-1)
@@ -187,6 +172,15 @@ def _check_target(target, logits):
                          f"({n}, {c}), got shape {target.shape}")
 
 
+def _check_classes(in_name, x, out_name, out, target):
+    """``x`` (N, C) with C >= 1, ``out`` like it, ``target`` labels or probabilities for it."""
+    check_array(in_name, x, ndim=2)
+    if x.shape[1] == 0:
+        raise ValueError(f"{in_name}: expected at least one class, got shape {x.shape}")
+    check_array(out_name, out, ndim=2, dtype=x.dtype, shape=x.shape)
+    _check_target(target, x)
+
+
 def softmax_cross_entropy_forward(probs, logits, target):
     """probs = softmax(logits) row-wise; returns the mean over rows of
     -sum_j y_j log softmax(logits)_j as a Python float.
@@ -195,22 +189,14 @@ def softmax_cross_entropy_forward(probs, logits, target):
     ``logits``). ``target`` is (N,) integer labels in [0, C) (any integer dtype) or (N, C)
     probabilities of the logits' dtype. Stable for any finite logits (the row max is
     subtracted before exp). N == 0 gives nan, like the mean of nothing."""
-    check_array("logits", logits, ndim=2)
-    if logits.shape[1] == 0:
-        raise ValueError(f"logits: expected at least one class, got shape {logits.shape}")
-    check_array("probs", probs, ndim=2, dtype=logits.dtype, shape=logits.shape)
-    _check_target(target, logits)
+    _check_classes("logits", logits, "probs", probs, target)
     return softmax_cross_entropy_forward_unchecked(probs, logits, target)
 
 
 def softmax_cross_entropy_backward(dlogits, probs, target):
     """dlogits = (probs - y) / N, with y the one-hot labels or the probability targets and
     ``probs`` the softmax written by the forward. ``dlogits`` may be ``probs``."""
-    check_array("probs", probs, ndim=2)
-    if probs.shape[1] == 0:
-        raise ValueError(f"probs: expected at least one class, got shape {probs.shape}")
-    check_array("dlogits", dlogits, ndim=2, dtype=probs.dtype, shape=probs.shape)
-    _check_target(target, probs)
+    _check_classes("probs", probs, "dlogits", dlogits, target)
     return softmax_cross_entropy_backward_unchecked(dlogits, probs, target)
 
 
@@ -221,29 +207,11 @@ def softmax_cross_entropy_backward(dlogits, probs, target):
 # short enough that OpenBLAS never threads them (it threads a dot above 10000 elements,
 # waking numpy's own OpenBLAS pool, not the one the GEMMs use), and more than 500 of them,
 # so numpy releases the GIL (it keeps it for a gufunc with fewer outer iterations): a split
-# call's other thread runs meanwhile. As fast as np.dot over the whole block (0.15-0.16 ms
-# per 1 Mi float32 from memory). Per-block sums are kept and added with math.fsum (exactly
+# call's other thread runs meanwhile; as fast as one np.dot over the block (docs/
+# performance.md, "Losses"). Per-block sums are kept and added with math.fsum (exactly
 # rounded, so in any order): the loss does not depend on the thread count.
 _DOT_ROWS = 512
 _DOT_ONE_MAX = 8192
-# Arrays of at least this many elements are split over blasnet's threads (blocks taken from
-# a shared counter, see _mse_run).
-_MSE_SPLIT_MIN = 2 * _par.MIN_ELEMENTS_PER_THREAD
-
-
-def _mse_scratch(dtype, nb, k):
-    """(partials, slots): a (nb,) float64 array for per-block sums and k slot pairs of a
-    (block,) scratch and a (_DOT_ROWS,) row-sum vector, of this thread."""
-    cache = _cache()
-    blk = _BLOCK_BYTES // dtype.itemsize
-    key = ("mse", dtype, blk)
-    s = cache.get(key)
-    if s is None or s[0].size < nb or len(s[1]) < k:
-        part = np.empty(max(nb, 0 if s is None else s[0].size), np.float64)
-        slots = [(aligned_empty(blk, dtype), aligned_empty(_DOT_ROWS, dtype))
-                 for _ in range(max(k, 0 if s is None else len(s[1])))]
-        s = cache[key] = (part, slots)
-    return s
 
 
 def _sumsq(d, v, cols):
@@ -275,14 +243,21 @@ def _mse_block(dp, p, t, scale, part, b, i, j, slot):
 
 
 def _grad_scale(n, dtype):
-    """2 / n as a 0-d array of ``dtype``: a multiply costs half a divide here (0.09 vs 0.18
-    ns per float32 element in L2), and a 0-d operand is not converted on every call."""
+    """2 / n as a 0-d array of ``dtype``: a multiply is cheaper than a divide, and a 0-d
+    operand is not converted on every call."""
     return np.array(2.0 / n, dtype)
+
+
+def _mse_slots(dtype, k, blk):
+    """Per slot: a (blk,) difference block and a (_DOT_ROWS,) row-sum vector."""
+    return [(scratch(("losses.mse_d", s), blk, dtype),
+             scratch(("losses.mse_rows", s), _DOT_ROWS, dtype)) for s in range(k)]
 
 
 def _mse_run(dp, p, t):
     """sum((p - t)^2) over flat views, as a Python float; with ``dp``, also
-    dp = (p - t) * (2 / n) (dp may be p)."""
+    dp = (p - t) * (2 / n) (dp may be p). Large arrays are split over blasnet's threads,
+    which take blocks from a shared counter (kernels.parallel.split_blocks)."""
     n = p.size
     blk = _BLOCK_BYTES // p.dtype.itemsize
     if n <= _DOT_ONE_MAX and dp is not None:  # small: no scratch, no loop (call overhead)
@@ -292,25 +267,17 @@ def _mse_run(dp, p, t):
         return total
     nb = -(-n // blk)
     scale = _grad_scale(n, p.dtype)
-    k = 1 if n < _MSE_SPLIT_MIN else _par.chunks(n, 1)
-    part, slots = _mse_scratch(p.dtype, nb, k)
-    if k == 1:
-        slot = slots[0]
-        for b in range(nb):
+    k = _par.threads_for(n)
+    part = scratch("losses.mse_part", nb, np.float64)  # per-block sums, any order
+    slots = bundle(("losses.mse", p.dtype, k, blk), _mse_slots, p.dtype, k, blk)
+
+    def worker(blocks, s):
+        slot = slots[s]
+        for b in blocks:
             i = b * blk
             _mse_block(dp, p, t, scale, part, b, i, min(i + blk, n), slot)
-    else:
-        counter = itertools.count()  # next() is atomic under the GIL
-
-        def worker(s, _):
-            slot = slots[s]
-            for b in counter:
-                if b >= nb:
-                    return
-                i = b * blk
-                _mse_block(dp, p, t, scale, part, b, i, min(i + blk, n), slot)
-        _par.parallel_for(worker, k, k)
-    return part[0] if nb == 1 else math.fsum(part[:nb])
+    _par.split_blocks(worker, nb, k)
+    return part[0] if nb == 1 else math.fsum(part)
 
 
 def mse_forward_unchecked(pred, target):
@@ -326,24 +293,22 @@ def mse_backward_unchecked(dpred, pred, target):
     """``mse_backward`` without checks (hot path). ``dpred`` may be ``pred``."""
     dp, p, t = flat_view(dpred), flat_view(pred), flat_view(target)
     n = p.size
+    if n == 0:  # nothing to write (the loss of nothing is nan, its gradient empty)
+        return dpred
     blk = _BLOCK_BYTES // p.dtype.itemsize
     scale = _grad_scale(n, p.dtype)
-    k = 1 if n < _MSE_SPLIT_MIN else _par.chunks(n, 1)
-    if k == 1:
-        for i in range(0, n, blk):
-            db = dp[i:i + blk]
-            np.subtract(p[i:i + blk], t[i:i + blk], db)
-            np.multiply(db, scale, db)
-    else:
-        bounds = [n * s // k for s in range(k + 1)]
+    if n <= blk:  # one block: no slicing, no split (small arrays are bound by call overhead)
+        np.subtract(p, t, dp)
+        np.multiply(dp, scale, dp)
+        return dpred
 
-        def run(s, _):
-            for i in range(bounds[s], bounds[s + 1], blk):
-                j = min(i + blk, bounds[s + 1])
-                db = dp[i:j]
-                np.subtract(p[i:j], t[i:j], db)
-                np.multiply(db, scale, db)
-        _par.parallel_for(run, k, k)
+    def run(i0, i1, _):
+        ds, ps, ts = dp[i0:i1], p[i0:i1], t[i0:i1]  # this thread's range: slices stop at it
+        for i in range(0, i1 - i0, blk):
+            db = ds[i:i + blk]
+            np.subtract(ps[i:i + blk], ts[i:i + blk], db)
+            np.multiply(db, scale, db)
+    _par.split(run, n)
     return dpred
 
 
@@ -356,44 +321,21 @@ def mse_forward_backward_unchecked(dpred, pred, target):
     return float(_mse_run(dp, p, t)) / n
 
 
-def _check_same(name, a, ref_name, ref):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
-    if a.dtype != ref.dtype:
-        raise TypeError(f"{name}: expected dtype {ref.dtype} (that of {ref_name}), got {a.dtype}")
-    if a.shape != ref.shape:
-        raise ValueError(f"{name}: expected shape {ref.shape} (that of {ref_name}), got {a.shape}")
-    if not (a.flags.c_contiguous if ref.flags.c_contiguous else a.flags.f_contiguous):
-        order = "C" if ref.flags.c_contiguous else "Fortran"
-        raise ValueError(f"{name}: expected a {order}-contiguous array like {ref_name}, got "
-                         f"strides {a.strides} for shape {a.shape}")
-
-
-def _check_pred(pred):
-    if not isinstance(pred, np.ndarray):
-        raise TypeError(f"pred: expected a numpy.ndarray, got {type(pred).__name__}")
-    if pred.dtype not in (_F32, _F64):
-        raise TypeError(f"pred: expected dtype float32 or float64, got {pred.dtype}")
-    if not (pred.flags.c_contiguous or pred.flags.f_contiguous):
-        raise ValueError(f"pred: expected a C- or Fortran-contiguous array, got strides "
-                         f"{pred.strides} for shape {pred.shape}")
-
-
 def mse_forward(pred, target):
     """mean((pred - target)**2) over all elements, as ``torch.nn.MSELoss()``; a Python float.
 
     ``pred`` and ``target`` have any one shape, one float dtype and one memory order (C or
     Fortran). An empty array gives nan."""
-    _check_pred(pred)
-    _check_same("target", target, "pred", pred)
+    check_contiguous("pred", pred)
+    check_like("target", target, "pred", pred)
     return mse_forward_unchecked(pred, target)
 
 
 def mse_backward(dpred, pred, target):
     """dpred = 2 * (pred - target) / pred.size. ``dpred`` may be ``pred``."""
-    _check_pred(pred)
-    _check_same("target", target, "pred", pred)
-    _check_same("dpred", dpred, "pred", pred)
+    check_contiguous("pred", pred)
+    check_like("target", target, "pred", pred)
+    check_like("dpred", dpred, "pred", pred, written=True)
     return mse_backward_unchecked(dpred, pred, target)
 
 
@@ -402,7 +344,7 @@ def mse_forward_backward(dpred, pred, target):
     over pred and target: writes dpred = 2 * (pred - target) / pred.size (the same bits as
     ``mse_backward``) and returns the loss (the same value as ``mse_forward``). ``dpred``
     may be ``pred``: the loss is computed from each block before it is overwritten."""
-    _check_pred(pred)
-    _check_same("target", target, "pred", pred)
-    _check_same("dpred", dpred, "pred", pred)
+    check_contiguous("pred", pred)
+    check_like("target", target, "pred", pred)
+    check_like("dpred", dpred, "pred", pred, written=True)
     return mse_forward_backward_unchecked(dpred, pred, target)

@@ -1,78 +1,37 @@
-"""In-place optimizer updates: AdamW and SGD with PyTorch's semantics.
+"""In-place optimizer updates: AdamW (Loshchilov & Hutter 2019) and SGD with the semantics of
+PyTorch's ``torch.optim.AdamW`` and ``torch.optim.SGD``.
 
 Parameters and their state are walked as flat views (C- or Fortran-contiguous, never
 copied) in blocks that stay in L2, through small per-thread scratch buffers, so no temporary
 the size of a parameter is ever made (the reference's whole-array AdamW makes 12).
-``adamw_update_many`` updates a list of parameters as one concatenated range: one parallel
-region over blasnet's threads for all of them. Every element goes through the same
-correctly rounded ufuncs whatever the split, so results do not depend on it."""
+``adamw_update_many`` updates a list of parameters (or flat segments of a parameter arena,
+as llm.c's ``params_memory``) as one concatenated range: one parallel region over
+blasnet's threads for all of them. The update is bound by memory traffic, so it can also
+zero the gradient in the same pass (``zero_grad``). Every element goes through the same
+correctly rounded ufuncs whatever the split, so results do not depend on it. Block sizes and
+pass order were chosen by measurement: docs/performance.md, "AdamW and SGD"."""
 from __future__ import annotations
 
-import itertools
 import math
 import numbers
-import threading
 
 import numpy as np
 
 from . import parallel as _par
+from .gemm import check_contiguous, check_like
 from .memory import ALIGN as _ALIGN
-from .memory import aligned_empty as _aligned_empty
+from .memory import bundle, scratch
 
 __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_unchecked",
            "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view"]
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-# Block size in bytes per array on one thread: 64 Ki float32 / 32 Ki float64 elements.
-# Measured on AdamW (2.1M float32): 8 Ki elements 11.1 ms, 16 Ki 9.6, 32 Ki 7.1, 64 Ki 6.4
-# (reference 20 ms); on the current machine 32 Ki 3.6, 64 Ki 3.5, 128 Ki 3.7, 256 Ki 4.8;
-# with the 3-array AdamW chain 64 Ki to 128 Ki all give 3.5.
-# BLAS axpy would save a pass but OpenBLAS threads it above 10000 elements, which on a
-# loaded machine cost ~10x (measured again: 36 ms instead of 5), and its fused multiply-add
-# would round differently from the ufunc chain, so results would depend on the thread count.
-_BLOCK_BYTES = 256 * 1024
-# Large updates are split over blasnet's threads (kernels.parallel.chunks decides on the
-# total element count). What the split costs is the GIL, not memory: the AdamW chain over
-# 1M float32 took 1.75 ms alone, 1.76 in each of two processes at once, 2.05 in each of two
-# threads at once. A thread that finishes a ufunc while the other holds the GIL sleeps, and
-# waking a sleeping thread takes ~35 us here (lock ping-pong: 74 us round trip), so every
-# ufunc call costs ~3 us more on two threads and split blocks must be long. Per thread
-# (1M float32 over 2 threads) by block size: 96 Ki 2.43 ms, 128 Ki 2.26, 160 Ki 2.03,
-# 224 Ki 2.04, 320 Ki 2.44 (beyond L2: 3 arrays x 160 Ki x 4 B ~ 2 MiB, the L2 of a core).
-_SPLIT = True
-_PAR_BLOCK_BYTES = 640 * 1024     # AdamW: 160 Ki float32; the scratch is sized for this
+# No BLAS axpy: OpenBLAS threads it on its own, and its fused multiply-add would round
+# differently from the ufunc chain, making results depend on the thread count.
+_BLOCK_BYTES = 256 * 1024          # per array, one thread: the block's passes stay in L2
+# Split over threads, each ufunc call takes the GIL back (kernels.parallel): longer blocks,
+# still within a core's L2 for the 3 arrays of the AdamW chain.
+_PAR_BLOCK_BYTES = 640 * 1024
 _SGD_PAR_BLOCK_BYTES = 512 * 1024  # SGD keeps up to 5 arrays in use per block
-
-_tls = threading.local()  # per-thread scratch: pool threads run the same kernel at once
-
-
-def _scratch(dtype, nbytes):
-    """Two flat scratch buffers of ``nbytes`` for this thread and dtype (allocated once,
-    64-byte aligned: see ``_head``)."""
-    try:
-        return _tls.bufs[dtype, nbytes]
-    except AttributeError:
-        _tls.bufs = {}
-    except KeyError:
-        pass
-    n = nbytes // dtype.itemsize
-    s = _tls.bufs[dtype, nbytes] = (_aligned_empty(n, dtype), _aligned_empty(n, dtype))
-    return s
-
-
-def _slot_scratch(dtype, k):
-    """Scratch pairs of ``_PAR_BLOCK_BYTES`` for the ``k`` slices of a split update made by
-    this thread: slot s serves whichever thread runs slice s, so which pool thread that is
-    does not matter. Allocated once per calling thread, 64-byte aligned."""
-    slots = getattr(_tls, "slots", None)
-    if slots is None:
-        slots = _tls.slots = {}
-    s = slots.get(dtype)
-    n = _PAR_BLOCK_BYTES // dtype.itemsize
-    if s is None or len(s) < k or s[0][0].size < n:
-        s = slots[dtype] = [(_aligned_empty(n, dtype), _aligned_empty(n, dtype))
-                            for _ in range(k)]
-    return s
 
 
 def flat_view(a):
@@ -85,85 +44,62 @@ def _head(a):
     """How many elements of the flat array ``a`` come before its first 64-byte boundary
     (0 if its address is not a multiple of its itemsize). Blocks start there, so that
     block and scratch are both cache-line aligned: NumPy's buffers start 16 bytes past a
-    boundary, and an in-place pass over such a block ran 15-35% slower (a += b, 64 Ki
-    float32 in L2: 7.2 vs 5.3 us); the AdamW chain over 2.1M float32 took 3.5 ms instead
-    of 3.35 on one thread, 2.24 instead of 2.16 on two."""
+    boundary, and in-place passes over such blocks run slower (kernels.memory)."""
     addr = a.__array_interface__["data"][0]
     size = a.itemsize
     return 0 if addr % size else (-addr % _ALIGN) // size
 
 
-def _walk(chain, items):
+def _slot_scratch(dtype, k, blk):
+    """Two (blk,) scratch blocks per slot of a k-thread pass, taken on the calling thread."""
+    return [(scratch(("optim.a", s), blk, dtype), scratch(("optim.b", s), blk, dtype))
+            for s in range(k)]
+
+
+def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False):
     """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over every
-    ``(arrays, consts)`` item in turn, on this thread, in ``_BLOCK_BYTES`` blocks aligned
-    on the first array (``_head``)."""
+    ``(arrays, consts)`` item: one pass over the items' concatenated elements (``total`` in
+    all), split over blasnet's threads in ``block_bytes`` blocks when large, else inline in
+    ``_BLOCK_BYTES`` blocks. With ``zero_grad`` each block of the second array (the
+    gradient) is set to 0 after the chain, while it is still in cache. Each item's first
+    block ends on its first array's 64-byte boundary (``_head``), its last one is shorter;
+    block boundaries do not change any result. The threads take blocks from a shared
+    counter (kernels.parallel.split_blocks). Bookkeeping is per item, not per block."""
+    k = _par.threads_for(total)
+    if k == 1:
+        block_bytes = _BLOCK_BYTES
+    plan, nblocks, scratch_of = [], 0, {}
     for arrays, consts in items:
-        ta, tb = _scratch(arrays[0].dtype, _BLOCK_BYTES)
-        n, blk = arrays[0].size, ta.size
-        if n <= blk:  # one block: no slicing (small parameters are bound by call overhead)
-            chain(*arrays, ta[:n], tb[:n], *consts)
-            continue
-        h = _head(arrays[0])
-        if h:
-            chain(*[a[:h] for a in arrays], ta[:h], tb[:h], *consts)
-        for i in range(h, n, blk):
-            j = min(i + blk, n)
-            chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
-
-
-def _split(chain, items, k, block_bytes=_PAR_BLOCK_BYTES):
-    """``_walk`` in one parallel region of ``k`` threads over the items' concatenated
-    elements: the threads take ``block_bytes`` blocks (each item's first one up to
-    its first array's 64-byte boundary, its last one shorter) from a shared counter until
-    none is left, so a thread that starts late (the pool thread must wake up first, or its
-    core is busy) takes fewer blocks, and the caller never waits for more than the block
-    another thread is finishing. Block boundaries do not change any result. Bookkeeping is
-    per item, not per block: nothing grows with the element count."""
-    ends, blks, heads, total = [], [], [], 0
-    slots = {}
-    for arrays, _ in items:
-        dt = arrays[0].dtype
-        if dt not in slots:
-            slots[dt] = _slot_scratch(dt, k)
+        a0 = arrays[0]
+        dt, n = a0.dtype, a0.size
         blk = block_bytes // dt.itemsize
-        n = arrays[0].size
-        h = _head(arrays[0]) if n > blk else 0
-        total += (h > 0) + -(-(n - h) // blk)
-        ends.append(total)
-        blks.append(blk)
-        heads.append(h)
-    counter = itertools.count()  # next() is atomic under the GIL
+        sc = scratch_of.get(dt)
+        if sc is None:  # [(scratch_a, scratch_b) per slot]
+            sc = scratch_of[dt] = bundle(("optim", dt, k, blk), _slot_scratch, dt, k, blk)
+        h = _head(a0) if n > blk else 0
+        first = nblocks + (h > 0)  # the item's first block after its head
+        nblocks = first + -(-(n - h) // blk)
+        plan.append((nblocks, first, h, blk, n, arrays, consts, sc))
 
-    def worker(s, _):
-        q, first = 0, 0  # the item of this thread's last block, and that item's first block
-        for b in counter:
-            if b >= total:
-                return
-            while b >= ends[q]:  # a thread's blocks come in increasing order
-                first = ends[q]
+    def worker(blocks, s):
+        q = 0  # the item of this thread's last block (a thread's blocks come in order)
+        end, first, h, blk, n, arrays, consts, sc = plan[0]
+        for b in blocks:
+            while b >= end:
                 q += 1
-            arrays, consts = items[q]
-            h, blk = heads[q], blks[q]
-            b -= first + (h > 0)
-            if b < 0:
+                end, first, h, blk, n, arrays, consts, sc = plan[q]
+            if b < first:  # the head
                 i, j = 0, h
             else:
-                i = h + b * blk
-                j = min(i + blk, arrays[0].size)
-            ta, tb = slots[arrays[0].dtype][s]
-            chain(*[a[i:j] for a in arrays], ta[:j - i], tb[:j - i], *consts)
-    _par.parallel_for(worker, k, k)
-
-
-def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES):
-    """``chain`` over ``items`` (``total`` elements in all): split over blasnet's threads
-    in ``block_bytes`` blocks when large, else inline."""
-    if _SPLIT and total >= _par.MIN_ELEMENTS_PER_THREAD:
-        k = _par.chunks(total, 1)
-        if k > 1:
-            _split(chain, items, k, block_bytes)
-            return
-    _walk(chain, items)
+                i = h + (b - first) * blk
+                j = min(i + blk, n)
+            ta, tb = sc[s]
+            # The whole item is not sliced (small ones are bound by call overhead).
+            views = arrays if j - i == n else [a[i:j] for a in arrays]
+            chain(*views, ta[:j - i], tb[:j - i], *consts)
+            if zero_grad:
+                views[1].fill(0)
+    _par.split_blocks(worker, nblocks, k)
 
 
 # ----------------------------------------------------------------------------- AdamW
@@ -175,15 +111,12 @@ def _adamw_chain(pb, gb, mb, vb, tb, _, decay, b1_a1, a1, beta2, a2, eps_hat, st
 
     Order: v and the denominator (g, v, scratch), then m in place without scratch (m, g),
     then the update (m, scratch) and p. Between two uses of a block at most two other
-    arrays are touched, except for g, which is only read (clean lines: nothing to write
-    back if evicted); in the textbook order (m, v, update) the written m waits while g, v
-    and the scratch pass. So blocks can be larger in the same L2, and fewer, longer ufunc
-    calls wait less for the GIL when split over threads: 2.1M float32 on 2 threads, 160 Ki
-    blocks, 2.20 ms vs 2.31 (textbook order; 2.37 at its best block size, 128 Ki). m is
-    updated in place as ((m * (b1/a1)) + g) * a1 with a1 = 1 - b1: three roundings like
-    b1 m + a1 g, and b1/a1 is finite (b1 < 1). Time per pass, 2.1M float32 on one thread:
-    the first touch of g, v, m and p (from L3) 0.35-0.42 ms each, the sqrt 0.47, the
-    divide 0.40, the other passes (in L2) 0.15-0.25."""
+    arrays are touched, except for g, which is only read until the end (clean lines:
+    nothing to write back if evicted); in the textbook order (m, v, update) the written m
+    waits while g, v and the scratch pass. So blocks can be larger in the same L2, and
+    fewer, longer ufunc calls wait less for the GIL when split over threads. m is updated
+    in place as ((m * (b1/a1)) + g) * a1 with a1 = 1 - b1: three roundings like
+    b1 m + a1 g, and b1/a1 is finite (b1 < 1)."""
     np.multiply(gb, a2, tb)                    # v = b2 v + (1 - b2) g g
     tb *= gb
     vb *= beta2
@@ -203,7 +136,7 @@ def _adamw_chain(pb, gb, mb, vb, tb, _, decay, b1_a1, a1, beta2, a2, eps_hat, st
 def adamw_consts(dtype, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2):
     """The constants of one AdamW step for parameters of ``dtype``, in the form
     ``adamw_update_many_unchecked`` takes: 0-d arrays of ``dtype`` (a Python float operand
-    costs ~0.2 us more per ufunc call, and is rounded to the array's dtype all the same), the
+    is converted on every ufunc call, and rounded to the array's dtype all the same), the
     decay None when it is exactly 1. The bias corrections are folded in:
     lr/bc1 * m / (sqrt(v)/sbc2 + eps) == (lr/bc1 * sbc2) * m / (sqrt(v) + eps*sbc2), one
     multiply fewer per element, and no division by lr (which may be 0)."""
@@ -216,22 +149,24 @@ def adamw_consts(dtype, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay
                                      lr / bc1 * sbc2))
 
 
-def adamw_update_many_unchecked(updates):
+def adamw_update_many_unchecked(updates, zero_grad=False):
     """``adamw_update_many`` without argument checks (hot path). ``updates`` is a sequence
     of ``((param, grad, exp_avg, exp_avg_sq), consts)``: four distinct flat views
     (``flat_view``) of one size and dtype, and ``adamw_consts`` of that dtype (each
-    parameter may have its own, e.g. one per parameter group)."""
-    _run(_adamw_chain, updates, sum(u[0][0].size for u in updates))
+    parameter may have its own, e.g. one per parameter group). With ``zero_grad`` every
+    grad is set to 0 in the same pass (the block is in cache: one pass over the gradient
+    fewer than a separate fill)."""
+    _run(_adamw_chain, updates, sum(u[0][0].size for u in updates), zero_grad=zero_grad)
 
 
 def adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9,
-                           beta2=0.999, eps=1e-8, weight_decay=1e-2):
+                           beta2=0.999, eps=1e-8, weight_decay=1e-2, zero_grad=False):
     """``adamw_update`` without argument checks (hot path): four distinct arrays of one
     shape, dtype and memory order (all C- or all Fortran-contiguous)."""
     p = flat_view(param)
     item = ((p, flat_view(grad), flat_view(exp_avg), flat_view(exp_avg_sq)),
             adamw_consts(p.dtype, step, lr, beta1, beta2, eps, weight_decay))
-    _run(_adamw_chain, (item,), p.size)
+    _run(_adamw_chain, (item,), p.size, zero_grad=zero_grad)
     return param
 
 
@@ -271,46 +206,24 @@ def _sgd_chain_no_buf(pb, gb, t1, t2, *consts):
 
 
 def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
-                         dampening=0.0, nesterov=False, first_step=False):
-    """``sgd_update`` without argument checks (hot path); ``grad`` is only read."""
+                         dampening=0.0, nesterov=False, first_step=False, zero_grad=False):
+    """``sgd_update`` without argument checks (hot path); ``grad`` is only read, unless
+    ``zero_grad`` sets it to 0 in the same pass."""
     p, g = flat_view(param), flat_view(grad)
     consts = (lr, momentum, weight_decay, 1.0 - dampening, nesterov, first_step)
     if momentum != 0.0:
         _run(_sgd_chain, (((p, g, flat_view(momentum_buf)), consts),), p.size,
-             _SGD_PAR_BLOCK_BYTES)
+             _SGD_PAR_BLOCK_BYTES, zero_grad)
     else:
-        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size, _SGD_PAR_BLOCK_BYTES)
+        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size, _SGD_PAR_BLOCK_BYTES, zero_grad)
     return param
 
 
 # ----------------------------------------------------------------------------- checks
-def _check_param(param, name="param"):
-    if not isinstance(param, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(param).__name__}")
-    if param.dtype not in _FLOATS:
-        raise TypeError(f"{name}: expected dtype float32 or float64, got {param.dtype}")
-    if not (param.flags.c_contiguous or param.flags.f_contiguous):
-        raise ValueError(f"{name}: expected a C- or Fortran-contiguous array, got shape "
-                         f"{param.shape} with strides {param.strides}")
-    if not param.flags.writeable:
-        raise ValueError(f"{name}: expected a writeable array")
-
-
-def _check_like(name, a, param):
-    """``a`` must match ``param``: ndarray, dtype, shape and memory order."""
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
-    if a.dtype != param.dtype:
-        raise TypeError(f"{name}: expected dtype {param.dtype} (that of param), got {a.dtype}")
-    if a.shape != param.shape:
-        raise ValueError(f"{name}: expected shape {param.shape} (that of param), got {a.shape}")
-    if param.flags.c_contiguous:
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{name}: expected a C-contiguous array like param, got strides "
-                             f"{a.strides} for shape {a.shape}")
-    elif not a.flags.f_contiguous:
-        raise ValueError(f"{name}: expected a Fortran-contiguous array like param, got "
-                         f"strides {a.strides} for shape {a.shape}")
+def _check_flag(name, x):
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {x!r} ({type(x).__name__})")
+    return bool(x)
 
 
 def _check_number(name, x, lo, hi=None, hi_open=True):
@@ -326,7 +239,7 @@ def _check_number(name, x, lo, hi=None, hi_open=True):
 
 
 def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.999,
-                 eps=1e-8, weight_decay=1e-2):
+                 eps=1e-8, weight_decay=1e-2, zero_grad=False):
     """One AdamW step in place, as PyTorch's ``torch.optim.AdamW`` (``step`` counts from 1):
 
         param *= 1 - lr * weight_decay
@@ -335,15 +248,17 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.
         param -= lr / (1 - beta1**step) * exp_avg / (sqrt(exp_avg_sq / (1 - beta2**step)) + eps)
 
     The four arrays have one shape, float dtype and memory order (all C- or all
-    Fortran-contiguous; any ndim including 0-d) and must not overlap; ``grad`` is only read.
-    Returns ``param``."""
-    _check_param(param)
-    _check_like("grad", grad, param)
-    _check_like("exp_avg", exp_avg, param)
-    _check_like("exp_avg_sq", exp_avg_sq, param)
+    Fortran-contiguous; any ndim including 0-d) and must not overlap; ``grad`` is only read,
+    unless ``zero_grad`` sets it to 0 in the same pass (what a separate ``grad.fill(0)``
+    would do, without reading it from memory again). Returns ``param``."""
+    check_contiguous("param", param, written=True)
+    zero_grad = _check_flag("zero_grad", zero_grad)
+    check_like("grad", grad, "param", param, written=zero_grad)
+    check_like("exp_avg", exp_avg, "param", param, written=True)
+    check_like("exp_avg_sq", exp_avg_sq, "param", param, written=True)
     return adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq,
                                   *_check_adamw_options(step, lr, beta1, beta2, eps,
-                                                        weight_decay))
+                                                        weight_decay), zero_grad)
 
 
 def _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay):
@@ -358,13 +273,13 @@ def _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay):
 
 
 def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
-                      beta2=0.999, eps=1e-8, weight_decay=1e-2):
+                      beta2=0.999, eps=1e-8, weight_decay=1e-2, zero_grad=False):
     """``adamw_update`` of every ``(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i])`` with
     one set of options, as one pass over their concatenated elements: large totals are split
     over blasnet's threads in one parallel region (not one per parameter), and small
     parameters ride along. Same bits as ``adamw_update`` on each in turn. The four sequences
     have one length; each quadruple is as ``adamw_update`` wants it; no array may appear
-    twice or overlap another. Returns ``params``."""
+    twice or overlap another. ``zero_grad`` as in ``adamw_update``. Returns ``params``."""
     seqs = {"params": params, "grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
     for name, seq in seqs.items():
         if isinstance(seq, np.ndarray) or not isinstance(seq, (list, tuple)):
@@ -373,10 +288,12 @@ def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
     if not len(params) == len(grads) == len(exp_avgs) == len(exp_avg_sqs):
         raise ValueError("params, grads, exp_avgs, exp_avg_sqs: expected sequences of one "
                          f"length, got {[len(s) for s in seqs.values()]}")
+    zero_grad = _check_flag("zero_grad", zero_grad)
     for i, p in enumerate(params):
-        _check_param(p, f"params[{i}]")
+        check_contiguous(f"params[{i}]", p, written=True)
         for name in ("grads", "exp_avgs", "exp_avg_sqs"):
-            _check_like(f"{name}[{i}]", seqs[name][i], p)
+            check_like(f"{name}[{i}]", seqs[name][i], f"params[{i}]", p,
+                       written=name != "grads" or zero_grad)
     opts = _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay)
     consts = {}
     updates = []
@@ -385,12 +302,12 @@ def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
         if c is None:
             c = consts[p.dtype] = adamw_consts(p.dtype, *opts)
         updates.append(((flat_view(p), flat_view(g), flat_view(m), flat_view(v)), c))
-    adamw_update_many_unchecked(updates)
+    adamw_update_many_unchecked(updates, zero_grad)
     return params
 
 
 def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
-               dampening=0.0, nesterov=False, first_step=False):
+               dampening=0.0, nesterov=False, first_step=False, zero_grad=False):
     """One SGD step in place, as PyTorch's ``torch.optim.SGD``:
 
         d = grad + weight_decay * param
@@ -400,10 +317,12 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
         param -= lr * d
 
     ``momentum_buf`` may be None when ``momentum == 0``; otherwise it matches ``param``
-    (shape, dtype, memory order) and is updated in place. ``grad`` is only read. Nesterov
-    needs momentum > 0 and dampening == 0 (as in PyTorch). Returns ``param``."""
-    _check_param(param)
-    _check_like("grad", grad, param)
+    (shape, dtype, memory order) and is updated in place. ``grad`` is only read, unless
+    ``zero_grad`` sets it to 0 in the same pass. Nesterov needs momentum > 0 and
+    dampening == 0 (as in PyTorch). Returns ``param``."""
+    check_contiguous("param", param, written=True)
+    zero_grad = _check_flag("zero_grad", zero_grad)
+    check_like("grad", grad, "param", param, written=zero_grad)
     lr = _check_number("lr", lr, 0.0)
     momentum = _check_number("momentum", momentum, 0.0)
     weight_decay = _check_number("weight_decay", weight_decay, 0.0)
@@ -412,9 +331,9 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
         if momentum_buf is None:
             raise ValueError(f"momentum_buf: expected an array like param (shape {param.shape},"
                              f" dtype {param.dtype}) when momentum={momentum}, got None")
-        _check_like("momentum_buf", momentum_buf, param)
+        check_like("momentum_buf", momentum_buf, "param", param, written=True)
     if nesterov and (momentum == 0.0 or dampening != 0.0):
         raise ValueError(f"nesterov: requires momentum > 0 and dampening == 0, got "
                          f"momentum={momentum}, dampening={dampening}")
     return sgd_update_unchecked(param, grad, momentum_buf, lr, momentum, weight_decay,
-                                dampening, bool(nesterov), bool(first_step))
+                                dampening, bool(nesterov), bool(first_step), zero_grad)

@@ -3,21 +3,23 @@
 NumPy ufuncs release the GIL while they loop, so row chunks of a large array can run on
 several Python threads at once (the scipy gemm wrapper holds the GIL, so GEMMs are left to
 OpenBLAS's own threads). Each ufunc call still needs the GIL to start, so a chunk must be
-large (>= ~256 Ki elements per thread, blocks of ~512 KiB) or the threads just queue on it.
+large (``MIN_ELEMENTS_PER_THREAD`` elements per thread, blocks of ~512 KiB) or the threads
+just queue on it (docs/performance.md, "Row-parallel elementwise passes").
 The thread count is the one set by ``BLASNET_NUM_THREADS`` / ``set_num_threads`` /
 ``num_threads`` (kernels.threads), so one setting governs GEMMs and elementwise passes.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from . import threads as _threads
 
-__all__ = ["parallel_for", "chunks", "split", "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
+__all__ = ["split", "split_blocks", "threads_for", "chunks",
+           "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
-# Below this many elements per thread the GIL hand-offs cost more than the second core
-# gives (measured on GELU fwd+bwd, 2048x2048 float32: 128 KiB blocks 1.0x, 512 KiB 1.7x).
+# Below this many elements per thread the GIL hand-offs cost more than the second core gives.
 MIN_ELEMENTS_PER_THREAD = 256 * 1024
 
 _pool: ThreadPoolExecutor | None = None
@@ -47,48 +49,27 @@ def chunks(n: int, elements_per_row: int) -> int:
     return max(1, min(t, by_size, n))
 
 
-def parallel_for(fn, n: int, k: int) -> None:
-    """Call ``fn(start, stop)`` on ``k`` contiguous slices covering ``range(n)``: slice 0 on the
-    calling thread, the others on pool threads; waits for all and re-raises the first error.
-    ``fn`` must only touch its own rows and use per-thread scratch."""
-    if k <= 1:
-        fn(0, n)
-        return
-    bounds = [n * i // k for i in range(k + 1)]
-    pool = _executor(k - 1)
-    futures = [pool.submit(fn, bounds[i], bounds[i + 1]) for i in range(1, k)]
-    error = None
-    try:
-        fn(bounds[0], bounds[1])
-    except BaseException as e:  # still wait for the workers: they write the caller's arrays
-        error = e
-    for f in futures:
-        try:
-            f.result()
-        except BaseException as e:
-            error = error or e
-    if error is not None:
-        raise error
-
-
 SPLIT_MIN = 2 * MIN_ELEMENTS_PER_THREAD  # elements: smaller passes always run inline
 
 
-def split(fn, n: int, row_len: int = 1, min_elements: int = SPLIT_MIN) -> int:
-    """The one splitter of elementwise kernels: ``fn(i0, i1, slot)`` over ``k`` contiguous
-    slices of ``range(n)`` (rows of ``row_len`` elements, or flat elements with 1), ``k`` from
-    ``chunks`` when ``n * row_len >= min_elements``, else 1 (inline, slot 0). Slot 0 runs on
-    the calling thread. Returns ``k``, so ``fn`` can size its blocks for a split pass."""
-    k = chunks(n, row_len) if n * row_len >= min_elements else 1
+def threads_for(n: int, row_len: int = 1, min_elements: int = SPLIT_MIN) -> int:
+    """The thread count ``split`` uses for ``n`` rows of ``row_len`` elements: ``chunks`` when
+    ``n * row_len >= min_elements``, else 1. For kernels that size their blocks (or pick a
+    loop) by it before splitting."""
+    return chunks(n, row_len) if n * row_len >= min_elements else 1
+
+
+def _fork(fn, k: int) -> None:
+    """``fn(slot)`` for slot in range(k): slot 0 on the calling thread, the others on pool
+    threads; waits for all and re-raises the first error."""
     if k <= 1:
-        fn(0, n, 0)
-        return 1
-    bounds = [n * i // k for i in range(k + 1)]
+        fn(0)
+        return
     pool = _executor(k - 1)
-    futures = [pool.submit(fn, bounds[i], bounds[i + 1], i) for i in range(1, k)]
+    futures = [pool.submit(fn, s) for s in range(1, k)]
     error = None
     try:
-        fn(bounds[0], bounds[1], 0)
+        fn(0)
     except BaseException as e:  # still wait for the workers: they write the caller's arrays
         error = e
     for f in futures:
@@ -98,4 +79,40 @@ def split(fn, n: int, row_len: int = 1, min_elements: int = SPLIT_MIN) -> int:
             error = error or e
     if error is not None:
         raise error
+
+
+def split(fn, n: int, row_len: int = 1, min_elements: int = SPLIT_MIN, k: int | None = None) -> int:
+    """The one splitter of elementwise kernels: ``fn(i0, i1, slot)`` over ``k`` contiguous
+    slices of ``range(n)`` (rows of ``row_len`` elements, or flat elements with 1), ``k`` from
+    ``threads_for`` unless given (1: inline, slot 0). Slot 0 runs on the calling thread.
+    Returns ``k``. ``fn`` must only touch its own rows. Scratch a pool thread uses is taken
+    on the calling thread first, one per slot (``kernels.memory.scratch((key, slot), ...)``,
+    with ``k`` from ``threads_for``), so a warm pass allocates nothing whichever pool thread
+    runs a slot."""
+    if k is None:
+        k = threads_for(n, row_len, min_elements)
+    if k <= 1:
+        fn(0, n, 0)
+        return 1
+    _fork(lambda s: fn(n * s // k, n * (s + 1) // k, s), k)
     return k
+
+
+def _taken(counter, nblocks):
+    for b in counter:
+        if b >= nblocks:
+            return
+        yield b
+
+
+def split_blocks(fn, nblocks: int, k: int) -> None:
+    """Dynamic split: ``fn(blocks, slot)`` on ``k`` threads (slot 0 the caller), where
+    ``blocks`` yields block indices in increasing order, each of ``range(nblocks)`` to exactly
+    one thread, from one shared counter. A thread that starts late (a pool thread must wake
+    up first, or its core is busy) takes fewer blocks, so the caller never waits for more
+    than the block another thread is finishing. ``k`` comes from ``threads_for``."""
+    if k <= 1:
+        fn(range(nblocks), 0)
+        return
+    counter = itertools.count()  # next() is atomic under the GIL
+    _fork(lambda s: fn(_taken(counter, nblocks), s), k)

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 from scipy.special import erf as _erf
+from scipy.special import expit as _expit
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
@@ -215,6 +216,47 @@ def dropout_backward(dx, dout, mask):
     return dx
 
 
+# ----------------------------------------------------------------------------- gMLP gating
+def gate_forward(a, g, p):
+    """Spatial gating of gMLP (Liu et al. 2021), halved-input convention of kernels.gating:
+    in (g, p) = (Zg/2, P/2); out a = sigmoid(Zg) * P and g = S = 2 * sigmoid(Zg)."""
+    zg, pp = 2.0 * g, 2.0 * p
+    s = _expit(zg)
+    a[...] = s * pp
+    g[...] = 2.0 * s
+    return a
+
+
+def gate_backward(g, p, da):
+    """Backward of ``gate_forward``: in (g, p, da) = (S, P/2, dA); out g = 2 dZg and
+    p = 2 dP with dP = dA * sigmoid(Zg), dZg = dA * P * sigmoid(Zg) * (1 - sigmoid(Zg)).
+    ``da`` is left as it was (the fast kernel leaves it undefined)."""
+    s, pp = g / 2.0, 2.0 * p
+    dzg = da * pp * s * (1.0 - s)
+    dp = da * s
+    g[...] = 2.0 * dzg
+    p[...] = 2.0 * dp
+    return g
+
+
+# ----------------------------------------------------------------------------- row fills
+def fill_rows(y, b=None, res=None):
+    """y = b in every row, y = res, or y = res + b (b of shape (d,), y and res (n, d))."""
+    if res is None:
+        y[...] = b
+    elif b is None:
+        y[...] = res
+    else:
+        y[...] = res + b
+    return y
+
+
+def add(out, a, b):
+    """out = a + b."""
+    out[...] = a + b
+    return out
+
+
 # ----------------------------------------------------------------------------- losses
 def softmax(logits):
     """Row-wise softmax as a new array."""
@@ -261,25 +303,28 @@ def mse_backward(dpred, pred, target):
 
 # ----------------------------------------------------------------------------- optimizers
 def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.999,
-                 eps=1e-8, weight_decay=1e-2):
+                 eps=1e-8, weight_decay=1e-2, zero_grad=False):
     """One AdamW step (PyTorch semantics); ``step`` counts from 1 for the first update.
 
     param *= 1 - lr * wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-    param -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)."""
+    param -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps); then grad = 0 if zero_grad."""
     param *= 1.0 - lr * weight_decay
     exp_avg[...] = beta1 * exp_avg + (1.0 - beta1) * grad
     exp_avg_sq[...] = beta2 * exp_avg_sq + (1.0 - beta2) * grad * grad
     bc1 = 1.0 - beta1**step
     bc2 = 1.0 - beta2**step
     param -= lr / bc1 * exp_avg / (np.sqrt(exp_avg_sq / bc2) + eps)
+    if zero_grad:
+        grad[...] = 0.0
     return param
 
 
 def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
-               dampening=0.0, nesterov=False, first_step=False):
+               dampening=0.0, nesterov=False, first_step=False, zero_grad=False):
     """One SGD step (PyTorch semantics): g = grad + wd * param; buf = g on the first step,
     else momentum * buf + (1 - dampening) * g; param -= lr * (g + momentum * buf if nesterov
-    else buf). With momentum == 0, param -= lr * g and ``momentum_buf`` may be None."""
+    else buf). With momentum == 0, param -= lr * g and ``momentum_buf`` may be None. Then
+    grad = 0 if zero_grad."""
     g = grad + weight_decay * param
     if momentum != 0.0:
         if first_step:
@@ -288,6 +333,8 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
             momentum_buf[...] = momentum * momentum_buf + (1.0 - dampening) * g
         g = g + momentum * momentum_buf if nesterov else momentum_buf
     param -= lr * g
+    if zero_grad:
+        grad[...] = 0.0
     return param
 
 

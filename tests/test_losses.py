@@ -1,7 +1,6 @@
 """kernels.losses: softmax + cross-entropy and MSE against reference.py, central finite
 differences and independent math."""
 import math
-import threading
 import tracemalloc
 import warnings
 
@@ -255,53 +254,6 @@ def test_ce_backward_rejects_bad_input_naming_it(name, bad, exc):
         softmax_cross_entropy_backward(**args)
 
 
-def test_threads_calling_at_once_get_one_thread_results(monkeypatch):
-    # Check that two threads computing cross-entropy (labels and probability targets) and
-    # MSE at the same time, each on its own arrays, get exactly the arrays each gets alone:
-    # the scratch is per thread. Blocks of 4 MiB make each ufunc call long enough that the
-    # other thread runs in between (a class count no other test uses, so the scratch is made
-    # at this block size). The loss values are sums of numpy dot products, which numpy's
-    # OpenBLAS may thread differently when two threads call it at once: they are compared
-    # to float32 rounding.
-    monkeypatch.setattr(losses, "_BLOCK_BYTES", 4 << 20)
-    rng = np.random.default_rng(60)
-    n, c = 3 * _rows_per_block(136, np.float32) + 5, 136
-    problems = [((3 * rng.standard_normal((n, c))).astype(np.float32),
-                 rng.integers(0, c, size=n), _prob_targets(rng, n, c, np.float32))
-                for _ in range(2)]
-
-    def run(logits, labels, y, rounds=1, barrier=None):
-        p1, p2, d1, d2 = (np.empty_like(logits) for _ in range(4))
-        if barrier is not None:
-            barrier.wait()
-        for _ in range(rounds):
-            l1 = losses.softmax_cross_entropy_forward(p1, logits, labels)
-            losses.softmax_cross_entropy_backward(d1, p1, labels)
-            l2 = losses.softmax_cross_entropy_forward(p2, logits, y)
-            losses.softmax_cross_entropy_backward(d2, p2, y)
-            l3 = mse_forward(logits, y)
-        return l1, l2, l3, p1, p2, d1, d2
-
-    alone = [run(*pr) for pr in problems]
-    together = [None, None]
-    barrier = threading.Barrier(2)
-
-    def worker(i):
-        together[i] = run(*problems[i], rounds=4, barrier=barrier)
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    names = ("probs (labels)", "probs (probabilities)", "dlogits (labels)",
-             "dlogits (probabilities)")
-    for a, b in zip(alone, together):
-        for name, u, v in zip(("loss (labels)", "loss (probabilities)", "mse"), a[:3], b[:3]):
-            assert_close(v, u, name, rtol=1e-5, atol=0.0)
-        for name, u, v in zip(names, a[3:], b[3:]):
-            np.testing.assert_array_equal(v, u, err_msg=name)
-
-
 # ----------------------------------------------------------------------------- MSE
 def _mse_arrays(rng, shape, dtype, order="C"):
     pred = np.asarray(rng.standard_normal(shape), dtype=dtype, order=order)
@@ -411,6 +363,12 @@ def test_mse_forward_backward_in_place(dtype):
     np.testing.assert_array_equal(buf, dp_r)
 
 
+def test_mse_backward_of_an_empty_pair_writes_nothing():
+    # Check that an empty pair returns the empty dpred itself (no division by the zero size).
+    dp = np.empty((0, 3))
+    assert mse_backward(dp, np.empty((0, 3)), np.empty((0, 3))) is dp
+
+
 def test_mse_empty_forward_backward_is_nan():
     # Check that an empty pair gives nan, like the mean of nothing, and writes nothing.
     assert math.isnan(mse_forward_backward(np.empty((0, 3)), np.empty((0, 3)), np.empty((0, 3))))
@@ -418,7 +376,7 @@ def test_mse_empty_forward_backward_is_nan():
 
 def _split_sizes(dtype):
     # Element counts around the split threshold, with a partial last block.
-    lo = losses._MSE_SPLIT_MIN
+    lo = parallel.SPLIT_MIN
     blk = losses._BLOCK_BYTES // np.dtype(dtype).itemsize
     return [lo - 1, lo, lo + blk // 2 + 3]
 
@@ -428,10 +386,11 @@ def test_mse_split_over_threads_gives_one_thread_results(dtype, monkeypatch):
     # Check that with two threads (arrays from the split threshold up are split over a
     # thread pool) the loss and gradients are bit-identical to one thread's, for sizes
     # around the threshold, and that the split does happen at and above it.
-    calls = []
-    real = parallel.parallel_for
-    monkeypatch.setattr(parallel, "parallel_for",
-                        lambda fn, n, k: (calls.append(k), real(fn, n, k))[1])
+    calls = []  # the thread count of each split (1: ran inline)
+    real_split, real_blocks = parallel.split, parallel.split_blocks
+    monkeypatch.setattr(parallel, "split", lambda *a, **kw: calls.append(real_split(*a, **kw)))
+    monkeypatch.setattr(parallel, "split_blocks",
+                        lambda fn, nb, k: (calls.append(k), real_blocks(fn, nb, k))[1])
     rng = np.random.default_rng(26)
     for n in _split_sizes(dtype):
         pred, target = _mse_arrays(rng, (n,), dtype)
@@ -442,8 +401,8 @@ def test_mse_split_over_threads_gives_one_thread_results(dtype, monkeypatch):
                 dp = np.empty_like(pred)
                 res[t] = (mse_forward(pred, target), mse_forward_backward(dp, pred, target), dp,
                           mse_backward(np.empty_like(pred), pred, target))
-            split = n >= losses._MSE_SPLIT_MIN and t == 2
-            assert calls == ([2, 2, 2] if split else []), (n, t, calls)
+            split = n >= parallel.SPLIT_MIN and t == 2
+            assert calls == ([2, 2, 2] if split else [1, 1, 1]), (n, t, calls)
         assert res[2][0] == res[1][0] and res[2][1] == res[1][1]
         np.testing.assert_array_equal(res[2][2], res[1][2])
         np.testing.assert_array_equal(res[2][3], res[1][3])
@@ -454,7 +413,7 @@ def test_mse_split_no_block_temporaries():
     # Check that a split call allocates no block-sized temporary after a warm-up (a block is
     # 256 KiB; the pool's futures and closures are a few KiB).
     rng = np.random.default_rng(27)
-    pred, target = _mse_arrays(rng, (losses._MSE_SPLIT_MIN + 1000,), np.float32)
+    pred, target = _mse_arrays(rng, (parallel.SPLIT_MIN + 1000,), np.float32)
     dp = np.empty_like(pred)
     with num_threads(2):
         peak = _traced_peak(lambda: mse_forward(pred, target),

@@ -155,16 +155,16 @@ def test_adamw_and_sgd_make_no_parameter_sized_temporaries(dtype):
 
 @pytest.fixture
 def split_on(monkeypatch):
-    """Make sure the split of large updates over blasnet's threads is on (the default) and
-    count the parallel regions (``_split`` calls) the updates make, by chain name."""
-    monkeypatch.setattr(optim, "_SPLIT", True)
+    """List the thread count of each parallel region (kernels.parallel.split_blocks call
+    over more than one thread) the updates make."""
     calls = []
-    real = optim._split
+    real = parallel.split_blocks
 
-    def counting(*args):
-        calls.append(args[0].__name__)
-        return real(*args)
-    monkeypatch.setattr(optim, "_split", counting)
+    def counting(fn, nblocks, k):
+        if k > 1:
+            calls.append(k)
+        return real(fn, nblocks, k)
+    monkeypatch.setattr(parallel, "split_blocks", counting)
     return calls
 
 
@@ -201,7 +201,7 @@ def test_adamw_split_over_threads_is_bit_identical(split_on, dtype, order):
     one = _run_threads(1, update, (p, m, v), 3)
     assert split_on == []
     two = _run_threads(2, update, (p, m, v), 3)
-    assert split_on == ["_adamw_chain"] * 3  # the two-thread run did take the split
+    assert split_on == [2] * 3  # the two-thread run did take the split
     for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), one, two):
         np.testing.assert_array_equal(b, a, err_msg=name)
     p_r, m_r, v_r = p.copy(order="A"), m.copy(order="A"), v.copy(order="A")
@@ -246,7 +246,7 @@ def test_adamw_split_over_threads_allocates_nothing_after_warm_up(split_on):
     n = _split_size()
     p, m, v = _state(rng, (n,), np.float32)
     g = rng.standard_normal(n).astype(np.float32)
-    parallel.parallel_for(lambda i, j: None, 4, 4)
+    parallel.split(lambda i, j, slot: None, 4, k=4)  # a pool of 3 workers
     with num_threads(2):
         adamw_update(p, g, m, v, 1, 1e-3)
         tracemalloc.start()
@@ -257,7 +257,7 @@ def test_adamw_split_over_threads_allocates_nothing_after_warm_up(split_on):
             peak = tracemalloc.get_traced_memory()[1] - base
         finally:
             tracemalloc.stop()
-    assert split_on == ["_adamw_chain"] * 5
+    assert split_on == [2] * 5
     assert peak < 16 * 1024, f"peak {peak} bytes for a {p.nbytes}-byte parameter"
 
 
@@ -303,7 +303,7 @@ def test_adamw_update_many_matches_per_parameter_updates_bit_for_bit(split_on, d
         for step in (1, 2, 3):
             adamw_update_many(*[[arrs[i] for arrs in many] for i in range(4)], step, 1e-2,
                               0.8, 0.99, 1e-6, 0.1)
-    assert split_on == (["_adamw_chain"] * 3 if nthreads == 2 else [])
+    assert split_on == ([2] * 3 if nthreads == 2 else [])
     with num_threads(1):
         for step in (1, 2, 3):
             for arrs in single:
@@ -363,7 +363,7 @@ def test_adamw_update_many_split_allocates_nothing_after_warm_up(split_on):
     rng = np.random.default_rng(39)
     state = _many_state(rng, np.float32, _split_size())
     seqs = [[arrs[i] for arrs in state] for i in range(4)]
-    parallel.parallel_for(lambda i, j: None, 4, 4)
+    parallel.split(lambda i, j, slot: None, 4, k=4)  # a pool of 3 workers
     with num_threads(2):
         adamw_update_many(*seqs, 1, 1e-3)
         tracemalloc.start()
@@ -374,7 +374,7 @@ def test_adamw_update_many_split_allocates_nothing_after_warm_up(split_on):
             peak = tracemalloc.get_traced_memory()[1] - base
         finally:
             tracemalloc.stop()
-    assert split_on == ["_adamw_chain"] * 5
+    assert split_on == [2] * 5
     assert peak < 16 * 1024, f"peak {peak} bytes"
 
 
@@ -547,3 +547,124 @@ def test_sgd_rejects_bad_input_naming_it(name, bad, exc, extra):
     args[name] = bad
     with pytest.raises(exc, match=name):
         sgd_update(**args)
+
+
+# ----------------------------------------------------------------------------- zero_grad
+def _arena(rng, dtype, n):
+    """Flat parameter, gradient and moment segments as the engine's arena passes them: one
+    aligned run of n elements each (kernels.memory), random values, v >= 0."""
+    from kernels.memory import aligned_empty
+    arrs = [aligned_empty(n, dtype) for _ in range(4)]
+    arrs[0][...] = rng.standard_normal(n)
+    arrs[1][...] = rng.standard_normal(n)
+    arrs[2][...] = 0.1 * rng.standard_normal(n)
+    arrs[3][...] = rng.random(n)
+    return arrs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_adamw_zero_grad_is_the_update_then_a_fill(dtype, nthreads):
+    # Check that adamw_update_many_unchecked(..., zero_grad=True) over arena segments (a large
+    # one, split at 2 threads, and a small one) leaves param and moments bit-identical to the
+    # update without the option followed by grad.fill(0), and every gradient exactly 0.
+    rng = np.random.default_rng(50)
+    segs = [_arena(rng, dtype, _split_size()), _arena(rng, dtype, 37)]
+    plain = [[a.copy() for a in s] for s in segs]
+    consts = optim.adamw_consts(np.dtype(dtype), 3, 1e-2, 0.9, 0.999, 1e-8, 0.1)
+    with num_threads(nthreads):
+        optim.adamw_update_many_unchecked([(tuple(s), consts) for s in segs], zero_grad=True)
+        optim.adamw_update_many_unchecked([(tuple(s), consts) for s in plain])
+    for k, (s, q) in enumerate(zip(segs, plain)):
+        q[1].fill(0)
+        for name, a, b in zip(("param", "grad", "exp_avg", "exp_avg_sq"), s, q):
+            np.testing.assert_array_equal(a, b, err_msg=f"{name} of segment {k}")
+        assert not s[1].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adamw_zero_grad_matches_reference(dtype):
+    # Check the checked functions with zero_grad (C order, F order, 0-d; single and many)
+    # against the reference doing the same, over 3 steps with fresh gradients.
+    rng = np.random.default_rng(51)
+    for shape, order in (((33, 17), "C"), ((33, 17), "F"), ((), "C")):
+        p, m, v = _state(rng, shape, dtype, order)
+        p2, m2, v2 = p.copy(order="A"), m.copy(order="A"), v.copy(order="A")
+        p_r, m_r, v_r = p.copy(order="A"), m.copy(order="A"), v.copy(order="A")
+        for step in (1, 2, 3):
+            g = np.asarray(rng.standard_normal(shape), dtype, order=order)
+            g2, g_r = g.copy(order="A"), g.copy(order="A")
+            assert adamw_update(p, g, m, v, step, 1e-2, zero_grad=True) is p
+            adamw_update_many([p2], [g2], [m2], [v2], step, 1e-2, zero_grad=True)
+            reference.adamw_update(p_r, g_r, m_r, v_r, step, 1e-2, zero_grad=True)
+            for gg in (g, g2, g_r):
+                np.testing.assert_array_equal(gg, np.zeros_like(gg))
+        for x, y in ((p, p2), (m, m2), (v, v2)):
+            np.testing.assert_array_equal(x, y)
+        assert_close(p, p_r, f"param {shape} {order}", **TOL[dtype])
+        assert_close(m, m_r, f"exp_avg {shape} {order}", **TOL[dtype])
+
+
+@pytest.mark.parametrize("nthreads", [1, 2])
+@pytest.mark.parametrize("opts", SGD_CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_sgd_zero_grad_is_the_update_then_a_fill(nthreads, opts):
+    # Check that sgd_update(..., zero_grad=True) gives the bits of the update without it
+    # followed by grad.fill(0), leaves grad exactly 0, and matches the reference.
+    rng = np.random.default_rng(52)
+    p, g, buf, _ = _arena(rng, np.float32, _split_size())
+    p2, g2, buf2 = p.copy(), g.copy(), buf.copy()
+    p_r, g_r, buf_r = p.copy(), g.copy(), buf.copy()
+    mom = opts["momentum"] != 0.0
+    with num_threads(nthreads):
+        sgd_update(p, g, buf if mom else None, 0.05, zero_grad=True, **opts)
+        sgd_update(p2, g2, buf2 if mom else None, 0.05, **opts)
+    reference.sgd_update(p_r, g_r, buf_r if mom else None, 0.05, zero_grad=True, **opts)
+    g2.fill(0)
+    np.testing.assert_array_equal(p, p2)
+    np.testing.assert_array_equal(g, g2)
+    np.testing.assert_array_equal(buf, buf2)
+    assert not g.any() and not g_r.any()
+    assert_close(p, p_r, "param", **TOL[np.float32])
+
+
+@pytest.mark.parametrize("call", ["adamw", "many", "sgd"])
+def test_zero_grad_must_be_a_bool(call):
+    # Check that zero_grad=1 (or any non-bool) raises TypeError naming it and writes nothing.
+    p, g, m, v = np.ones(4), np.ones(4), np.zeros(4), np.zeros(4)
+    with pytest.raises(TypeError, match="zero_grad"):
+        if call == "adamw":
+            adamw_update(p, g, m, v, 1, 0.1, zero_grad=1)
+        elif call == "many":
+            adamw_update_many([p], [g], [m], [v], 1, 0.1, zero_grad="yes")
+        else:
+            sgd_update(p, g, None, 0.1, zero_grad=None)
+    for a, val in ((p, 1.0), (g, 1.0), (m, 0.0), (v, 0.0)):
+        np.testing.assert_array_equal(a, val)
+
+
+@pytest.mark.parametrize("call", ["adamw", "many", "sgd"])
+def test_zero_grad_needs_a_writeable_grad(call):
+    # Check that a read-only grad is fine without zero_grad (only read) and rejected with it,
+    # naming grad, before anything is written.
+    p, g, m, v = np.ones(4), np.ones(4), np.zeros(4), np.zeros(4)
+    g.flags.writeable = False
+    run = {"adamw": lambda z: adamw_update(p, g, m, v, 1, 0.1, zero_grad=z),
+           "many": lambda z: adamw_update_many([p], [g], [m], [v], 1, 0.1, zero_grad=z),
+           "sgd": lambda z: sgd_update(p, g, None, 0.1, zero_grad=z)}[call]
+    with pytest.raises(ValueError, match="grad"):
+        run(True)
+    np.testing.assert_array_equal(p, 1.0)
+    run(False)
+    assert (p != 1.0).all()
+
+
+@pytest.mark.parametrize("name", ["exp_avg", "exp_avg_sq"])
+def test_adamw_rejects_read_only_moments_before_writing(name):
+    # Check that a read-only moment is rejected naming it, with the parameter unchanged
+    # (the update writes the moments, so it would otherwise fail half-way).
+    args = _adamw_args()
+    args["param"][...] = 1.0
+    args[name].flags.writeable = False
+    with pytest.raises(ValueError, match=name):
+        adamw_update(**args)
+    np.testing.assert_array_equal(args["param"], 1.0)

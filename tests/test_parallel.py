@@ -8,38 +8,42 @@ from kernels import num_threads, parallel, threads
 
 
 @pytest.mark.parametrize("n,k", [(10, 1), (10, 2), (7, 3), (2, 2), (1000, 4)])
-def test_parallel_for_covers_every_row_once(n, k):
-    # Check that the k slices tile range(n) exactly, with no gap and no overlap.
+def test_split_covers_every_row_once(n, k):
+    # Check that the k slices tile range(n) exactly, with no gap and no overlap, and each
+    # gets its own slot number.
     hits = np.zeros(n, np.int64)
+    slots = []
     lock = threading.Lock()
 
-    def fn(i, j):
+    def fn(i, j, slot):
         with lock:
             hits[i:j] += 1
+            slots.append(slot)
 
-    parallel.parallel_for(fn, n, k)
+    assert parallel.split(fn, n, k=k) == k
     np.testing.assert_array_equal(hits, np.ones(n, np.int64))
+    assert sorted(slots) == list(range(k))
 
 
-def test_parallel_for_runs_slices_on_other_threads():
+def test_split_runs_slices_on_other_threads():
     # Check that with k = 2 one slice runs on the caller and the other on a pool thread.
     names = []
-    parallel.parallel_for(lambda i, j: names.append(threading.current_thread().name), 10, 2)
+    parallel.split(lambda i, j, s: names.append(threading.current_thread().name), 10, k=2)
     assert threading.current_thread().name in names
     assert any(name.startswith("blasnet") for name in names)
 
 
-def test_parallel_for_reraises_worker_errors_after_all_finish():
+def test_split_reraises_worker_errors_after_all_finish():
     # Check that an error in a worker slice reaches the caller, after the other slices ran.
     done = []
 
-    def fn(i, j):
+    def fn(i, j, slot):
         if i > 0:
             raise ZeroDivisionError("worker")
         done.append((i, j))
 
     with pytest.raises(ZeroDivisionError, match="worker"):
-        parallel.parallel_for(fn, 10, 2)
+        parallel.split(fn, 10, k=2)
     assert done == [(0, 5)]
 
 
@@ -66,3 +70,81 @@ def test_num_threads_restores_elementwise_setting():
         assert threads.elementwise_threads() == 2
     finally:
         threads.set_num_threads(before)
+
+
+def _recording_fn():
+    calls, lock = [], threading.Lock()
+
+    def fn(i, j, slot):
+        with lock:
+            calls.append((i, j, slot, threading.current_thread().name))
+    return calls, fn
+
+
+@pytest.mark.parametrize("n,row_len", [(parallel.SPLIT_MIN + 1, 1), (2048, 512), (1001, 999)])
+def test_split_tiles_the_range_over_the_thread_setting(n, row_len):
+    # Check that split at 2 threads calls fn on 2 contiguous slices tiling range(n), slot 0 on
+    # the calling thread and slot 1 on a pool thread, and returns 2.
+    calls, fn = _recording_fn()
+    with num_threads(2):
+        assert parallel.split(fn, n, row_len) == 2
+    calls.sort(key=lambda c: c[2])
+    assert [c[2] for c in calls] == [0, 1]
+    assert calls[0][0] == 0 and calls[0][1] == calls[1][0] and calls[1][1] == n
+    assert calls[0][3] == threading.current_thread().name
+    assert calls[1][3].startswith("blasnet")
+
+
+def test_split_runs_inline_below_the_minimum_or_on_one_thread():
+    # Check that small passes, and any pass at 1 thread, run as one call on the caller.
+    for threads_, n, min_elements in ((2, 1000, parallel.SPLIT_MIN), (1, 10**7, 1),
+                                      (2, 100, 101)):
+        calls, fn = _recording_fn()
+        with num_threads(threads_):
+            assert parallel.split(fn, n, 1, min_elements) == 1
+        assert calls == [(0, n, 0, threading.current_thread().name)]
+
+
+def test_split_takes_a_given_thread_count():
+    # Check that k given by the caller overrides the thread setting (3 slices on 1 thread).
+    calls, fn = _recording_fn()
+    with num_threads(1):
+        assert parallel.split(fn, 10, k=3) == 3
+    assert sorted(c[:3] for c in calls) == [(0, 3, 0), (3, 6, 1), (6, 10, 2)]
+
+
+def test_threads_for_is_the_count_split_uses():
+    # Check threads_for against chunks above the minimum and 1 below it.
+    with num_threads(2):
+        assert parallel.threads_for(parallel.SPLIT_MIN) == parallel.chunks(parallel.SPLIT_MIN, 1) == 2
+        assert parallel.threads_for(parallel.SPLIT_MIN - 1) == 1
+        assert parallel.threads_for(100, 10**6, min_elements=10**9) == 1
+
+
+@pytest.mark.parametrize("nblocks,k", [(0, 2), (1, 2), (57, 2), (57, 1), (5, 4)])
+def test_split_blocks_hands_out_each_block_once_in_order(nblocks, k):
+    # Check that every block index goes to exactly one thread and each thread sees its own
+    # blocks in increasing order.
+    seen, lock = {}, threading.Lock()
+
+    def fn(blocks, slot):
+        mine = list(blocks)
+        with lock:
+            seen[slot] = mine
+    parallel.split_blocks(fn, nblocks, k)
+    assert sorted(seen) == list(range(k))
+    assert all(b == sorted(b) for b in seen.values())
+    assert sorted(i for b in seen.values() for i in b) == list(range(nblocks))
+
+
+def test_split_blocks_reraises_worker_errors_after_all_finish():
+    # Check that an error on a pool thread reaches the caller after the caller's part ran.
+    done = []
+
+    def fn(blocks, slot):
+        if slot:
+            raise ZeroDivisionError("worker")
+        done.extend(blocks)
+    with pytest.raises(ZeroDivisionError, match="worker"):
+        parallel.split_blocks(fn, 10, 2)
+    assert done == list(range(10))  # the failed thread took no block: the caller took all

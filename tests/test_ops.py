@@ -1,0 +1,111 @@
+"""kernels.ops: the namespace of hot-path cores the engine calls by name."""
+import numpy as np
+import pytest
+
+from kernels import ops
+from kernels import reference as R
+
+F64 = np.float64
+
+
+def test_names_are_unique():
+    # Check that no kernel is listed twice (the recorder would wrap it twice).
+    assert len(set(ops.NAMES)) == len(ops.NAMES)
+
+
+@pytest.mark.parametrize("name", ops.NAMES)
+def test_every_name_is_a_callable_entry(name):
+    # Check that each listed name exists on the module and can be called.
+    assert callable(getattr(ops, name))
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape)
+
+
+def _case(name, rng):
+    """(call, expected): call() runs ``ops.<name>`` on fresh float64 arrays and returns what
+    to compare; expected is computed independently (kernels.reference or a formula)."""
+    x, y, z = _rand(rng, 4, 3), _rand(rng, 4, 3), _rand(rng, 4, 3)
+    b = _rand(rng, 3)
+    if name == "gemm":
+        w = _rand(rng, 3, 5)
+        return (lambda: ops.gemm(np.empty((4, 5)), x, w, False, False, 1.0, 0.0)), x @ w
+    if name == "colsum":
+        return (lambda: ops.colsum(np.ones(3), x, 1.0)), x.sum(0) + 1.0
+    if name == "bias_act":
+        return (lambda: ops.bias_act(np.empty((4, 3)), x.copy(), b, "tanh")), np.tanh(x + b)
+    if name == "act_backward":
+        return (lambda: ops.act_backward(np.empty((4, 3)), y, x, "tanh")), \
+            y * (1.0 - np.tanh(x) ** 2)
+    if name == "act_backward_cached":
+        return (lambda: ops.act_backward_cached(np.empty((4, 3)), y, z)), y * z
+    if name == "dropout_forward":
+        def run():
+            out, mask = np.empty((4, 3)), np.empty((4, 3))
+            ops.dropout_forward(out, mask, x, 0.5, np.random.default_rng(1))
+            return out
+        ref_out = R.dropout_forward(np.empty((4, 3)), np.empty((4, 3)), x, 0.5,
+                                    np.random.default_rng(1))
+        return run, ref_out
+    if name == "dropout_backward":
+        return (lambda: ops.dropout_backward(np.empty((4, 3)), y, z)), y * z
+    if name == "layernorm_forward":
+        g, beta = _rand(rng, 3), _rand(rng, 3)
+        exp = R.layernorm_forward(np.empty((4, 3)), np.empty(4), np.empty(4), x, g, beta)
+        return (lambda: ops.layernorm_forward(np.empty((4, 3)), np.empty(4), np.empty(4), x,
+                                              g, beta, 1e-5)), exp
+    if name == "layernorm_backward":
+        g = _rand(rng, 3)
+        mean, rstd = x.mean(1), 1.0 / np.sqrt(x.var(1) + 1e-5)
+        exp = R.layernorm_backward(np.empty((4, 3)), np.zeros(3), np.zeros(3), y, x, mean,
+                                   rstd, g)
+        return (lambda: ops.layernorm_backward(np.empty((4, 3)), np.zeros(3), np.zeros(3), y,
+                                               x, mean, rstd, g)), exp
+    if name == "gate_forward":
+        g, p = x.reshape(-1), y.reshape(-1)
+        exp = R.gate_forward(np.empty(12), g.copy(), p.copy())
+        return (lambda: ops.gate_forward(np.empty(12), g.copy(), p.copy())), exp
+    if name == "gate_backward":
+        g, p, da = 1.0 + np.tanh(x.reshape(-1)), y.reshape(-1), z.reshape(-1)
+        exp = R.gate_backward(g.copy(), p.copy(), da.copy())
+        return (lambda: ops.gate_backward(g.copy(), p.copy(), da.copy())), exp
+    if name == "fill_rows":
+        return (lambda: ops.fill_rows(np.empty((4, 3)), b, y)), y + b
+    if name == "add":
+        return (lambda: ops.add(np.empty((4, 3)), x, y)), x + y
+    if name == "mse_forward_backward":
+        def run():
+            d = np.empty((4, 3))
+            return np.append(d, ops.mse_forward_backward(d, x, y))
+        return run, np.append(2.0 * (x - y) / 12, ((x - y) ** 2).mean())
+    if name == "mse_backward":
+        return (lambda: ops.mse_backward(np.empty((4, 3)), x, y)), 2.0 * (x - y) / 12
+    if name == "cross_entropy_forward":
+        labels = np.array([0, 2, 1, 2])
+        ref = R.softmax_cross_entropy_forward(np.empty((4, 3)), x, labels)
+        return (lambda: ops.cross_entropy_forward(np.empty((4, 3)), x, labels)), ref
+    if name == "cross_entropy_backward":
+        labels = np.array([0, 2, 1, 2])
+        probs = R.softmax(x)
+        exp = R.softmax_cross_entropy_backward(np.empty((4, 3)), probs, labels)
+        return (lambda: ops.cross_entropy_backward(np.empty((4, 3)), probs, labels)), exp
+    if name == "adamw":
+        from kernels.optim import adamw_consts
+
+        def run():
+            p, m, v = x.copy(), np.zeros(12), np.zeros(12)
+            ops.adamw([((p.reshape(-1), y.reshape(-1), m, v),
+                        adamw_consts(np.dtype(F64), 1, 0.1))])
+            return p
+        return run, R.adamw_update(x.copy(), y, np.zeros((4, 3)), np.zeros((4, 3)), 1, 0.1)
+    if name == "sgd":
+        return (lambda: ops.sgd(x.copy(), y, None, 0.1)), x - 0.1 * y
+    raise AssertionError(f"no case for ops.{name}: add one here")
+
+
+@pytest.mark.parametrize("name", ops.NAMES)
+def test_every_entry_computes_its_kernel(name):
+    # Check that each entry is wired to the kernel its name says (float64, tiny shapes).
+    run, expected = _case(name, np.random.default_rng(7))
+    np.testing.assert_allclose(np.asarray(run()), expected, rtol=1e-12, atol=1e-12)
