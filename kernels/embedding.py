@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .gemm import check_array
+from .memory import constant, ones
 
 try:
     from scipy.sparse._sparsetools import csc_matvecs as _csc_matvecs
@@ -22,19 +23,6 @@ except ImportError as e:  # pragma: no cover - depends on the installed SciPy
 
 __all__ = ["embedding_forward", "embedding_backward", "embedding_forward_unchecked",
            "embedding_backward_unchecked"]
-
-_INDPTR: dict = {}  # n -> arange(n + 1) (int64): column pointers of the one-hot matrix
-_ONES: dict = {}    # (dtype, n) -> ones(n): its values
-
-
-def _cached(cache, key, make):
-    a = cache.get(key)
-    if a is None:
-        if len(cache) > 64:  # many distinct batch sizes: keep the cache bounded
-            cache.clear()
-        a = cache[key] = make()
-    return a
-
 
 def embedding_forward_unchecked(out, ids, weight):
     """``out[i] = weight[ids[i]]``: ``out`` C-contiguous (N, d), ``ids`` (N,) int64 in range,
@@ -52,10 +40,11 @@ def embedding_backward_unchecked(dweight, ids, dout):
     if n == 0 or d == 0:
         return dweight
     v = dweight.shape[0]
-    indptr = _cached(_INDPTR, n, lambda: np.arange(n + 1, dtype=np.int64))
-    ones = _cached(_ONES, (dout.dtype, n), lambda: np.ones(n, dout.dtype))
+    # Column pointers 0, 1, ..., n of the one-hot matrix (one entry per column).
+    indptr = constant(("embedding.indptr", n), lambda: np.arange(n + 1, dtype=np.int64))
     # Y (V x d) += A (V x N) X (N x d) with A in CSC form: column j = (row ids[j], value 1).
-    _csc_matvecs(v, n, d, indptr, ids, ones, dout.reshape(-1), dweight.reshape(-1))
+    _csc_matvecs(v, n, d, indptr, ids, ones(n, dout.dtype), dout.reshape(-1),
+                 dweight.reshape(-1))
     return dweight
 
 

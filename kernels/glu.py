@@ -16,6 +16,7 @@ from scipy.linalg import blas as _blas
 from . import parallel as _par
 from .activations import ACTIVATIONS, bias_act_forward_unchecked
 from .gemm import check_array
+from .memory import ones as _ones
 from .memory import scratch
 
 __all__ = ["glu_forward", "glu_backward", "fill_by_row", "rowsum", "glu_forward_unchecked",
@@ -26,7 +27,6 @@ __all__ = ["glu_forward", "glu_backward", "fill_by_row", "rowsum", "glu_forward_
 _BLOCK_BYTES = 128 * 1024
 _SPLIT_BLOCK_BYTES = 512 * 1024
 _GEMV = {np.dtype(np.float32): _blas.sgemv, np.dtype(np.float64): _blas.dgemv}
-_ONES: dict = {}  # (dtype, n) -> ones vector read by rowsum's gemv
 
 
 def _flat_blocks(fn, size, itemsize):
@@ -105,14 +105,8 @@ def rowsum_unchecked(out, x, beta=1.0):
         elif beta != 1.0:
             np.multiply(out, beta, out=out)
         return out
-    key = (x.dtype, n)
-    ones = _ONES.get(key)
-    if ones is None:
-        if len(_ONES) > 64:  # many distinct widths: keep the cache bounded
-            _ONES.clear()
-        ones = _ONES[key] = np.ones(n, x.dtype)
     # x.T is Fortran (N, M); trans=1 gives (x.T).T @ ones = x @ ones.
-    _GEMV[x.dtype](1.0, x.T, ones, beta, out, 0, 1, 0, 1, 1, 1)
+    _GEMV[x.dtype](1.0, x.T, _ones(n, x.dtype), beta, out, 0, 1, 0, 1, 1, 1)
     return out
 
 
