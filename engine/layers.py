@@ -13,7 +13,7 @@ import numpy as np
 from kernels import ops
 from kernels.activations import ACTIVATIONS, REGISTRY
 
-from .module import (_GENERATION, INITS, Module, Parameter, Workspace, _rows_of, check_float,
+from .module import (INITS, Module, Parameter, Workspace, _rows_of, check_float,
                      check_positive_int, init_weight, make_rng)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
@@ -295,10 +295,7 @@ def _share_workspaces(children) -> None:
             dt = m.__dict__.get("dtype")
             if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
                 continue  # e.g. a loss (per-dtype pools of its own)
-            ws = pools.setdefault((path, type(m), dt), _SharedWorkspace(dt))
-            object.__setattr__(m, "_ws", ws)
-            m._vc[0] = None  # views of the old buffers are stale
-    _GENERATION[0] += 1  # overlap checks re-read which buffers belong to whom
+            m.use_workspace(pools.setdefault((path, type(m), dt), _SharedWorkspace(dt)))
 
 
 def _generators(modules) -> list:
