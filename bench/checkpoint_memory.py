@@ -61,8 +61,7 @@ def _first_step(blocks, n, d, f, checkpoint, dtype):
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
-    pools = {id(w): w for _, m in model.named_modules() for w in m._workspaces()}
-    held = sum(w.nbytes() for w in pools.values())  # shared pools counted once
+    held = model.workspace_nbytes()  # shared pools counted once
     return model, step, dict(peak_bytes=peak, held_bytes=held, params=model.num_parameters())
 
 

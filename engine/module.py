@@ -670,8 +670,10 @@ class Module(metaclass=_ModuleMeta):
             p.data[...] = state[n]
 
     def workspace_nbytes(self) -> int:
-        """Bytes held in work buffers (cached activations and gradients), children included."""
-        return sum(w.nbytes() for _, m in self.named_modules() for w in m._workspaces())
+        """Bytes held in work buffers (cached activations and gradients), children included;
+        a pool shared by several modules counts once."""
+        pools = {id(w): w for _, m in self.named_modules() for w in m._workspaces()}
+        return sum(w.nbytes() for w in pools.values())
 
     # -- display --------------------------------------------------------------------------------
     def extra_repr(self) -> str:
