@@ -25,6 +25,7 @@ test: install
 bench: install
 	$(PY) bench/run.py $(if $(QUICK),--quick,)
 	$(PY) bench/distributed.py $(if $(QUICK),--quick,)
+	$(PY) -m bench.checkpoint_memory $(if $(QUICK),--quick,) --out bench/results/checkpoint_memory.json >/dev/null
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench/results/*.json

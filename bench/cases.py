@@ -30,9 +30,11 @@ BENCH_BLOCKS = {
     "FFNSublayer-post-gelu": BenchBlock("FFNSublayer", {"activation": "gelu", "norm": "post"}),
     "MLP": BenchBlock("MLP", {"activation": "relu"}, loss="cross_entropy"),
 }
+# SwiGLU at the FFN shapes (d_ff as given), held to FFN-gelu's targets.
+BENCH_BLOCKS["GatedFFN-silu"] = BenchBlock("GatedFFN", {"activation": "silu"})
 BLOCKS = tuple(BENCH_BLOCKS)
 # The blocks whose targets are stated at the seed and large shapes.
-TRANSFORMER_BLOCKS = BLOCKS[:4]
+TRANSFORMER_BLOCKS = tuple(b for b in BLOCKS if b != "MLP")
 
 
 class Shape:

@@ -100,7 +100,20 @@ def torch_module(block: str, shape):
         def forward(self, x):
             return self.norm(x + self.ffn(x))
 
+    class SwiGLU(nn.Module):  # (silu(x W_gate) * x W_up) W_down, no biases (Shazeer 2020)
+        def __init__(self, d, f):
+            super().__init__()
+            self.w_gate = nn.Linear(d, f, bias=False)
+            self.w_up = nn.Linear(d, f, bias=False)
+            self.w_down = nn.Linear(f, d, bias=False)
+
+        def forward(self, x):
+            return self.w_down(nn.functional.silu(self.w_gate(x)) * self.w_up(x))
+
     d, f = shape.d_model, shape.d_ff
+    if block == "GatedFFN-silu":
+        return SwiGLU(d, f), {"w_gate.weight": ("W_gate", True), "w_up.weight": ("W_up", True),
+                              "w_down.weight": ("W_down", True)}
     lin = {"lin1.weight": ("W_in", True), "lin1.bias": ("b1", False),
            "lin2.weight": ("W_out", True), "lin2.bias": ("b2", False)}
     if block.startswith("FFNSublayer"):

@@ -44,3 +44,11 @@ try:
     __version__ = _dist_version("blasnet")
 except _NotFound:  # a source tree that was never installed
     __version__ = "0+unknown"
+
+# --- gated FFN, gMLP block, embedding, row-wise layers, the character LM (engine/gated.py,
+# gmlp_block.py, embedding.py, layers.py, lm.py) ---
+from .layers import LogSoftmax, Softmax
+from .gated import GatedFFN
+from .gmlp_block import GMLPBlock, SpatialGatingUnit
+from .embedding import Embedding
+from . import lm

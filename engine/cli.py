@@ -32,6 +32,7 @@ from .train import NonFiniteLossError, evaluate, fit, mean_absolute_error, predi
 from .train import TrainingInterrupted
 
 MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
+MODELS += ("gmlp-lm",)  # the character language model of engine/lm.py (--task text)
 SCHEDULES = ("constant", "cosine", "linear", "step")
 HELD_OUT = 4096  # fresh samples drawn (with another seed) to measure generalisation
 
@@ -123,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gmlp: GMLP(d_in, d_hidden, d_ff, d_out); ffn: Linear(d_in, d_hidden) -> "
                         "FFN(d_hidden, d_ff) -> Linear(d_hidden, d_out); sublayer: the same with "
                         "an FFNSublayer (residual + LayerNorm) in the middle; mlp: MLP with the "
-                        "--hidden sizes")
+                        "--hidden sizes; gmlp-lm: the attention-free character language model "
+                        "(--task text; docs/lm.md)")
     g.add_argument("--d-hidden", type=_positive, default=128, metavar="N",
                    help="gMLP d_hidden (width after W_in); d_model of the ffn/sublayer models")
     g.add_argument("--d-ff", type=_positive, default=512, metavar="N",
@@ -136,12 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--norm", choices=("post", "pre"), default="post",
                    help="LayerNorm placement of the sublayer model")
     g = t.add_argument_group("data")
-    g.add_argument("--task", choices=sorted(TASKS) + ["classification"], default=None,
+    g.add_argument("--task", choices=sorted(TASKS) + ["classification", "text"], default=None,
                    help="synthetic tasks: regression (the default): X uniform in [-3, 3]^16, 4 "
                         "smooth nonlinear targets (MSE); spiral: two-spiral classification in "
                         "2-D (cross-entropy); xor: the 4 XOR points (cross-entropy); sine: y = "
                         "sin(x) on [-pi, pi] (MSE). With --data: regression or classification "
-                        "(default: inferred, an integer target column is class labels)")
+                        "(default: inferred, an integer target column is class labels). text: "
+                        "next-character prediction on Python's own help texts (gmlp-lm)")
     g.add_argument("--samples", type=_int_at_least(2, "an integer >= 2 (R^2 and accuracy need "
                                                     "two samples or more)"),
                    default=None, metavar="N",
@@ -215,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plot", default=None, metavar="PATH",
                    help="save a PNG of the loss (and validation loss) per epoch here (needs "
                         "matplotlib: pip install 'blasnet[plot]')")
+    g = t.add_argument_group(
+        "language model (--model gmlp-lm --task text)",
+        "Also read: --d-hidden (d_model), --d-ff (d_ffn), --epochs, --batch-size, --lr, "
+        "--weight-decay, --warmup, --seed, --dtype, --threads, --save, --log-every; each "
+        "keeps the language model's own default (engine.lm.LMConfig) unless given.")
+    g.add_argument("--prompt", default=None, metavar="TEXT",
+                   help="text the generated sample starts from (default: 'The ')")
+    g.add_argument("--sample-length", type=_nonnegative_int, default=None, metavar="N",
+                   help="characters to generate after the prompt (default: 300)")
     sub.add_parser("info", help="print versions, BLAS libraries and thread counts",
                    description="Print the versions of Python, numpy, scipy, threadpoolctl and "
                                "blasnet, the BLAS/OpenMP libraries loaded with their thread "
@@ -427,6 +439,11 @@ def train(args) -> int:
 def _train(args) -> int:
     t_all = time.perf_counter()
     _check_args(args)
+    if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/lm.py
+        from . import lm
+        return lm.run_cli(args)
+    if args.prompt is not None or args.sample_length is not None:
+        raise _UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
     from . import distributed
     comm = distributed.world()  # K > 1 ranks under mpiexec: data parallel, else None
     rank = 0 if comm is None else comm.Get_rank()
@@ -646,6 +663,7 @@ def info(args) -> int:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # re-read by engine/lm.py
         code = info(args) if args.command == "info" else train(args)
         sys.stdout.flush()  # here, so a closed pipe surfaces inside the try
         return code

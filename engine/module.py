@@ -514,6 +514,16 @@ class Module(metaclass=_ModuleMeta):
         """The work-buffer pools of this module itself (not its children)."""
         return [self._ws]
 
+    def use_workspace(self, ws: Workspace) -> None:
+        """Take work buffers from ``ws`` from now on (e.g. one pool shared by modules whose
+        forward-to-backward lifetimes never overlap, as in a checkpointed stack). The next
+        forward recomputes its buffer views; no forward may be waiting for its backward."""
+        if not isinstance(ws, Workspace) or ws.dtype != self.dtype:
+            raise TypeError(f"ws: expected a Workspace of dtype {self.dtype}, got {ws!r}")
+        object.__setattr__(self, "_ws", ws)
+        self._vc[0] = None
+        _GENERATION[0] += 1  # overlap checks re-read which buffers belong to whom
+
     def _no_overlap(self, name: str, a) -> None:
         """Reject ``a`` if it shares memory with a work buffer of this module or a child:
         BLAS and the kernels would read what they overwrite, or backward would read a cache
@@ -662,8 +672,10 @@ class Module(metaclass=_ModuleMeta):
             p.data[...] = state[n]
 
     def workspace_nbytes(self) -> int:
-        """Bytes held in work buffers (cached activations and gradients), children included."""
-        return sum(w.nbytes() for _, m in self.named_modules() for w in m._workspaces())
+        """Bytes held in work buffers (cached activations and gradients), children included;
+        a pool shared by several modules counts once."""
+        pools = {id(w): w for _, m in self.named_modules() for w in m._workspaces()}
+        return sum(w.nbytes() for w in pools.values())
 
     # -- display --------------------------------------------------------------------------------
     def extra_repr(self) -> str:

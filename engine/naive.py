@@ -15,6 +15,7 @@ import numpy as np
 from kernels import reference as ref
 
 __all__ = ["NaiveBlock", "NaiveFFN", "NaiveFFNSublayer", "NaiveGMLP", "NaiveMLP", "LOSSES"]
+__all__ += ["NaiveGatedFFN", "NaiveGMLPBlock"]
 
 
 def _mse(pred, target):
@@ -252,3 +253,106 @@ class NaiveMLP(NaiveBlock):
                 grads[f"{i}.b"] = dy.sum(axis=0)
             dy = dy @ self.params[f"{i}.W"].T
         return dy, grads
+
+
+# ----------------------------------------------------------------------------- gated FFN
+class NaiveGatedFFN(NaiveBlock):
+    """y = (act(x W_gate + b_gate) * (x W_up + b_up)) W_down + b_down (Shazeer 2020, "GLU
+    Variants Improve Transformer"), with the gate and up projections as separate products;
+    no biases when the module has none."""
+
+    def __init__(self, params, *, activation="silu", bias=False, dropout=0.0, **kw):
+        super().__init__(params, **kw)
+        _no_dropout(dropout)
+        self.act = activation
+
+    def _bias(self, name):
+        return self.params.get(name, 0.0)
+
+    def forward_rows(self, x):
+        p = self.params
+        g = x @ p["W_gate"] + self._bias("b_gate")
+        u = x @ p["W_up"] + self._bias("b_up")
+        a = ref.activation(g, self.act)
+        h = a * u
+        return h @ p["W_down"] + self._bias("b_down"), (x, g, u, a, h)
+
+    def backward_rows(self, cache, dy):
+        x, g, u, a, h = cache
+        p = self.params
+        grads = {"W_down": h.T @ dy}
+        dh = dy @ p["W_down"].T
+        dg = dh * u * ref.activation_grad(g, self.act)
+        du = dh * a
+        grads["W_gate"], grads["W_up"] = x.T @ dg, x.T @ du
+        if "b_down" in p:
+            grads["b_down"], grads["b_gate"], grads["b_up"] = (dy.sum(axis=0), dg.sum(axis=0),
+                                                               du.sum(axis=0))
+        return dg @ p["W_gate"].T + du @ p["W_up"].T, grads
+
+
+# ----------------------------------------------------------------------------- gMLP block
+class NaiveGMLPBlock(NaiveBlock):
+    """The gMLP block of Liu et al. 2021 on (B, T, d) input: Z = GELU(LN(x) W_in + b_in),
+    [U | V] = Z, S = W LN_s(V) + b per sequence (np.matmul over the batch; causal: W's upper
+    triangle zeroed), y = x + (U * S) W_out + b_out."""
+
+    def __init__(self, params, *, causal=False, eps=1e-5, **kw):
+        super().__init__(params, **kw)
+        self.causal, self.eps = causal, eps
+        self.half = self.params["W_out"].shape[0]
+
+    def forward(self, x):
+        if x.ndim != 3:
+            raise ValueError(f"x: expected (B, T, d) sequences, got shape {x.shape}")
+        self._bt = x.shape[:2]
+        return super().forward(x)
+
+    def _ln(self, x, name):
+        n = x.shape[0]
+        y, mean, rstd = np.empty_like(x), np.empty(n, x.dtype), np.empty(n, x.dtype)
+        ref.layernorm_forward(y, mean, rstd, x, self.params[name + ".gamma"],
+                              self.params[name + ".beta"], self.eps)
+        return y, (x, mean, rstd)
+
+    def _ln_backward(self, cache, dy, name, grads):
+        x, mean, rstd = cache
+        dx = np.empty_like(x)
+        dg, db = np.zeros(x.shape[1], x.dtype), np.zeros(x.shape[1], x.dtype)
+        ref.layernorm_backward(dx, dg, db, dy, x, mean, rstd, self.params[name + ".gamma"])
+        grads[name + ".gamma"], grads[name + ".beta"] = dg, db
+        return dx
+
+    def _w(self, t):
+        w = self.params["sgu.W"][:t, :t]
+        return np.tril(w) if self.causal else w
+
+    def forward_rows(self, x):
+        p, (b, t), h = self.params, self._bt, self.half
+        xn, c1 = self._ln(x, "norm")
+        zp = xn @ p["W_in"] + p["b_in"]
+        z = ref.activation(zp, "gelu")
+        u, v = z[:, :h], z[:, h:]
+        vn, c2 = self._ln(v, "sgu.norm")
+        s = (self._w(t) @ vn.reshape(b, t, h) + p["sgu.b"][:t, None]).reshape(b * t, h)
+        a = u * s
+        return x + a @ p["W_out"] + p["b_out"], (c1, xn, zp, u, c2, vn, s, a)
+
+    def backward_rows(self, cache, dy):
+        c1, xn, zp, u, c2, vn, s, a = cache
+        p, (b, t), h = self.params, self._bt, self.half
+        grads = {"W_out": a.T @ dy, "b_out": dy.sum(axis=0)}
+        da = dy @ p["W_out"].T
+        du, ds = da * s, (da * u).reshape(b, t, h)
+        gb = np.zeros_like(p["sgu.b"])
+        gb[:t] = ds.sum(axis=(0, 2))
+        gw = np.zeros_like(p["sgu.W"])
+        gw[:t, :t] = np.einsum("btc,bsc->ts", ds, vn.reshape(b, t, h))
+        if self.causal:
+            gw = np.tril(gw)
+        grads["sgu.W"], grads["sgu.b"] = gw, gb
+        dvn = (self._w(t).T @ ds).reshape(b * t, h)
+        dv = self._ln_backward(c2, dvn, "sgu.norm", grads)
+        dzp = np.concatenate([du, dv], axis=1) * ref.activation_grad(zp, "gelu")
+        grads["W_in"], grads["b_in"] = xn.T @ dzp, dzp.sum(axis=0)
+        return dy + self._ln_backward(c1, dzp @ p["W_in"].T, "norm", grads), grads

@@ -216,3 +216,68 @@ register(Block(
     dims=("sizes",), options={"activation": "relu"},
     example={"sizes": (11, 9, 6, 4)},
     variants=({"activation": "relu"}, {"activation": "tanh"})))
+
+
+# ----------------------------------------------------------------------------- GatedFFN, GMLPBlock
+def _gated_gemms(n, dims, **_):
+    """2 forward, 4 backward, as the FFN: W_gate and W_up multiply the same x, so they are one
+    (2 d_ff, d_model) GEMM each way, computed transposed ([G; U]^T, features by rows)."""
+    d, f = dims["d_model"], dims["d_ff"]
+    fwd = [(2 * f, n, d, False, True, 0.0),           # [G; U]^T (2f, n) = [W_gate | W_up]^T x^T
+           (n, d, f, True, False, 0.0)]               # y (n, d) = H W_down
+    bwd = [(f, d, n, False, False, 1.0),              # dW_down += H^T dy
+           (f, n, d, False, True, 0.0),               # dH^T (f, n) = W_down dy^T
+           (2 * f, d, n, False, False, 1.0),          # d[W_gate | W_up]^T += [dG; dU]^T x
+           (n, d, 2 * f, True, False, 0.0)]           # dx = [dG | dU] [W_gate | W_up]^T
+    return fwd + bwd
+
+
+def _build_gated(dims, *, dtype, rng, activation, bias, dropout):
+    from .gated import GatedFFN
+    return GatedFFN(dims["d_model"], dims["d_ff"], activation=activation, bias=bias,
+                    dropout=dropout, dtype=dtype, rng=rng)
+
+
+def _gmlp_block_gemms(n, dims, causal=False, **_):
+    """3 forward, 6 backward: W_in (one GEMM for both halves U and V), the token mixing (one
+    (T, T) x (T, B d_ff/2) GEMM over the whole batch) and W_out; ``n`` = B * seq_len rows.
+    Causal, dW is a fresh product that the mask then adds into the gradient."""
+    d, f, t = dims["d_model"], dims["d_ff"], dims["seq_len"]
+    h, b = f // 2, n // t
+    fwd = [(n, f, d, False, False, 0.0),              # LN(x) W_in (n, d_ff)
+           (t, b * h, t, False, False, 0.0),          # S = W V' time-major (T, B h)
+           (n, d, h, False, False, 0.0)]              # y = x + (U * S) W_out
+    bwd = [(h, d, n, True, False, 1.0),               # dW_out += A^T dy
+           (n, h, d, False, True, 0.0),               # dA = dy W_out^T
+           (t, t, b * h, False, True, 0.0 if causal else 1.0),  # dW (+)= dS V'^T
+           (t, b * h, t, True, False, 0.0),           # dV' = W^T dS
+           (d, f, n, True, False, 1.0),               # dW_in += LN(x)^T dZ
+           (n, d, f, False, True, 0.0)]               # d LN(x) = dZ W_in^T
+    return fwd + bwd
+
+
+def _build_gmlp_block(dims, *, dtype, rng, causal):
+    from .gmlp_block import GMLPBlock
+    return GMLPBlock(dims["d_model"], dims["d_ff"], dims["seq_len"], causal=causal, dtype=dtype,
+                     rng=rng)
+
+
+register(Block(
+    name="GatedFFN",
+    doc="gated feed-forward (Shazeer 2020), y = (act(x W_gate + b_gate) * (x W_up + b_up)) "
+        "W_down + b_down: SwiGLU with silu, GEGLU with gelu",
+    build_fn=_build_gated, naive=naive.NaiveGatedFFN, gemm_fn=_gated_gemms,
+    d_in=_d_model, d_out=_d_model, dims=("d_model", "d_ff"),
+    options={"activation": "silu", "bias": False, "dropout": 0.0},
+    example={"d_model": 12, "d_ff": 20},
+    variants=({"activation": "silu"}, {"activation": "gelu", "bias": True})))
+
+register(Block(
+    name="GMLPBlock",
+    doc="gMLP block (Liu et al. 2021) on (B, seq_len, d_model): y = x + s(Z) W_out + b_out, "
+        "Z = GELU(LN(x) W_in + b_in), s the spatial gating unit mixing the tokens",
+    build_fn=_build_gmlp_block, naive=naive.NaiveGMLPBlock, gemm_fn=_gmlp_block_gemms,
+    d_in=_d_model, d_out=_d_model, dims=("d_model", "d_ff", "seq_len"),
+    options={"causal": False},
+    example={"d_model": 12, "d_ff": 20, "seq_len": 5},
+    variants=({"causal": False}, {"causal": True})))

@@ -43,3 +43,35 @@ NAMES = ("gemm", "colsum", "bias_act", "act_backward", "act_backward_cached",
          "mse_backward", "cross_entropy_forward", "cross_entropy_backward", "adamw", "sgd")
 
 del np
+
+# --- row-wise softmax, gated FFN, spatial gating unit, embedding -----------------------------
+from .embedding import embedding_backward_unchecked, embedding_forward_unchecked  # noqa: E402
+from .glu import (fill_by_row_unchecked, glu_backward_unchecked,  # noqa: E402
+                  glu_forward_unchecked, rowsum_unchecked)
+from .softmax import (log_softmax_backward_unchecked,  # noqa: E402
+                      log_softmax_forward_unchecked, softmax_backward_unchecked,
+                      softmax_forward_unchecked)
+from .token_mix import (causal_grad_add_unchecked, causal_weight_unchecked,  # noqa: E402
+                        sgu_gate_backward_unchecked, sgu_gate_forward_unchecked,
+                        swap01_unchecked)
+
+softmax_forward = softmax_forward_unchecked            # y = softmax(x) per row
+softmax_backward = softmax_backward_unchecked          # dx = y (dy - sum dy y)
+log_softmax_forward = log_softmax_forward_unchecked    # y = x - logsumexp(x) per row
+log_softmax_backward = log_softmax_backward_unchecked  # dx = dy - exp(y) sum dy
+glu_forward = glu_forward_unchecked                    # h = act(g) u; g, u = act'(g) u, act(g)
+glu_backward = glu_backward_unchecked                  # g, u *= dh
+fill_by_row = fill_by_row_unchecked                    # out[i, :] = v[i]
+rowsum = rowsum_unchecked                              # out = x.sum(1) + beta out
+swap01 = swap01_unchecked                              # out[i, j] = x[j, i]
+sgu_gate_forward = sgu_gate_forward_unchecked          # a = u * swap01(s_tm)
+sgu_gate_backward = sgu_gate_backward_unchecked        # ds_tm, du of a = u * s
+causal_weight = causal_weight_unchecked                # out = w * mask
+causal_grad_add = causal_grad_add_unchecked            # dw += g * mask
+embedding_forward = embedding_forward_unchecked        # out[i] = weight[ids[i]]
+embedding_backward = embedding_backward_unchecked      # dweight[ids[i]] += dout[i]
+
+NAMES += ("softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+          "glu_forward", "glu_backward", "fill_by_row", "rowsum", "swap01", "sgu_gate_forward",
+          "sgu_gate_backward", "causal_weight", "causal_grad_add", "embedding_forward",
+          "embedding_backward")

@@ -336,3 +336,107 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
     if zero_grad:
         grad[...] = 0.0
     return param
+
+
+# ----------------------------------------------------------------------------- softmax layers
+def softmax_forward(y, x):
+    """y = exp(x) / sum(exp(x)) over the last axis (shifted by the row max)."""
+    y[...] = softmax(x)
+    return y
+
+
+def softmax_backward(dx, dy, y):
+    """dx = J^T dy with J = diag(y) - y y^T per row: y * (dy - sum(dy * y))."""
+    dx[...] = y * (dy - (dy * y).sum(axis=1, keepdims=True))
+    return dx
+
+
+def log_softmax_forward(y, x):
+    """y = x - log(sum(exp(x))) over the last axis (shifted by the row max)."""
+    shifted = x - x.max(axis=1, keepdims=True)
+    y[...] = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return y
+
+
+def log_softmax_backward(dx, dy, y):
+    """dx = dy - softmax(x) * sum(dy), with softmax(x) = exp(y)."""
+    dx[...] = dy - np.exp(y) * dy.sum(axis=1, keepdims=True)
+    return dx
+
+
+# ----------------------------------------------------------------------------- gated FFN
+def glu_forward(h, g, u, act="silu", negative_slope=0.01):
+    """h = act(g) * u; then g = act'(g) * u and u = act(g) (what the backward multiplies by)."""
+    a = activation(g, act, negative_slope)
+    da = activation_grad(g, act, negative_slope)
+    h[...] = a * u
+    g[...] = da * u
+    u[...] = a
+    return h
+
+
+def glu_backward(g, u, dh):
+    """g = dh * act'(G) * U and u = dh * act(G), from the factors glu_forward left."""
+    g[...] = g * dh
+    u[...] = u * dh
+    return g
+
+
+def fill_by_row(out, v):
+    """out[i, :] = v[i]."""
+    out[...] = v[:, None]
+    return out
+
+
+def rowsum(out, x, beta=1.0):
+    """out = x.sum(axis=1) + beta * out."""
+    out[...] = x.sum(axis=1) + (beta * out if beta != 0.0 else 0.0)
+    return out
+
+
+# ----------------------------------------------------------------------------- token mixing
+def swap01(out, x):
+    """out[i, j] = x[j, i] (the two leading axes swapped)."""
+    out[...] = np.swapaxes(x, 0, 1)
+    return out
+
+
+def sgu_gate_forward(a, s_bt, s_tm, u):
+    """s_bt = s_tm with (T, B) swapped to (B, T); a = u * s_bt."""
+    s_bt[...] = np.swapaxes(s_tm, 0, 1)
+    a[...] = u * s_bt
+    return a
+
+
+def sgu_gate_backward(du, ds_tm, tmp, da, s_bt, u):
+    """For a = u * s: ds = da * u (returned time-major in ds_tm), du = da * s."""
+    ds = da * u
+    du[...] = da * s_bt
+    ds_tm[...] = np.swapaxes(ds, 0, 1)
+    return ds_tm
+
+
+def causal_weight(out, w, mask):
+    """out = w * mask."""
+    out[...] = w * mask
+    return out
+
+
+def causal_grad_add(dw, g, mask):
+    """g *= mask; dw += g."""
+    g[...] = g * mask
+    dw[...] = dw + g
+    return dw
+
+
+# ----------------------------------------------------------------------------- embedding
+def embedding_forward(out, ids, weight):
+    """out[i] = weight[ids[i]] by fancy indexing."""
+    out[...] = weight[ids]
+    return out
+
+
+def embedding_backward(dweight, ids, dout):
+    """dweight[ids[i]] += dout[i], repeats accumulating (np.add.at)."""
+    np.add.at(dweight, ids, dout)
+    return dweight

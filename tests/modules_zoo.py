@@ -108,6 +108,27 @@ _CASES = [
     Case("mse", _seeded(lambda r: MSELoss()), D, 1, kind="loss"),
     Case("cross_entropy", _seeded(lambda r: CrossEntropyLoss()), D, 1, kind="loss"),
 ]
+from engine import GatedFFN, LogSoftmax, Softmax  # noqa: E402
+
+
+def _checkpointed(rng):
+    return Sequential(Linear(D, 8, dtype=F64, rng=rng), Dropout(0.25, dtype=F64, rng=rng),
+                      GatedFFN(8, 10, "gelu", bias=True, dropout=0.2, dtype=F64, rng=rng),
+                      FFNSublayer(8, 12, "gelu", dropout=0.2, norm="pre", dtype=F64, rng=rng),
+                      Linear(8, D, dtype=F64, rng=rng), checkpoint=True)
+
+
+_CASES += [
+    Case("gated_silu", _seeded(lambda r: GatedFFN(D, 10, dtype=F64, rng=r)), D, D),
+    Case("gated_gelu_bias_drop", _seeded(lambda r: GatedFFN(D, 10, "gelu", bias=True,
+                                                            dropout=0.2, dtype=F64, rng=r)),
+         D, D),
+    Case("softmax", _seeded(lambda r: Softmax(dtype=F64)), D, D),
+    Case("log_softmax", _seeded(lambda r: LogSoftmax(dtype=F64)), D, D),
+    Case("linear_softmax", _seeded(lambda r: Linear(D, D, activation="softmax", dtype=F64,
+                                                    rng=r)), D, D),
+    Case("sequential_checkpoint", _seeded(_checkpointed), D, D),
+]
 CASES = {c.name: c for c in _CASES}
 SINGLE = [c.name for c in _CASES if c.kind == "single"]
 # Modules with a work buffer behind their plain forward output.

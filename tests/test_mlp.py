@@ -162,7 +162,7 @@ def test_mlp_wrong_number_of_activations():
 
 
 @pytest.mark.parametrize("kwargs,exc,msg", [
-    (dict(sizes=[4, 3], activations=["softmax"]), ValueError, "activations\\[0\\]"),
+    (dict(sizes=[4, 3], activations=["softplus"]), ValueError, "activations\\[0\\]"),
     (dict(sizes=[4]), ValueError, "at least 2"),
     (dict(sizes=[4, 0, 2]), ValueError, "sizes\\[1\\]"),
     (dict(sizes=[4, 2], init="uniform"), ValueError, "init"),

@@ -101,7 +101,70 @@ def _case(name, rng):
         return run, R.adamw_update(x.copy(), y, np.zeros((4, 3)), np.zeros((4, 3)), 1, 0.1)
     if name == "sgd":
         return (lambda: ops.sgd(x.copy(), y, None, 0.1)), x - 0.1 * y
+    if name in _ROWWISE_GLU_TOKEN_MIX_EMBEDDING:
+        return _ROWWISE_GLU_TOKEN_MIX_EMBEDDING[name](rng, x, y)
     raise AssertionError(f"no case for ops.{name}: add one here")
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+def _swap(a):
+    return np.swapaxes(a, 0, 1)
+
+
+def _add_at(ids, rows):
+    out = np.zeros((5, 3))
+    np.add.at(out, ids, rows)
+    return out
+
+
+# Row-wise softmax, GLU, token mixing and embedding entries: name -> (rng, x, y) -> (call,
+# expected), expected from formulas written here.
+_ROWWISE_GLU_TOKEN_MIX_EMBEDDING = {
+    "softmax_forward": lambda rng, x, y: (
+        lambda: ops.softmax_forward(np.empty((4, 3)), x), _softmax(x)),
+    "softmax_backward": lambda rng, x, y: (
+        lambda: ops.softmax_backward(np.empty((4, 3)), y, _softmax(x)),
+        _softmax(x) * (y - (y * _softmax(x)).sum(1, keepdims=True))),
+    "log_softmax_forward": lambda rng, x, y: (
+        lambda: ops.log_softmax_forward(np.empty((4, 3)), x), np.log(_softmax(x))),
+    "log_softmax_backward": lambda rng, x, y: (
+        lambda: ops.log_softmax_backward(np.empty((4, 3)), y, np.log(_softmax(x))),
+        y - _softmax(x) * y.sum(1, keepdims=True)),
+    "glu_forward": lambda rng, x, y: (
+        lambda: ops.glu_forward(np.empty((4, 3)), x.copy(), y.copy(), "tanh", 0.01),
+        np.tanh(x) * y),
+    "glu_backward": lambda rng, x, y: (
+        lambda: ops.glu_backward(x.copy(), np.ones((4, 3)), y), x * y),
+    "fill_by_row": lambda rng, x, y: (
+        lambda: ops.fill_by_row(np.empty((4, 3)), x[:, 0].copy()), np.repeat(x[:, :1], 3, 1)),
+    "rowsum": lambda rng, x, y: (lambda: ops.rowsum(np.ones(4), x, 1.0), x.sum(1) + 1.0),
+    "swap01": lambda rng, x, y: (
+        lambda: ops.swap01(np.empty((2, 2, 3)), x.reshape(2, 2, 3)), _swap(x.reshape(2, 2, 3))),
+    "sgu_gate_forward": lambda rng, x, y: (
+        lambda: ops.sgu_gate_forward(np.empty((2, 2, 3)), np.empty((2, 2, 3)),
+                                     y.reshape(2, 2, 3), x.reshape(2, 2, 3)),
+        x.reshape(2, 2, 3) * _swap(y.reshape(2, 2, 3))),
+    "sgu_gate_backward": lambda rng, x, y: (
+        lambda: ops.sgu_gate_backward(np.empty((2, 2, 3)), np.empty((2, 2, 3)),
+                                      np.empty((2, 2, 3)), y.reshape(2, 2, 3),
+                                      np.ones((2, 2, 3)), x.reshape(2, 2, 3)),
+        _swap(x.reshape(2, 2, 3) * y.reshape(2, 2, 3))),
+    "causal_weight": lambda rng, x, y: (
+        lambda: ops.causal_weight(np.empty((3, 3)), x[:3], np.tri(3)), np.tril(x[:3])),
+    "causal_grad_add": lambda rng, x, y: (
+        lambda: ops.causal_grad_add(np.ones((3, 3)), x[:3].copy(), np.tri(3)),
+        1.0 + np.tril(x[:3])),
+    "embedding_forward": lambda rng, x, y: (
+        lambda: ops.embedding_forward(np.empty((4, 3)), np.array([2, 0, 2, 1]), x),
+        x[[2, 0, 2, 1]]),
+    "embedding_backward": lambda rng, x, y: (
+        lambda: ops.embedding_backward(np.zeros((5, 3)), np.array([4, 0, 4, 1]), y),
+        _add_at([4, 0, 4, 1], y)),
+}
 
 
 @pytest.mark.parametrize("name", ops.NAMES)

@@ -1,0 +1,96 @@
+"""``Embedding``: a table of ``num_embeddings`` vectors looked up by integer ids, the first
+layer of a language model. Forward gathers rows, backward scatter-adds the output gradient
+into the table's gradient (kernels.embedding: a compiled sparse product, no Python loop and
+no ``np.add.at``). Ids are integers, so there is no input gradient."""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import ops
+
+from .module import Module, Parameter, Workspace, _rows_of, check_positive_int, make_rng
+
+__all__ = ["Embedding"]
+
+
+class Embedding(Module):
+    """``y[..., :] = W[ids[...]]`` for integer ``ids`` of any shape: y has shape
+    ``ids.shape + (dim,)``. Parameter ``W`` (num_embeddings, dim), initialised N(0, 1) as
+    PyTorch's ``nn.Embedding``. ``backward(dy)`` adds ``dy``'s rows into ``W.grad`` (repeated
+    ids accumulate) and returns None: integer ids have no gradient.
+
+    An id outside ``[0, num_embeddings)``, a non-integer ``ids`` array (floats, bools) or a
+    non-array raises, naming the first bad id and where it is; nothing changes."""
+
+    def __init__(self, num_embeddings: int, dim: int, dtype=np.float32, rng=None):
+        super().__init__(dtype)
+        self.num_embeddings = check_positive_int("num_embeddings", num_embeddings)
+        self.dim = check_positive_int("dim", dim)
+        w = make_rng(rng).standard_normal((self.num_embeddings, self.dim))  # float64 draw
+        self.W = Parameter(w.astype(self.dtype))
+        self._iws = Workspace(np.int64)  # ids kept for backward (the caller may reuse its array)
+        self._c.ids = None  # (N,) int64 the last ids
+
+    def out_features(self, d_in: int) -> int:
+        return self.dim
+
+    def _workspaces(self) -> list:
+        return [self._ws, self._iws]
+
+    def extra_repr(self) -> str:
+        return f"num_embeddings={self.num_embeddings}, dim={self.dim}, dtype={self.dtype}"
+
+    def _check_ids(self, ids):
+        if not isinstance(ids, np.ndarray):
+            raise TypeError(f"ids: expected a numpy.ndarray of integer ids, got "
+                            f"{type(ids).__name__}")
+        if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(f"ids: expected an integer array (token ids), got dtype {ids.dtype}"
+                            f" (convert with .astype(np.int64) if the values are whole numbers)")
+        if ids.ndim == 0:
+            raise ValueError("ids: expected an array of at least 1 dimension, got a scalar")
+        if ids.size:
+            v = self.num_embeddings
+            lo, hi = ids.min(), ids.max()
+            if lo < 0 or hi >= v:
+                bad = (ids < 0) | (ids >= v)
+                where = np.unravel_index(int(np.argmax(bad)), ids.shape)
+                raise ValueError(f"ids: expected ids in [0, {v}), got {int(ids[where])} at index "
+                                 f"{tuple(int(i) for i in where)}")
+
+    def forward(self, ids, *, residual=None):
+        """The rows of ``W`` for ``ids`` (+ ``residual``, an array of the output's shape)."""
+        self._check_ids(ids)
+        out_shape = (*ids.shape, self.dim)
+        n = ids.size
+        res2 = None
+        if residual is not None:
+            _rows_of(residual, out_shape, self.dtype, "residual")
+            self._no_overlap("residual", residual)
+            res2 = residual.reshape(n, self.dim)
+        s = self._s
+        s.ready = False
+        idx = self._iws.get("ids", n)               # (N,) int64 ids, read again by backward
+        np.copyto(idx.reshape(ids.shape), ids, casting="unsafe")  # in range: nothing is lost
+        y = self._ws.get("y", n, self.dim)          # (N, dim) output
+        if n:
+            ops.embedding_forward(y, idx, self.W.data)
+            if res2 is not None:
+                ops.add(y, y, res2)
+        self._c.ids = idx
+        s.out_shape, s.ready = out_shape, True
+        return y.reshape(out_shape)
+
+    def backward(self, dy, *, dx_acc=None):
+        """Adds ``dy``'s rows into ``W.grad`` at the last forward's ids; returns None."""
+        s = self._s
+        if not s.ready:
+            raise self._no_forward()
+        if dx_acc is not None:
+            raise ValueError("dx_acc: an Embedding has no input gradient (its input is integer "
+                             "ids); pass dx_acc=None")
+        dy2 = self._dy_rows(dy, s.out_shape).reshape(-1, self.dim)
+        if dy2.shape[0]:
+            ops.embedding_backward(self.W.grad, self._c.ids, dy2)
+        s.ready = False
+        return None

@@ -1,0 +1,143 @@
+"""``GatedFFN``: the gated feed-forward block of Shazeer 2020, "GLU Variants Improve
+Transformer" (SwiGLU in LLaMA, GEGLU, ReGLU, GLU, bilinear), on the module protocol.
+
+``W_gate`` and ``W_up`` multiply the same input, so they are one GEMM: both are kept
+transposed and back to back in the arena, one C-contiguous (2 d_ff, d_model) weight, and the
+GEMM writes ``[G; U]`` features-by-rows, (2 d_ff, N), whose halves are contiguous for the
+gating pass (kernels.glu). GMLP in engine.blocks keeps its gate and projection the same way.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from kernels import ops
+
+from .layers import check_activation
+from .module import INITS, Module, Parameter, check_float, check_positive_int, init_weight, make_rng
+
+__all__ = ["GatedFFN"]
+
+
+class GatedFFN(Module):
+    """``y = (act(x W_gate + b_gate) * (x W_up + b_up)) W_down + b_down``.
+
+    ``activation`` is any registered activation: "silu" = SwiGLU (the default, as LLaMA),
+    "gelu" = GEGLU, "relu" = ReGLU, "sigmoid" = GLU, "identity" = bilinear.
+    Parameters: ``W_gate``, ``W_up`` (d_model, d_ff), ``b_gate``, ``b_up`` (d_ff,) when
+    ``bias``, ``W_down`` (d_ff, d_model), ``b_down`` (d_model,) when ``bias``; biases start at
+    zero. ``dropout`` applies to the gated hidden units (before ``W_down``), as in FFN.
+    ``init``: "he", "xavier", "normal" or "zeros" for the three weights (``init_weight``).
+    Inputs (N, d_model) or (B, T, d_model), float32 or float64.
+    """
+
+    fuses_residual = True
+    fuses_dx_acc = True
+    acc_alias_safe = True  # dy is read only by the first two backward GEMMs
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = False,
+                 dropout: float = 0.0, init: str = "xavier", dtype=np.float32, rng=None,
+                 negative_slope: float = 0.01):
+        super().__init__(dtype)
+        self.d_model = self.in_features = check_positive_int("d_model", d_model)
+        self.d_ff = check_positive_int("d_ff", d_ff)
+        self.activation = check_activation("activation", activation)
+        self.negative_slope = check_float("negative_slope", negative_slope)
+        self.p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias: expected True or False, got {bias!r}")
+        if init not in INITS:
+            raise ValueError(f"init: expected one of {INITS}, got {init!r}")
+        self.init = init
+        rng = make_rng(rng)
+        self._rng = rng
+        dt, d, f = self.dtype, self.d_model, self.d_ff
+        # F-ordered: stored as their transposes, back to back (see _params_moved).
+        self.W_gate = Parameter(np.asfortranarray(init_weight(d, f, init, dt, rng)))
+        self.W_up = Parameter(np.asfortranarray(init_weight(d, f, init, dt, rng)))
+        # Adjacent too: [b_gate; b_up] is the per-row bias of [G; U]^T.
+        self.b_gate = Parameter(np.zeros(f, dt)) if bias else None
+        self.b_up = Parameter(np.zeros(f, dt)) if bias else None
+        self.W_down = Parameter(init_weight(f, d, init, dt, rng))
+        self.b_down = Parameter(np.zeros(d, dt)) if bias else None
+        self.bias = bias
+        self._c.x = None
+        self._c.dropped = False
+
+    def _params_moved(self):
+        g, u, f, d = self.W_gate, self.W_up, self.d_ff, self.d_model
+        if u._arena is not g._arena or u._offset != g._offset + f * d:
+            raise RuntimeError("GatedFFN: W_gate and W_up must be adjacent in the arena")
+        a, lo = g._arena, g._offset
+        # (2f, d) rows [W_gate^T; W_up^T] and their gradient: views, no copy.
+        object.__setattr__(self, "Wgu_T", a.data[lo:lo + 2 * f * d].reshape(2 * f, d))
+        object.__setattr__(self, "dWgu_T", a.grad[lo:lo + 2 * f * d].reshape(2 * f, d))
+        if self.bias:
+            bg, bu = self.b_gate, self.b_up
+            if bu._arena is not bg._arena or bu._offset != bg._offset + f:
+                raise RuntimeError("GatedFFN: b_gate and b_up must be adjacent in the arena")
+            object.__setattr__(self, "b_gu", bg._arena.data[bg._offset:bg._offset + 2 * f])
+            object.__setattr__(self, "db_gu", bg._arena.grad[bg._offset:bg._offset + 2 * f])
+
+    def extra_repr(self):
+        return (f"d_model={self.d_model}, d_ff={self.d_ff}, activation={self.activation!r}, "
+                f"dropout={self.p}, bias={self.bias}, dtype={self.dtype}")
+
+    def _make_views(self, n):
+        ws, d, f = self._ws, self.d_model, self.d_ff
+        # Transposed buffers are flat so that (rows, n) views stay contiguous for any n.
+        zt = ws.get("zt", 2 * f * n)  # (2f*n,) [G; U]^T, then the backward's factors, then dZ^T
+        ht = ws.get("ht", f * n)      # (f*n,) H^T = act(G) * U, then dH^T
+        v = SimpleNamespace(
+            zt=zt.reshape(2 * f, n),                                      # (2f, n)
+            g=zt[:f * n].reshape(f, n), u=zt[f * n:].reshape(f, n),       # (f, n) halves
+            ht=ht.reshape(f, n),                                          # (f, n)
+            y=ws.get("y", n, d),                                          # (n, d) output
+            dx=ws.get("dx", n, d))                                        # (n, d) input grad
+        if self.p > 0.0:
+            v.mask = ws.get("mask", f * n).reshape(f, n)  # (f, n) dropout mask for backward
+        return v
+
+    def _forward(self, x2, res2):
+        n = x2.shape[0]
+        v = self._views(n)
+        self._c.x = x2
+        self._c.dropped = dropped = self.training and self.p > 0.0
+        if n == 0:
+            return v.y
+        if self.bias:  # [G; U]^T = b + Wgu_T x^T: the bias rides in the GEMM
+            ops.fill_by_row(v.zt, self.b_gu)
+            ops.gemm(v.zt, self.Wgu_T, x2, False, True, 1.0, 1.0)
+        else:
+            ops.gemm(v.zt, self.Wgu_T, x2, False, True, 1.0, 0.0)
+        ops.glu_forward(v.ht, v.g, v.u, self.activation, self.negative_slope)
+        if dropped:
+            ops.dropout_forward(v.ht, v.mask, v.ht, self.p, self._rng)
+        b = self.b_down
+        if b is None and res2 is None:
+            ops.gemm(v.y, v.ht, self.W_down.data, True, False, 1.0, 0.0)  # y = H W_down
+        else:
+            ops.fill_rows(v.y, None if b is None else b.data, res2)
+            ops.gemm(v.y, v.ht, self.W_down.data, True, False, 1.0, 1.0)
+        return v.y
+
+    def _backward(self, dy2, acc2):
+        n = dy2.shape[0]
+        v = self._views(n)
+        dx = v.dx if acc2 is None else acc2
+        if n == 0:
+            return dx
+        if self.b_down is not None:
+            ops.colsum(self.b_down.grad, dy2, 1.0)
+        ops.gemm(self.W_down.grad, v.ht, dy2, False, False, 1.0, 1.0)  # dW_down += H^T dy
+        ops.gemm(v.ht, self.W_down.data, dy2, False, True, 1.0, 0.0)   # dH^T = W_down dy^T
+        if self._c.dropped:
+            ops.dropout_backward(v.ht, v.ht, v.mask)
+        ops.glu_backward(v.g, v.u, v.ht)                               # [dG; dU]^T in place
+        if self.bias:
+            ops.rowsum(self.db_gu, v.zt, 1.0)
+        ops.gemm(self.dWgu_T, v.zt, self._c.x, False, False, 1.0, 1.0)   # both halves, one GEMM
+        ops.gemm(dx, v.zt, self.Wgu_T, True, False, 1.0, 0.0 if acc2 is None else 1.0)
+        self._c.x = None
+        return dx

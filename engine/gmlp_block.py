@@ -1,0 +1,256 @@
+"""The gMLP block of Liu et al. 2021, "Pay Attention to MLPs": channel projections around a
+spatial gating unit that mixes the tokens of each sequence, which lets a stack of MLP blocks
+model sequences without attention. ``GMLPBlock`` is the residual block, ``SpatialGatingUnit``
+its token-mixing child.
+
+Token mixing multiplies every sequence by the same (T, T) weight. Kept time-major, V' is one
+(T, B * c) matrix and ``S = W V'`` is one GEMM over the whole batch (kernels.token_mix moves
+between batch-major and time-major with copies; all arithmetic runs on contiguous arrays).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from kernels import ops
+
+from .blocks import LayerNorm
+from .module import Module, Parameter, check_float, check_positive_int, init_weight, make_rng
+
+__all__ = ["GMLPBlock", "SpatialGatingUnit"]
+
+
+def _check_bool(name, v) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {v!r}")
+    return bool(v)
+
+
+def _check_sequences(x, seq_len: int, causal: bool, d: int, what: str):
+    """(B, T) of a (B, T, d) input ``x``, else ValueError/TypeError (before anything changes)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x: expected a numpy.ndarray of shape (B, T, {d}), got "
+                        f"{type(x).__name__}")
+    if x.ndim != 3:
+        raise ValueError(f"x: expected shape (B, T, {d}) (sequences: {what} mixes the T "
+                         f"tokens of each), got {x.shape}")
+    b, t = x.shape[0], x.shape[1]
+    if causal:
+        if not 1 <= t <= seq_len:
+            raise ValueError(f"x: expected 1 <= T <= seq_len = {seq_len} tokens (a causal {what} "
+                             f"takes any prefix length), got T = {t} in shape {x.shape}")
+    elif t != seq_len:
+        raise ValueError(f"x: expected T == seq_len = {seq_len} tokens (a non-causal {what} "
+                         f"mixes exactly seq_len; causal=True allows shorter), got T = {t} in "
+                         f"shape {x.shape}")
+    return b, t
+
+
+class SpatialGatingUnit(Module):
+    """``s(Z) = U * (W LN(V) + b)`` on (B, T, d_ffn) input Z = [U | V] (U the first d_ffn/2
+    channels, V the rest), mixing tokens: ``S[b, t, c] = sum_s W[t, s] LN(V)[b, s, c] + b[t]``.
+    Output (B, T, d_ffn/2). Parameters ``W`` (seq_len, seq_len) uniform in +-1e-3/seq_len and
+    ``b`` (seq_len,) = 1, so that s(Z) ~ U at the start (Liu et al. 2021), and the LayerNorm
+    ``norm`` over V's channels. With ``causal`` only W[t, s], s <= t, is used: the mask is
+    applied in forward and backward, so the upper triangle affects no output and gets no
+    gradient, and any T <= seq_len is accepted (W[:T, :T], b[:T]); otherwise T == seq_len.
+    """
+
+    def __init__(self, d_ffn: int, seq_len: int, causal: bool = False, eps: float = 1e-5,
+                 dtype=np.float32, rng=None):
+        super().__init__(dtype)
+        self.d_ffn = self.in_features = check_positive_int("d_ffn", d_ffn)
+        if d_ffn % 2:
+            raise ValueError(f"d_ffn: expected an even number (split into halves U and V), "
+                             f"got {d_ffn}")
+        self.half = d_ffn // 2
+        self.seq_len = check_positive_int("seq_len", seq_len)
+        self.causal = _check_bool("causal", causal)
+        rng = make_rng(rng)
+        t = self.seq_len
+        init_eps = 1e-3 / t
+        self.W = Parameter(rng.uniform(-init_eps, init_eps, (t, t)).astype(self.dtype))
+        self.b = Parameter(np.ones(t, self.dtype))
+        self.norm = LayerNorm(self.half, eps, dtype)
+        c = self._c
+        c.bt = None       # (B, T) of the last forward
+        c.pending = None  # (B, T) of the call being checked (committed by _forward)
+        c.mask = None     # (T, T) lower-triangular ones (not a work buffer: it outlives a call)
+        c.z3 = None       # (B, T, d_ffn) the last input, by reference
+        c.vp = None       # (T, B * half) LN(V) time-major (the child's output)
+        c.wm = None       # (T, T) the weight the forward used (W or masked W)
+
+    def out_features(self, d_in: int) -> int:
+        return self.half
+
+    def extra_repr(self):
+        return (f"d_ffn={self.d_ffn}, seq_len={self.seq_len}, causal={self.causal}, "
+                f"dtype={self.dtype}")
+
+    def forward(self, z, *, residual=None):
+        """``s(z)`` for ``z`` of shape (B, T, d_ffn); returns (B, T, d_ffn / 2)."""
+        self._c.pending = _check_sequences(z, self.seq_len, self.causal, self.d_ffn,
+                                           "spatial gating unit")
+        return super().forward(z, residual=residual)
+
+    def _make_views(self, key):
+        b, t = key
+        n, h, ws = b * t, self.half, self._ws
+        v = SimpleNamespace(
+            vtm=ws.get("vtm", n, h),            # (T*B, h) V time-major
+            stm=ws.get("stm", t, b * h),        # (T, B*h) S = W V' + b; dS in backward
+            sbt=ws.get("sbt", n, h),            # (n, h) S batch-major, for backward
+            a=ws.get("a", n, h),                # (n, h) output U * S
+            tmp=ws.get("tmp", n, h),            # (n, h) backward scratch
+            dvp=ws.get("dvp", t, b * h),        # (T, B*h) dV' time-major
+            dz=ws.get("dz", n, 2 * h))          # (n, 2h) input gradient [dU | dV]
+        v.vtm3, v.stm3 = v.vtm.reshape(t, b, h), v.stm.reshape(t, b, h)
+        v.sbt3, v.a3 = v.sbt.reshape(b, t, h), v.a.reshape(b, t, h)
+        v.tmp3 = v.tmp.reshape(b, t, h)
+        v.dz3 = v.dz.reshape(b, t, 2 * h)
+        v.du3, v.dv3 = v.dz3[:, :, :h], v.dz3[:, :, h:]
+        if self.causal:
+            v.wm = ws.get("wm", t, t)           # (T, T) masked W
+            v.gw = ws.get("gw", t, t)           # (T, T) W's gradient before the mask
+        return v
+
+    def _weight(self, v, t):
+        """The (T, T) weight of this call: W itself, or its masked corner (causal)."""
+        if not self.causal:
+            return self.W.data
+        if self._c.mask is None or self._c.mask.shape[0] != t:
+            self._c.mask = np.tri(t, dtype=self.dtype)  # only when T changes
+        ops.causal_weight(v.wm, self.W.data[:t, :t], self._c.mask)
+        return v.wm
+
+    def _forward(self, z2, res2):
+        b, t = self._c.bt = self._c.pending  # the base class has checked the rest of z
+        h = self.half
+        v = self._views((b, t))
+        z3 = z2.reshape(b, t, 2 * h)
+        self._c.z3 = z3
+        if b == 0:
+            return v.a
+        ops.swap01(v.vtm3, z3[:, :, h:])                 # V time-major
+        vp = self.norm(v.vtm).reshape(t, b * h)         # LN over channels, rows in any order
+        w = self._c.wm = self._weight(v, t)
+        ops.fill_by_row(v.stm, self.b.data[:t])         # S = b, then += W V' in the GEMM
+        ops.gemm(v.stm, w, vp, False, False, 1.0, 1.0)  # all B sequences in one GEMM
+        ops.sgu_gate_forward(v.a3, v.sbt3, v.stm3, z3[:, :, :h])
+        self._c.vp = vp
+        return v.a
+
+    def _backward(self, da2, acc2):
+        b, t = self._c.bt
+        h = self.half
+        v = self._views((b, t))
+        if b == 0:
+            return v.dz
+        ops.sgu_gate_backward(v.du3, v.stm3, v.tmp3, da2.reshape(b, t, h), v.sbt3,
+                              self._c.z3[:, :, :h])        # dU, and dS time-major over S
+        ops.rowsum(self.b.grad[:t], v.stm, 1.0)         # db += dS summed over B and channels
+        if self.causal:
+            ops.gemm(v.gw, v.stm, self._c.vp, False, True, 1.0, 0.0)
+            ops.causal_grad_add(self.W.grad[:t, :t], v.gw, self._c.mask)
+        else:
+            ops.gemm(self.W.grad, v.stm, self._c.vp, False, True, 1.0, 1.0)  # dW += dS V'^T
+        ops.gemm(v.dvp, self._c.wm, v.stm, True, False, 1.0, 0.0)            # dV' = W^T dS
+        dv = self.norm.backward(v.dvp.reshape(t * b, h))
+        ops.swap01(v.dv3, dv.reshape(t, b, h))           # dV back batch-major
+        self._c.z3 = self._c.vp = None
+        return v.dz
+
+
+class GMLPBlock(Module):
+    """One gMLP block (Liu et al. 2021) on (B, T, d_model) input, T == seq_len (or T <=
+    seq_len when ``causal``)::
+
+        Z = GELU(LN(x) W_in + b_in)           (B, T, d_ffn)
+        y = x + s(Z) W_out + b_out            s: the SpatialGatingUnit ``sgu``
+
+    Parameters: ``norm.gamma``, ``norm.beta`` (d_model,), ``W_in`` (d_model, d_ffn), ``b_in``,
+    ``sgu.norm.gamma``, ``sgu.norm.beta`` (d_ffn/2,), ``sgu.W`` (seq_len, seq_len), ``sgu.b``
+    (seq_len,), ``W_out`` (d_ffn/2, d_model), ``b_out``. ``W_in`` starts He (GELU follows),
+    ``W_out`` Xavier, biases zero, ``sgu`` as the paper (W near zero, b = 1). ``d_ffn`` must be
+    even. ``eps`` is both LayerNorms'.
+    """
+
+    def __init__(self, d_model: int, d_ffn: int, seq_len: int, causal: bool = False,
+                 eps: float = 1e-5, dtype=np.float32, rng=None):
+        super().__init__(dtype)
+        self.d_model = self.in_features = check_positive_int("d_model", d_model)
+        self.d_ffn = check_positive_int("d_ffn", d_ffn)
+        if d_ffn % 2:
+            raise ValueError(f"d_ffn: expected an even number (Z splits into halves U and V), "
+                             f"got {d_ffn}")
+        self.seq_len = check_positive_int("seq_len", seq_len)
+        self.causal = _check_bool("causal", causal)
+        check_float("eps", eps, 0.0)
+        rng = make_rng(rng)
+        dt, h = self.dtype, d_ffn // 2
+        self.norm = LayerNorm(d_model, eps, dtype)
+        self.W_in = Parameter(init_weight(d_model, d_ffn, "he", dt, rng))
+        self.b_in = Parameter(np.zeros(d_ffn, dt))
+        self.sgu = SpatialGatingUnit(d_ffn, seq_len, causal, eps, dtype, rng)
+        self.W_out = Parameter(init_weight(h, d_model, "xavier", dt, rng))
+        self.b_out = Parameter(np.zeros(d_model, dt))
+        c = self._c
+        c.bt = None       # (B, T) of the last forward
+        c.pending = None  # (B, T) of the call being checked (committed by _forward)
+        c.xn = None       # (n, d_model) LN(x) (the child's output)
+        c.a = None        # (n, d_ffn/2) s(Z) (the child's output)
+
+    def extra_repr(self):
+        return (f"d_model={self.d_model}, d_ffn={self.d_ffn}, seq_len={self.seq_len}, "
+                f"causal={self.causal}, dtype={self.dtype}")
+
+    def forward(self, x, *, residual=None):
+        """``x + gMLP(x)`` (``+ residual`` when given) for ``x`` of shape (B, T, d_model)."""
+        self._c.pending = _check_sequences(x, self.seq_len, self.causal, self.d_model,
+                                           "gMLP block")
+        return super().forward(x, residual=residual)
+
+    def _make_views(self, n):
+        ws, d, f = self._ws, self.d_model, self.d_ffn
+        return SimpleNamespace(
+            zpre=ws.get("zpre", n, f),       # (n, d_ffn) LN(x) W_in + b_in, then GELU' of it
+            z=ws.get("z", n, f),             # (n, d_ffn) Z = GELU(...)
+            y=ws.get("y", n, d),             # (n, d_model) output
+            da=ws.get("da", n, f // 2),      # (n, d_ffn/2) d s(Z)
+            dxn=ws.get("dxn", n, d))         # (n, d_model) d LN(x)
+
+    def _forward(self, x2, res2):
+        n = x2.shape[0]
+        b, t = self._c.bt = self._c.pending  # the base class has checked the rest of x
+        v = self._views(n)
+        xn = self.norm(x2)
+        if n:
+            ops.gemm(v.zpre, xn, self.W_in.data, False, False, 1.0, 0.0)
+            ops.bias_act(v.z, v.zpre, self.b_in.data, "gelu", 0.01, v.zpre)  # GELU' over zpre
+        a2 = self.sgu(v.z.reshape(b, t, self.d_ffn)).reshape(n, self.d_ffn // 2)
+        if n:
+            ops.fill_rows(v.y, self.b_out.data, x2)                    # y = x + b_out, then
+            ops.gemm(v.y, a2, self.W_out.data, False, False, 1.0, 1.0)  # += s(Z) W_out
+        self._c.xn, self._c.a = xn, a2
+        return v.y
+
+    def _backward(self, dy2, acc2):
+        n = dy2.shape[0]
+        v = self._views(n)
+        b, t = self._c.bt
+        if n:
+            ops.colsum(self.b_out.grad, dy2, 1.0)
+            ops.gemm(self.W_out.grad, self._c.a, dy2, True, False, 1.0, 1.0)  # dW_out += A^T dy
+            ops.gemm(v.da, dy2, self.W_out.data, False, True, 1.0, 0.0)       # dA = dy W_out^T
+        dz = self.sgu.backward(v.da.reshape(b, t, self.d_ffn // 2))
+        dz2 = dz.reshape(n, self.d_ffn)
+        if n:
+            ops.act_backward_cached(dz2, dz2, v.zpre)                        # through GELU
+            ops.colsum(self.b_in.grad, dz2, 1.0)
+            ops.gemm(self.W_in.grad, self._c.xn, dz2, True, False, 1.0, 1.0)  # += LN(x)^T dZ
+            ops.gemm(v.dxn, dz2, self.W_in.data, False, True, 1.0, 0.0)       # dZ W_in^T
+        dx = self.norm.backward(v.dxn)
+        ops.add(dx, dx, dy2)                                                 # the residual path
+        self._c.xn = self._c.a = None
+        return dx

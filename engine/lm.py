@@ -1,0 +1,418 @@
+"""An attention-free character-level language model: ``Embedding`` -> N causal ``GMLPBlock``
+(Liu et al. 2021, "Pay Attention to MLPs") -> ``LayerNorm`` -> ``Linear`` to the vocabulary,
+trained with ``fit`` and ``CrossEntropyLoss`` to predict each next character.
+
+The corpus ships with Python itself, so nothing is downloaded: the help texts of
+``pydoc_data.topics`` (the language reference's topics that ``help("for")`` prints), joined in
+sorted topic order. A held-out split (every tenth block of 4096 characters) measures the
+loss in bits per character next to a unigram baseline (each character's training frequency,
+add-one smoothed), and ``sample`` generates text from a prompt. ``python -m engine train
+--model gmlp-lm --task text`` runs ``train`` with the defaults of ``LMConfig``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .blocks import LayerNorm
+from .embedding import Embedding
+from .gmlp_block import GMLPBlock
+from .layers import Linear, Sequential
+from .losses import CrossEntropyLoss
+from .module import check_dtype, check_positive_int, make_rng
+from .optim import AdamW
+from .train import evaluate, fit
+
+__all__ = ["LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split", "windows",
+           "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train"]
+
+LN2 = math.log(2.0)
+
+
+# ----------------------------------------------------------------------------- data
+def corpus() -> str:
+    """The text of ``pydoc_data.topics`` (shipped with CPython): every topic's help text, in
+    sorted topic order, separated by newlines. Its size depends on the Python version."""
+    from pydoc_data.topics import topics
+    return "\n".join(topics[k] for k in sorted(topics))
+
+
+def corpus_description(text: str) -> str:
+    from pydoc_data.topics import topics
+    return (f"pydoc_data.topics of Python {platform.python_version()}: {len(topics)} help "
+            f"topics, {len(text):,} characters")
+
+
+class Vocabulary:
+    """The distinct characters of a text, sorted, each with its id (its index)."""
+
+    def __init__(self, chars):
+        chars = "".join(sorted(set(chars)))
+        if not chars:
+            raise ValueError("chars: expected at least one character")
+        self.chars = chars
+        self._index = {c: i for i, c in enumerate(chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> np.ndarray:
+        """The ids of ``text`` as an int64 array; ValueError naming characters not in the
+        vocabulary."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        missing = sorted(set(text) - set(self._index))
+        if missing:
+            raise ValueError(f"text: characters not in the vocabulary: {''.join(missing)!r}")
+        index = self._index
+        return np.fromiter((index[c] for c in text), np.int64, len(text))
+
+    def decode(self, ids) -> str:
+        chars = self.chars
+        return "".join(chars[int(i)] for i in ids)
+
+
+def split(ids: np.ndarray, held_out: float = 0.1, block: int = 4096):
+    """``(train, held)``: every ``round(1 / held_out)``-th block of ``block`` ids (the last of
+    each group) is held out; the rest, in order, is for training. Blocks keep the held-out text
+    contiguous, so no training window overlaps it, while it still samples the whole corpus."""
+    if not 0.0 < held_out < 0.5:
+        raise ValueError(f"held_out: expected a fraction in (0, 0.5), got {held_out!r}")
+    k = round(1.0 / held_out)
+    nb = -(-len(ids) // block)
+    held_blocks = [b for b in range(nb) if b % k == k - 1]
+    mask = np.zeros(len(ids), bool)
+    for b in held_blocks:
+        mask[b * block:(b + 1) * block] = True
+    return ids[~mask], ids[mask]
+
+
+def windows(ids: np.ndarray, seq_len: int, stride: int | None = None):
+    """``(X, Y)`` of shape (N, seq_len): windows of ``ids`` starting every ``stride`` (default
+    ``seq_len``: no overlap) and the same windows shifted by one (the next characters)."""
+    stride = seq_len if stride is None else stride
+    n = (len(ids) - 1 - seq_len) // stride + 1
+    if n < 1:
+        raise ValueError(f"ids: {len(ids)} characters make no window of seq_len + 1 = "
+                         f"{seq_len + 1} (a text too short for its split?)")
+    starts = np.arange(n) * stride
+    idx = starts[:, None] + np.arange(seq_len)  # (N, seq_len)
+    return np.ascontiguousarray(ids[idx]), np.ascontiguousarray(ids[idx + 1])
+
+
+def unigram_bits(train_ids: np.ndarray, eval_ids: np.ndarray, vocab_size: int) -> float:
+    """Bits per character of ``eval_ids`` under the training split's character frequencies
+    (add-one smoothed, so an unseen character costs finite bits): the baseline a model that
+    ignores context can reach."""
+    counts = np.bincount(train_ids, minlength=vocab_size).astype(np.float64) + 1.0
+    logp = np.log2(counts / counts.sum())
+    return float(-logp[eval_ids].mean())
+
+
+# ----------------------------------------------------------------------------- model
+def build_model(vocab_size: int, seq_len: int = 64, d_model: int = 128, d_ffn: int = 256,
+                blocks: int = 4, dtype=np.float32, rng=None) -> Sequential:
+    """``Embedding(V, d_model)`` -> ``blocks`` x ``GMLPBlock(d_model, d_ffn, seq_len,
+    causal=True)`` -> ``LayerNorm(d_model)`` -> ``Linear(d_model, V)``: logits (B, T, V) for ids
+    (B, T), each position seeing only itself and earlier ones."""
+    rng = make_rng(rng)
+    blocks = check_positive_int("blocks", blocks)
+    return Sequential(Embedding(vocab_size, d_model, dtype=dtype, rng=rng),
+                      *[GMLPBlock(d_model, d_ffn, seq_len, causal=True, dtype=dtype, rng=rng)
+                        for _ in range(blocks)],
+                      LayerNorm(d_model, dtype=dtype),
+                      Linear(d_model, vocab_size, init="xavier", dtype=dtype, rng=rng))
+
+
+def bits_per_char(model, X, Y, batch_size: int = 64) -> float:
+    """Mean cross-entropy of the next character over every position of ``(X, Y)``, in bits."""
+    loss, _ = evaluate(model, CrossEntropyLoss(), X, Y, batch_size)
+    return loss / LN2
+
+
+def sample(model, vocab: Vocabulary, prompt: str, length: int, seq_len: int,
+           temperature: float = 0.8, rng=None) -> str:
+    """``prompt`` followed by ``length`` characters drawn one at a time from the model's
+    next-character distribution (softmax of logits / ``temperature``), each conditioned on
+    the last ``seq_len`` characters (a causal model takes any shorter prefix as it is)."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt: expected a non-empty str, got {prompt!r}")
+    if not temperature > 0.0:
+        raise ValueError(f"temperature: expected a number > 0, got {temperature!r}")
+    length = int(length)
+    if length < 0:
+        raise ValueError(f"length: expected an integer >= 0, got {length}")
+    ids = list(vocab.encode(prompt))
+    rng = make_rng(rng)
+    was_training = model.training
+    model.eval()
+    ctx = np.empty((1, seq_len), np.int64)  # (1, <= seq_len) the context window
+    try:
+        for _ in range(length):
+            t = min(len(ids), seq_len)
+            ctx[0, :t] = ids[-t:]
+            logits = model.forward(ctx[:, :t])[0, -1].astype(np.float64)
+            z = logits / temperature
+            p = np.exp(z - z.max())
+            ids.append(int(rng.choice(len(vocab), p=p / p.sum())))
+    finally:
+        model.train(was_training)
+    return vocab.decode(ids)
+
+
+# ----------------------------------------------------------------------------- training
+@dataclass
+class LMConfig:
+    """Settings of ``train``. The defaults are sized for about a minute of training on two
+    cores (docs/lm.md has a measured run)."""
+    seq_len: int = 64          # characters per training window, and the sampling context
+    d_model: int = 128         # width of the embedding and the residual stream
+    d_ffn: int = 384           # GMLPBlock's d_ffn (U and V halves of d_ffn / 2)
+    blocks: int = 4            # GMLPBlocks
+    batch_size: int = 32       # windows per step
+    epochs: int = 4            # passes over the training windows
+    lr: float = 3e-3           # AdamW peak learning rate
+    weight_decay: float = 0.01
+    warmup: int = 100          # steps of linear warmup, then cosine decay to 0
+    held_out: float = 0.1      # fraction of the corpus held out, in blocks of ``block`` chars
+    block: int = 4096
+    seed: int = 0              # initialisation, shuffling and sampling
+    dtype: str = "float32"
+    prompt: str = "The "
+    sample_length: int = 300
+    temperature: float = 0.8
+
+
+@dataclass
+class LMSetup:
+    """Everything ``train`` runs on, made by ``setup``: the text and its vocabulary, the split
+    (ids) and its windows, the model, AdamW and the per-step learning-rate schedule."""
+    config: LMConfig
+    text: str
+    vocab: Vocabulary
+    train_ids: np.ndarray
+    held_ids: np.ndarray
+    X: np.ndarray           # (N, seq_len) training windows
+    Y: np.ndarray           # (N, seq_len) their next characters
+    Xh: np.ndarray          # held-out windows
+    Yh: np.ndarray
+    model: Sequential
+    optimizer: AdamW
+    scheduler: object
+    steps: int
+
+
+@dataclass
+class LMResult:
+    """What ``train`` measured: held-out bits per character next to the unigram baseline, the
+    sample, the history and the training time; ``setup`` holds the model and data."""
+    setup: LMSetup
+    history: object
+    held_bits: float
+    unigram_bits: float
+    sample: str
+    seconds: float
+
+    @property
+    def model(self):
+        return self.setup.model
+
+    @property
+    def vocab(self):
+        return self.setup.vocab
+
+
+def _steps_scheduler(opt, total: int, warmup: int):
+    from . import lr_scheduler as lrs
+    warmup = min(warmup, max(total - 1, 0))
+    rest = max(total - warmup, 1)
+    cosine = lrs.CosineAnnealingLR(opt, T_max=rest)
+    if warmup == 0:
+        return cosine
+    warm = lrs.LinearLR(opt, start_factor=1.0 / (warmup + 1), end_factor=1.0,
+                        total_iters=warmup)
+    return lrs.SequentialLR(opt, [warm, cosine], milestones=[warmup])
+
+
+def setup(config: LMConfig | None = None, text: str | None = None) -> LMSetup:
+    """The data, model and optimizer of ``config`` for ``text`` (default: ``corpus()``)."""
+    c = config or LMConfig()
+    dt = check_dtype(c.dtype)
+    text = corpus() if text is None else text
+    vocab = Vocabulary(text)
+    vocab.encode(c.prompt)  # a prompt the model cannot read fails before training
+    train_ids, held_ids = split(vocab.encode(text), c.held_out, c.block)
+    X, Y = windows(train_ids, c.seq_len)
+    Xh, Yh = windows(held_ids, c.seq_len)
+    model = build_model(len(vocab), c.seq_len, c.d_model, c.d_ffn, c.blocks, dt,
+                        np.random.default_rng(c.seed))
+    # Decoupled weight decay on the matrices only (not on biases and LayerNorm gains).
+    decay = [p for p in model.parameters() if p.data.ndim == 2]
+    other = [p for p in model.parameters() if p.data.ndim != 2]
+    opt = AdamW([{"params": decay}, {"params": other, "weight_decay": 0.0}], lr=c.lr,
+                weight_decay=c.weight_decay)
+    steps = c.epochs * -(-X.shape[0] // c.batch_size)
+    return LMSetup(c, text, vocab, train_ids, held_ids, X, Y, Xh, Yh, model, opt,
+                   _steps_scheduler(opt, steps, c.warmup), steps)
+
+
+def train(config: LMConfig | None = None, progress=True, text: str | None = None,
+          prepared: LMSetup | None = None) -> LMResult:
+    """Train the character LM of ``config`` on ``text`` (or on ``prepared``, from ``setup``)
+    with AdamW, linear warmup and cosine decay per step; report held-out bits per character,
+    the unigram baseline and a sample from ``config.prompt``."""
+    s = prepared or setup(config, text)
+    c = s.config
+    t0 = time.perf_counter()
+    history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, c.epochs,
+                  batch_size=c.batch_size, rng=c.seed, validation=(s.Xh, s.Yh),
+                  progress=progress, scheduler=s.scheduler, scheduler_interval="step")
+    seconds = time.perf_counter() - t0
+    # The last epoch's validation is the held-out loss (evaluate, batches of batch_size).
+    held = (history.val_loss[-1] / LN2 if history.val_loss else
+            bits_per_char(s.model, s.Xh, s.Yh, c.batch_size))
+    text_out = sample(s.model, s.vocab, c.prompt, c.sample_length, c.seq_len, c.temperature,
+                      np.random.default_rng(c.seed))
+    return LMResult(s, history, held, unigram_bits(s.train_ids, s.held_ids, len(s.vocab)),
+                    text_out, seconds)
+
+
+# ----------------------------------------------------------------------------- CLI
+def _number(kind, low, what):
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            v = None
+        if v is None or not math.isfinite(v) or v < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+    return parse
+
+
+def cli_parser() -> argparse.ArgumentParser:
+    """The options of ``train --model gmlp-lm --task text``, each defaulting to ``LMConfig``'s
+    value: the language model re-reads the command line with it, so an option counts as given
+    exactly when it is on the command line, and one it does not read is an error."""
+    c = LMConfig()
+    p = argparse.ArgumentParser(prog="python -m engine train --model gmlp-lm --task text",
+                                allow_abbrev=False)
+    p.add_argument("--model", choices=("gmlp-lm", "gmlp"), default="gmlp-lm")
+    p.add_argument("--task", choices=("text",), default="text")
+    p.add_argument("--d-hidden", dest="d_model", type=_number(int, 1, "a positive integer"),
+                   default=c.d_model)
+    p.add_argument("--d-ff", dest="d_ffn", type=_number(int, 2, "an integer >= 2"),
+                   default=c.d_ffn)
+    p.add_argument("--epochs", type=_number(int, 0, "an integer >= 0"), default=c.epochs)
+    p.add_argument("--batch-size", type=_number(int, 1, "a positive integer"),
+                   default=c.batch_size)
+    p.add_argument("--lr", type=_number(float, 0.0, "a number >= 0"), default=c.lr)
+    p.add_argument("--weight-decay", type=_number(float, 0.0, "a number >= 0"),
+                   default=c.weight_decay)
+    p.add_argument("--warmup", type=_number(int, 0, "an integer >= 0"), default=c.warmup)
+    p.add_argument("--seed", type=_number(int, 0, "an integer >= 0"), default=c.seed)
+    p.add_argument("--dtype", choices=("float32", "float64"), default=c.dtype)
+    p.add_argument("--threads", type=_number(int, 1, "a positive integer"), default=None)
+    p.add_argument("--save", default=None)
+    p.add_argument("--log-every", type=_number(int, 1, "a positive integer"), default=1)
+    p.add_argument("--prompt", default=c.prompt)
+    p.add_argument("--sample-length", type=_number(int, 0, "an integer >= 0"),
+                   default=c.sample_length)
+    return p
+
+
+def config_from_options(o) -> LMConfig:
+    """``LMConfig`` of the options ``cli_parser`` read."""
+    c = LMConfig()
+    for name in ("d_model", "d_ffn", "epochs", "batch_size", "lr", "weight_decay", "warmup",
+                 "seed", "dtype", "prompt", "sample_length"):
+        setattr(c, name, getattr(o, name))
+    return c
+
+
+def run_cli(args, out=None) -> int:
+    """``python -m engine train --model gmlp-lm --task text``: train, report, save and
+    reload the checkpoint. ``args`` is the engine CLI's namespace; the options are re-read
+    from its ``argv`` (the command line) by ``cli_parser``. Returns the exit status."""
+    import kernels
+
+    from . import __version__, checkpoint
+    out = out or sys.stdout
+    if args.model not in ("gmlp", "gmlp-lm") or args.task not in (None, "text"):
+        print(f"error: --model {args.model} --task {args.task}: the text task trains the "
+              f"gmlp-lm model (--model gmlp-lm --task text)", file=sys.stderr)
+        return 2
+    argv = list(getattr(args, "argv", None) or [])
+    argv = argv[argv.index("train") + 1:] if "train" in argv else []
+    try:
+        o = cli_parser().parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage and the error
+        return 2 if e.code else 0
+    c = config_from_options(o)
+    if o.threads is not None:
+        kernels.set_num_threads(o.threads)
+    t_all = time.perf_counter()
+    print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | "
+          f"{kernels.get_num_threads()} BLAS thread(s)", file=out)
+    try:
+        s = setup(c)
+    except ValueError as e:  # e.g. a prompt with characters the corpus does not have
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    v = len(s.vocab)
+    print(f"corpus    {corpus_description(s.text)}", file=out)
+    print(f"split     {len(s.train_ids):,} training / {len(s.held_ids):,} held-out characters "
+          f"(every {round(1 / c.held_out)}th block of {c.block}), vocabulary {v}", file=out)
+    print(f"model     gmlp-lm: Embedding({v}, {c.d_model}) -> {c.blocks} x GMLPBlock("
+          f"{c.d_model}, d_ffn {c.d_ffn}, seq_len {c.seq_len}, causal) -> LayerNorm -> "
+          f"Linear({c.d_model}, {v}); {s.model.num_parameters():,} parameters", file=out)
+    print(f"training  AdamW(lr={c.lr}, weight_decay={c.weight_decay}), {c.warmup} warmup "
+          f"steps then cosine; {c.epochs} epochs x {s.steps // max(c.epochs, 1)} steps of "
+          f"{c.batch_size} windows of {c.seq_len}; seed {c.seed}", file=out)
+    out.flush()
+    r = train(progress=o.log_every, prepared=s)
+    chars = r.history.samples * c.seq_len
+    print(f"time      {r.seconds:.1f} s for {r.history.steps} steps "
+          f"({chars / r.seconds if r.seconds > 0 else 0:,.0f} characters/s)", file=out)
+    gain = r.unigram_bits - r.held_bits
+    versus = (f"{gain:.2f} bits/char below it, {100 * gain / r.unigram_bits:.0f}% fewer bits"
+              if gain > 0 else f"{-gain:.2f} bits/char above it")
+    print(f"held-out  {r.held_bits:.3f} bits/char; unigram baseline {r.unigram_bits:.3f} "
+          f"bits/char ({versus})", file=out)
+    print(f"sample    (prompt {c.prompt!r}, {c.sample_length} characters, temperature "
+          f"{c.temperature}):", file=out)
+    print(r.sample, file=out)
+    tmpdir = None
+    if o.save:
+        path = o.save
+    else:
+        tmpdir = tempfile.TemporaryDirectory(prefix="blasnet-")
+        path = os.path.join(tmpdir.name, "gmlp-lm.npz")
+    try:
+        meta = dict(model="gmlp-lm", vocab=s.vocab.chars, held_bits=r.held_bits,
+                    config=asdict(c))
+        if path.lower().endswith(".safetensors"):
+            checkpoint.save(path, s.model, **meta)
+        else:
+            checkpoint.save(path, s.model, s.optimizer, **meta)
+        fresh = build_model(v, c.seq_len, c.d_model, c.d_ffn, c.blocks, check_dtype(c.dtype),
+                            c.seed + 1)
+        checkpoint.load(path, fresh)
+        again = bits_per_char(fresh, s.Xh, s.Yh, c.batch_size)
+        same = ("identical" if again == r.held_bits else f"differs by {again - r.held_bits:.3g}")
+        where = path if o.save else f"{path} (temporary)"
+        print(f"checkpoint {where}, {os.path.getsize(path) / 1024:,.0f} KiB; reloaded: "
+              f"held-out {again:.3f} bits/char ({same})", file=out)
+    finally:
+        if tmpdir is not None:
+            tmpdir.cleanup()
+    print(f"wall time {time.perf_counter() - t_all:.1f} s", file=out)
+    return 0

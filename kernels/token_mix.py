@@ -1,0 +1,156 @@
+"""Layout and gating passes of the gMLP spatial gating unit (Liu et al. 2021, "Pay Attention
+to MLPs"), whose token mixing ``S_b = W V'_b + b`` is one GEMM over all B sequences when V'
+is kept time-major: as (T, B * c), ``S = W V'`` is a plain (T, T) x (T, B c) product.
+
+Blocks hold activations batch-major, (B, T, c). ``swap01`` moves between the two orders;
+``sgu_gate_forward`` / ``sgu_gate_backward`` compute ``A = U * S`` and its gradients where U
+is the first half of the block's (B, T, 2c) activations and S arrives time-major. Every
+layout change is an ``np.copyto`` from a strided view: NumPy copies those without a buffer,
+whereas a ufunc with a strided operand allocates one per call (and runs several times
+slower), so all arithmetic here runs on contiguous arrays. ``causal_weight`` /
+``causal_grad_add`` apply the lower-triangular mask of a causal unit to W and to its
+gradient.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .gemm import check_array
+
+__all__ = ["swap01", "sgu_gate_forward", "sgu_gate_backward", "causal_weight",
+           "causal_grad_add", "swap01_unchecked", "sgu_gate_forward_unchecked",
+           "sgu_gate_backward_unchecked", "causal_weight_unchecked",
+           "causal_grad_add_unchecked"]
+
+
+# ----------------------------------------------------------------------------- unchecked cores
+def swap01_unchecked(out, x):
+    """``out[i, j] = x[j, i]`` for a (P, Q, c) ``out`` and a (Q, P, c) ``x``, both of any
+    strides (no checks)."""
+    np.copyto(out, x.transpose(1, 0, 2))
+    return out
+
+
+def sgu_gate_forward_unchecked(a, s_bt, s_tm, u):
+    """``s_bt = swap01(s_tm)``, then ``a = u * s_bt``: ``a``, ``s_bt`` C-contiguous (B, T, c),
+    ``s_tm`` C-contiguous (T, B, c), ``u`` (B, T, c) of any strides (no checks)."""
+    np.copyto(s_bt, s_tm.transpose(1, 0, 2))
+    np.copyto(a, u)
+    np.multiply(a, s_bt, out=a)
+    return a
+
+
+def sgu_gate_backward_unchecked(du, ds_tm, tmp, da, s_bt, u):
+    """The gradients of ``A = U * S`` for ``da`` = dL/dA: ``ds_tm`` (T, B, c) = swap01(da * u)
+    time-major, ``du`` (B, T, c, any strides) = da * s_bt. ``tmp`` (B, T, c) is scratch;
+    ``da``, ``s_bt``, ``tmp`` C-contiguous; ``du`` may be the very view ``u`` was (it is read
+    first). No checks."""
+    np.copyto(tmp, u)
+    np.multiply(tmp, da, out=tmp)
+    np.copyto(ds_tm, tmp.transpose(1, 0, 2))
+    np.multiply(da, s_bt, out=tmp)
+    np.copyto(du, tmp)
+    return ds_tm
+
+
+def causal_weight_unchecked(out, w, mask):
+    """``out = w * mask`` for a C-contiguous (T, T) ``out`` and ``mask`` (lower-triangular
+    ones) and a (T, T) ``w`` of any strides (no checks)."""
+    np.copyto(out, w)
+    np.multiply(out, mask, out=out)
+    return out
+
+
+def causal_grad_add_unchecked(dw, g, mask):
+    """``g *= mask``, then ``dw += g`` (no checks): the masked entries of W never receive a
+    gradient."""
+    np.multiply(g, mask, out=g)
+    np.add(dw, g, out=dw)
+    return dw
+
+
+# ----------------------------------------------------------------------------- checked API
+def _check3(name, a, dtype=None, shape=None, contiguous=True):
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
+    if contiguous:
+        check_array(name, a, ndim=3, dtype=dtype, shape=shape)
+        return
+    if dtype is not None and a.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {a.dtype}")
+    if a.ndim != 3 or (shape is not None and a.shape != tuple(shape)):
+        raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+
+
+def _disjoint(pairs):
+    for (na, a), (nb, b) in pairs:
+        if np.may_share_memory(a, b):
+            raise ValueError(f"{na}: must not overlap {nb}")
+
+
+def swap01(out, x):
+    """Swap the two leading axes: ``out[i, j, :] = x[j, i, :]`` for a (Q, P, c) ``x`` into a
+    (P, Q, c) ``out``; either may be strided (e.g. a column half of a larger array).
+    Returns out."""
+    _check3("x", x, contiguous=False)
+    q, p, c = x.shape
+    _check3("out", out, x.dtype, (p, q, c), contiguous=False)
+    _disjoint([(("out", out), ("x", x))])
+    return swap01_unchecked(out, x)
+
+
+def sgu_gate_forward(a, s_bt, s_tm, u):
+    """The gating of the spatial gating unit: ``a = u * S`` with S given time-major as ``s_tm``
+    (T, B, c); ``s_bt`` (B, T, c) receives S batch-major for the backward. ``u`` (B, T, c)
+    may be strided. Returns a."""
+    _check3("s_tm", s_tm)
+    t, b, c = s_tm.shape
+    dt = s_tm.dtype
+    for name, arr in (("a", a), ("s_bt", s_bt)):
+        _check3(name, arr, dt, (b, t, c))
+    _check3("u", u, dt, (b, t, c), contiguous=False)
+    _disjoint([(("a", a), ("s_bt", s_bt)), (("a", a), ("s_tm", s_tm)), (("a", a), ("u", u)),
+               (("s_bt", s_bt), ("s_tm", s_tm)), (("s_bt", s_bt), ("u", u))])
+    return sgu_gate_forward_unchecked(a, s_bt, s_tm, u)
+
+
+def sgu_gate_backward(du, ds_tm, tmp, da, s_bt, u):
+    """The backward of ``A = U * S``: ``ds_tm`` (T, B, c) = (da * u) time-major and ``du``
+    (B, T, c, may be strided, may be u's view itself) = da * s_bt; ``tmp`` (B, T, c) is
+    scratch. Returns ds_tm."""
+    _check3("da", da)
+    b, t, c = da.shape
+    dt = da.dtype
+    for name, arr in (("s_bt", s_bt), ("tmp", tmp)):
+        _check3(name, arr, dt, (b, t, c))
+    _check3("ds_tm", ds_tm, dt, (t, b, c))
+    for name, arr in (("du", du), ("u", u)):
+        _check3(name, arr, dt, (b, t, c), contiguous=False)
+    arrays = [("du", du), ("ds_tm", ds_tm), ("tmp", tmp), ("da", da), ("s_bt", s_bt)]
+    _disjoint([(arrays[i], arrays[j]) for i in range(5) for j in range(i + 1, 5)]
+              + [(("ds_tm", ds_tm), ("u", u)), (("tmp", tmp), ("u", u))])
+    return sgu_gate_backward_unchecked(du, ds_tm, tmp, da, s_bt, u)
+
+
+def causal_weight(out, w, mask):
+    """``out = w * mask``: the token-mixing weight with its masked entries zeroed. ``out`` and
+    ``mask`` C-contiguous (T, T); ``w`` (T, T) may be a strided corner of a larger W. Returns
+    out."""
+    check_array("out", out, ndim=2)
+    check_array("mask", mask, dtype=out.dtype, shape=out.shape)
+    if not isinstance(w, np.ndarray) or w.dtype != out.dtype or w.shape != out.shape:
+        raise ValueError(f"w: expected a {out.dtype} array of shape {out.shape}, got "
+                         f"{getattr(w, 'dtype', type(w).__name__)} {getattr(w, 'shape', '')}")
+    _disjoint([(("out", out), ("w", w)), (("out", out), ("mask", mask))])
+    return causal_weight_unchecked(out, w, mask)
+
+
+def causal_grad_add(dw, g, mask):
+    """``dw += g * mask`` (``g`` is multiplied in place): a masked weight's gradient. ``g`` and
+    ``mask`` C-contiguous (T, T); ``dw`` (T, T) of any strides. Returns dw."""
+    check_array("g", g, ndim=2)
+    check_array("mask", mask, dtype=g.dtype, shape=g.shape)
+    if not isinstance(dw, np.ndarray) or dw.dtype != g.dtype or dw.shape != g.shape:
+        raise ValueError(f"dw: expected a {g.dtype} array of shape {g.shape}")
+    _disjoint([(("dw", dw), ("g", g)), (("g", g), ("mask", mask))])
+    return causal_grad_add_unchecked(dw, g, mask)
