@@ -204,6 +204,16 @@ def _known(model) -> bool:
     return all(type(m).__module__.startswith("engine.") for _, m in model.named_modules())
 
 
+def _takes_rows(model) -> bool:
+    """Whether the model's first layer takes float rows through the protocol's own forward,
+    so that X must have the model's dtype and ``in_features`` (not, e.g., an Embedding's
+    integer ids, or a block with its own input rules)."""
+    m = model
+    while getattr(m, "_seq", None):  # Sequential, MLP: their first layer
+        m = m._seq[0]
+    return type(m).forward is Module.forward
+
+
 def _in_features(model):
     """The last input dimension ``model`` takes (None: any), for an engine model."""
     f = model.in_features
@@ -229,7 +239,7 @@ def _check_finite(name: str, a) -> None:
 def _check_x(model, X, name: str, finite: bool):
     """Check ``X`` for ``model``; return the output width for it (None: unknown)."""
     _check_c(name, X)
-    if not _known(model):
+    if not (_known(model) and _takes_rows(model)):
         if finite and np.issubdtype(X.dtype, np.floating):
             _check_finite(name, X)
         return None
