@@ -243,6 +243,30 @@ def test_a_header_field_of_the_wrong_type_is_refused(saved, tmp_path, field, val
     assert _equal(_state(m, opt, sched), before)
 
 
+@pytest.mark.parametrize("field, value", [("version", "1.0"), ("version", "١"),
+                                          ("metadata", "[1, 2]"), ("metadata", "{"),
+                                          ("crc32", "[]")])
+def test_a_safetensors_header_field_of_the_wrong_type_is_refused(tmp_path, field, value):
+    # Check the same for the metadata of a .safetensors file blasnet wrote: a version that is
+    # not a decimal integer, user metadata that is not a JSON object, checksums that are not
+    # one: CheckpointError naming the field, nothing changed.
+    st = pytest.importorskip("safetensors.numpy")
+    m, _, _ = _trained()
+    path = tmp_path / "good.safetensors"
+    save(path, m, epoch=1)
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        meta = json.loads(f.read(n))["__metadata__"]
+    meta[field] = value
+    st.save_file(st.load_file(str(path)), str(tmp_path / "edited.safetensors"), metadata=meta)
+    got = MLP([3, 4, 2], rng=1)
+    before = [p.data.copy() for p in got.parameters()]
+    with pytest.raises(CheckpointError, match=field.replace("crc32", "checksum|crc32")):
+        load(tmp_path / "edited.safetensors", got)
+    for a, p in zip(before, got.parameters()):
+        np.testing.assert_array_equal(a, p.data)
+
+
 # ----------------------------------------------------------------------------- saving
 def test_save_writes_through_a_symbolic_link(tmp_path):
     # Check that saving to a symlink replaces the file it points to (as open(path, "w")
