@@ -73,12 +73,12 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
             raise TypeError(f"scheduler: expected a learning-rate scheduler, got "
                             f"{type(scheduler).__name__}")
         sched = scheduler.state_dict()
-    path = _writable_target(path)
+    target = _writable_target(path)  # the format follows the name given, not a link's target
     if path.lower().endswith(SAFETENSORS):
         if optimizer is not None or scheduler is not None:
             raise ValueError(f"{path}: a .safetensors checkpoint holds parameters only; save the "
                              f"optimizer and scheduler state to an .npz file")
-        _save_safetensors(path, model, meta_json)
+        _save_safetensors(target, model, meta_json)
         return
     arrays = {}
     params = {}
@@ -97,7 +97,7 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
     if sched is not None:
         header["scheduler"] = sched
     arrays[_HEADER] = np.array(json.dumps(header))
-    _atomic_write(path, lambda f: np.savez(f, **arrays))
+    _atomic_write(target, lambda f: np.savez(f, **arrays))
 
 
 def _save_safetensors(path: str, model, meta_json: str) -> None:

@@ -264,7 +264,7 @@ def _check_target(model, loss, X, Y, width, name: str, finite: bool) -> None:
         if known and Y.shape != lead:
             raise ValueError(f"{name}: expected integer labels of shape {lead} (X's without "
                              f"the feature axis), got {Y.shape}")
-        lo, hi = int(np.min(Y)), int(np.max(Y))
+        lo, hi = (int(np.min(Y)), int(np.max(Y))) if Y.size else (0, -1)
         if lo < 0 or (known and hi >= width):
             classes = f"[0, {width})" if known else "[0, classes)"
             raise ValueError(f"{name}: expected labels in {classes} (the model has "
