@@ -1,7 +1,7 @@
 """Wall-clock samples of a call for the stand-alone bench scripts (``bench/distributed.py``,
 ``bench/embedding_backward.py``), which report medians outside pytest-benchmark: no
 interference filter (``bench/timing.py`` has that) and nothing imported but the standard
-library, so a script can time before it has set up its threads or MPI."""
+library (``bench/timing.py`` imports kernels, which applies the thread count on import)."""
 from __future__ import annotations
 
 import time
