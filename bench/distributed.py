@@ -36,6 +36,8 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from bench.stopwatch import sample  # noqa: E402
+
 SIZES = [1 << k for k in range(10, 27, 2)]  # bytes: 1 KiB, 4 KiB, ... 64 MiB
 BLOCK, SHAPE = "FFN-gelu", "large"
 NET_BYTES_PER_S = 25e9 / 8      # a 25 Gb/s network
@@ -53,13 +55,7 @@ def _case(rows):
 
 
 def _median_step(step, steps, warm=3):
-    for _ in range(warm):
-        step()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
+    times = sample(step, steps, warm)
     return statistics.median(times), min(times)
 
 

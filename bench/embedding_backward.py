@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,17 +24,13 @@ if str(ROOT) not in sys.path:  # run as a script: make kernels importable
 
 import numpy as np  # noqa: E402
 
+from bench.stopwatch import sample  # noqa: E402
+
 SIZES = ((103, 2048, 128), (1000, 8192, 256), (50_000, 2048, 512))  # (V, N, d)
 
 
 def _median_us(fn, reps=7):
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e6 * statistics.median(times)
+    return 1e6 * statistics.median(sample(fn, reps))
 
 
 def alternatives(v, n, d, rng):

@@ -47,7 +47,32 @@ def _check_sequences(x, seq_len: int, causal: bool, d: int, what: str):
     return b, t
 
 
-class SpatialGatingUnit(Module):
+class _TokenMixing(Module):
+    """What both modules here share: input (B, T, in_features) whose T tokens they mix, T ==
+    seq_len (or T <= seq_len when ``causal``), checked before anything runs."""
+
+    _what = ""          # the module in error messages
+    _repr_fields = ()   # attributes extra_repr shows, in order
+
+    def _set_sequences(self, seq_len, causal):
+        self.seq_len = check_positive_int("seq_len", seq_len)
+        self.causal = _check_bool("causal", causal)
+        c = self._c
+        c.bt = None       # (B, T) of the last forward
+        c.pending = None  # (B, T) of the call being checked (committed by _forward)
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={getattr(self, k)}" for k in self._repr_fields)
+
+    def forward(self, x, *, residual=None):
+        """The module on ``x`` of shape (B, T, in_features) (``+ residual`` when given); the
+        class says what it computes and returns."""
+        self._c.pending = _check_sequences(x, self.seq_len, self.causal, self.in_features,
+                                           self._what)
+        return super().forward(x, residual=residual)
+
+
+class SpatialGatingUnit(_TokenMixing):
     """``s(Z) = U * (W LN(V) + b)`` on (B, T, d_ffn) input Z = [U | V] (U the first d_ffn/2
     channels, V the rest), mixing tokens: ``S[b, t, c] = sum_s W[t, s] LN(V)[b, s, c] + b[t]``.
     Output (B, T, d_ffn/2). Parameters ``W`` (seq_len, seq_len) uniform in +-1e-3/seq_len and
@@ -57,6 +82,9 @@ class SpatialGatingUnit(Module):
     gradient, and any T <= seq_len is accepted (W[:T, :T], b[:T]); otherwise T == seq_len.
     """
 
+    _what = "spatial gating unit"
+    _repr_fields = ("d_ffn", "seq_len", "causal", "dtype")
+
     def __init__(self, d_ffn: int, seq_len: int, causal: bool = False, eps: float = 1e-5,
                  dtype=np.float32, rng=None):
         super().__init__(dtype)
@@ -65,8 +93,7 @@ class SpatialGatingUnit(Module):
             raise ValueError(f"d_ffn: expected an even number (split into halves U and V), "
                              f"got {d_ffn}")
         self.half = d_ffn // 2
-        self.seq_len = check_positive_int("seq_len", seq_len)
-        self.causal = _check_bool("causal", causal)
+        self._set_sequences(seq_len, causal)
         rng = make_rng(rng)
         t = self.seq_len
         init_eps = 1e-3 / t
@@ -74,8 +101,6 @@ class SpatialGatingUnit(Module):
         self.b = Parameter(np.ones(t, self.dtype))
         self.norm = LayerNorm(self.half, eps, dtype)
         c = self._c
-        c.bt = None       # (B, T) of the last forward
-        c.pending = None  # (B, T) of the call being checked (committed by _forward)
         c.mask = None     # (T, T) lower-triangular ones (not a work buffer: it outlives a call)
         c.z3 = None       # (B, T, d_ffn) the last input, by reference
         c.vp = None       # (T, B * half) LN(V) time-major (the child's output)
@@ -83,16 +108,6 @@ class SpatialGatingUnit(Module):
 
     def out_features(self, d_in: int) -> int:
         return self.half
-
-    def extra_repr(self):
-        return (f"d_ffn={self.d_ffn}, seq_len={self.seq_len}, causal={self.causal}, "
-                f"dtype={self.dtype}")
-
-    def forward(self, z, *, residual=None):
-        """``s(z)`` for ``z`` of shape (B, T, d_ffn); returns (B, T, d_ffn / 2)."""
-        self._c.pending = _check_sequences(z, self.seq_len, self.causal, self.d_ffn,
-                                           "spatial gating unit")
-        return super().forward(z, residual=residual)
 
     def _make_views(self, key):
         b, t = key
@@ -162,7 +177,7 @@ class SpatialGatingUnit(Module):
         return v.dz
 
 
-class GMLPBlock(Module):
+class GMLPBlock(_TokenMixing):
     """One gMLP block (Liu et al. 2021) on (B, T, d_model) input, T == seq_len (or T <=
     seq_len when ``causal``)::
 
@@ -173,8 +188,11 @@ class GMLPBlock(Module):
     ``sgu.norm.gamma``, ``sgu.norm.beta`` (d_ffn/2,), ``sgu.W`` (seq_len, seq_len), ``sgu.b``
     (seq_len,), ``W_out`` (d_ffn/2, d_model), ``b_out``. ``W_in`` starts He (GELU follows),
     ``W_out`` Xavier, biases zero, ``sgu`` as the paper (W near zero, b = 1). ``d_ffn`` must be
-    even. ``eps`` is both LayerNorms'.
+    even. ``eps`` is both LayerNorms'. Output ``x + gMLP(x)``, (B, T, d_model).
     """
+
+    _what = "gMLP block"
+    _repr_fields = ("d_model", "d_ffn", "seq_len", "causal", "dtype")
 
     def __init__(self, d_model: int, d_ffn: int, seq_len: int, causal: bool = False,
                  eps: float = 1e-5, dtype=np.float32, rng=None):
@@ -184,8 +202,7 @@ class GMLPBlock(Module):
         if d_ffn % 2:
             raise ValueError(f"d_ffn: expected an even number (Z splits into halves U and V), "
                              f"got {d_ffn}")
-        self.seq_len = check_positive_int("seq_len", seq_len)
-        self.causal = _check_bool("causal", causal)
+        self._set_sequences(seq_len, causal)
         check_float("eps", eps, 0.0)
         rng = make_rng(rng)
         dt, h = self.dtype, d_ffn // 2
@@ -196,20 +213,8 @@ class GMLPBlock(Module):
         self.W_out = Parameter(init_weight(h, d_model, "xavier", dt, rng))
         self.b_out = Parameter(np.zeros(d_model, dt))
         c = self._c
-        c.bt = None       # (B, T) of the last forward
-        c.pending = None  # (B, T) of the call being checked (committed by _forward)
         c.xn = None       # (n, d_model) LN(x) (the child's output)
         c.a = None        # (n, d_ffn/2) s(Z) (the child's output)
-
-    def extra_repr(self):
-        return (f"d_model={self.d_model}, d_ffn={self.d_ffn}, seq_len={self.seq_len}, "
-                f"causal={self.causal}, dtype={self.dtype}")
-
-    def forward(self, x, *, residual=None):
-        """``x + gMLP(x)`` (``+ residual`` when given) for ``x`` of shape (B, T, d_model)."""
-        self._c.pending = _check_sequences(x, self.seq_len, self.causal, self.d_model,
-                                           "gMLP block")
-        return super().forward(x, residual=residual)
 
     def _make_views(self, n):
         ws, d, f = self._ws, self.d_model, self.d_ffn

@@ -180,14 +180,22 @@ def _d_model(dims):
     return dims["d_model"]
 
 
-register(Block(
-    name="FFN",
-    doc="position-wise feed-forward, y = act(x W_in + b1) W_out + b2 (Vaswani et al. 2017)",
-    build_fn=_build_ffn, naive=naive.NaiveFFN, gemm_fn=_ffn_gemms,
-    d_in=_d_model, d_out=_d_model, dims=("d_model", "d_ff"),
-    options={"activation": "relu", "dropout": 0.0},
-    example={"d_model": 12, "d_ff": 20},
-    variants=({"activation": "relu"}, {"activation": "gelu"})))
+_EXAMPLE = {"d_model": 12, "d_ff": 20, "seq_len": 5}  # every width distinct
+
+
+def _d_model_wide(name, doc, build_fn, twin, gemm_fn, options, variants,
+                  dims=("d_model", "d_ff")) -> Block:
+    """A block whose input and output are ``d_model`` wide, sized by ``dims`` (an example of
+    each from _EXAMPLE): the transformer blocks."""
+    return Block(name=name, doc=doc, build_fn=build_fn, naive=twin, gemm_fn=gemm_fn,
+                 d_in=_d_model, d_out=_d_model, dims=dims, options=options,
+                 example={k: _EXAMPLE[k] for k in dims}, variants=variants)
+
+
+register(_d_model_wide(
+    "FFN", "position-wise feed-forward, y = act(x W_in + b1) W_out + b2 (Vaswani et al. 2017)",
+    _build_ffn, naive.NaiveFFN, _ffn_gemms, {"activation": "relu", "dropout": 0.0},
+    ({"activation": "relu"}, {"activation": "gelu"})))
 
 register(Block(
     name="GMLP",
@@ -198,15 +206,12 @@ register(Block(
     dims=("d_model", "d_ff"),
     example={"d_in": 7, "d_model": 12, "d_ff": 20, "d_out": 5}))
 
-register(Block(
-    name="FFNSublayer",
-    doc="the FFN with its residual and LayerNorm: post-norm LayerNorm(x + FFN(x)) or "
-        "pre-norm x + FFN(LayerNorm(x))",
-    build_fn=_build_sublayer, naive=naive.NaiveFFNSublayer, gemm_fn=_ffn_gemms,
-    d_in=_d_model, d_out=_d_model, dims=("d_model", "d_ff"),
-    options={"activation": "relu", "dropout": 0.0, "norm": "post"},
-    example={"d_model": 12, "d_ff": 20},
-    variants=({"activation": "gelu", "norm": "post"}, {"activation": "gelu", "norm": "pre"})))
+register(_d_model_wide(
+    "FFNSublayer", "the FFN with its residual and LayerNorm: post-norm LayerNorm(x + FFN(x)) "
+    "or pre-norm x + FFN(LayerNorm(x))",
+    _build_sublayer, naive.NaiveFFNSublayer, _ffn_gemms,
+    {"activation": "relu", "dropout": 0.0, "norm": "post"},
+    ({"activation": "gelu", "norm": "post"}, {"activation": "gelu", "norm": "pre"})))
 
 register(Block(
     name="MLP",
@@ -262,22 +267,15 @@ def _build_gmlp_block(dims, *, dtype, rng, causal):
                      rng=rng)
 
 
-register(Block(
-    name="GatedFFN",
-    doc="gated feed-forward (Shazeer 2020), y = (act(x W_gate + b_gate) * (x W_up + b_up)) "
-        "W_down + b_down: SwiGLU with silu, GEGLU with gelu",
-    build_fn=_build_gated, naive=naive.NaiveGatedFFN, gemm_fn=_gated_gemms,
-    d_in=_d_model, d_out=_d_model, dims=("d_model", "d_ff"),
-    options={"activation": "silu", "bias": False, "dropout": 0.0},
-    example={"d_model": 12, "d_ff": 20},
-    variants=({"activation": "silu"}, {"activation": "gelu", "bias": True})))
+register(_d_model_wide(
+    "GatedFFN", "gated feed-forward (Shazeer 2020), y = (act(x W_gate + b_gate) * (x W_up + "
+    "b_up)) W_down + b_down: SwiGLU with silu, GEGLU with gelu",
+    _build_gated, naive.NaiveGatedFFN, _gated_gemms,
+    {"activation": "silu", "bias": False, "dropout": 0.0},
+    ({"activation": "silu"}, {"activation": "gelu", "bias": True})))
 
-register(Block(
-    name="GMLPBlock",
-    doc="gMLP block (Liu et al. 2021) on (B, seq_len, d_model): y = x + s(Z) W_out + b_out, "
-        "Z = GELU(LN(x) W_in + b_in), s the spatial gating unit mixing the tokens",
-    build_fn=_build_gmlp_block, naive=naive.NaiveGMLPBlock, gemm_fn=_gmlp_block_gemms,
-    d_in=_d_model, d_out=_d_model, dims=("d_model", "d_ff", "seq_len"),
-    options={"causal": False},
-    example={"d_model": 12, "d_ff": 20, "seq_len": 5},
-    variants=({"causal": False}, {"causal": True})))
+register(_d_model_wide(
+    "GMLPBlock", "gMLP block (Liu et al. 2021) on (B, seq_len, d_model): y = x + s(Z) W_out + "
+    "b_out, Z = GELU(LN(x) W_in + b_in), s the spatial gating unit mixing the tokens",
+    _build_gmlp_block, naive.NaiveGMLPBlock, _gmlp_block_gemms, {"causal": False},
+    ({"causal": False}, {"causal": True}), dims=("d_model", "d_ff", "seq_len")))

@@ -645,6 +645,14 @@ def _both(fn):
     return {F32: fn, F64: fn}
 
 
+def _entry(name, forward, forward_grad, backward, sign_from_output):
+    """An entry whose kernels serve float32 and float64 alike, with the reference pair
+    ``kernels.reference.<name>`` / ``<name>_grad`` (missing: AttributeError at import)."""
+    return Activation(name, _both(forward), _both(forward_grad), _both(backward),
+                      getattr(R, name), getattr(R, name + "_grad"),
+                      sign_from_output=sign_from_output)
+
+
 def _registry(*entries):
     reg = {}
     for e in entries:
@@ -657,27 +665,18 @@ def _registry(*entries):
 
 
 REGISTRY = _registry(
-    Activation("identity", _both(_fwd_identity), _both(_fwdg_identity), _both(_bwd_identity),
-               R.identity, R.identity_grad, sign_from_output=True),
-    Activation("relu", _both(_fwd_relu), _both(_fwdg_relu), _both(_bwd_relu),
-               R.relu, R.relu_grad, sign_from_output=True),
-    Activation("leaky_relu", _both(_fwd_leaky), _both(_fwdg_leaky), _both(_bwd_leaky),
-               R.leaky_relu, R.leaky_relu_grad, sign_from_output=True),
+    _entry("identity", _fwd_identity, _fwdg_identity, _bwd_identity, sign_from_output=True),
+    _entry("relu", _fwd_relu, _fwdg_relu, _bwd_relu, sign_from_output=True),
+    _entry("leaky_relu", _fwd_leaky, _fwdg_leaky, _bwd_leaky, sign_from_output=True),
     Activation("gelu", {F32: _fwd_gelu32, F64: _fwd_gelu64},
                {F32: _fwdg_gelu32, F64: _fwdg_gelu64}, {F32: _bwd_gelu32, F64: _bwd_gelu64},
                R.gelu, R.gelu_grad, sign_from_output=False),
-    Activation("gelu_tanh", _both(_fwd_gelu_tanh), _both(_fwdg_gelu_tanh),
-               _both(_bwd_gelu_tanh), R.gelu_tanh, R.gelu_tanh_grad, sign_from_output=False),
-    Activation("silu", _both(_fwd_silu), _both(_fwdg_silu), _both(_bwd_silu),
-               R.silu, R.silu_grad, sign_from_output=False),
-    Activation("sigmoid", _both(_fwd_sigmoid), _both(_fwdg_sigmoid), _both(_bwd_sigmoid),
-               R.sigmoid, R.sigmoid_grad, sign_from_output=False),
-    Activation("tanh", _both(_fwd_tanh), _both(_fwdg_tanh), _both(_bwd_tanh),
-               R.tanh, R.tanh_grad, sign_from_output=False),
-    Activation("relu2", _both(_fwd_relu2), _both(_fwdg_relu2), _both(_bwd_relu2),
-               R.relu2, R.relu2_grad, sign_from_output=False),
-    Activation("mish", _both(_fwd_mish), _both(_fwdg_mish), _both(_bwd_mish),
-               R.mish, R.mish_grad, sign_from_output=False),
+    _entry("gelu_tanh", _fwd_gelu_tanh, _fwdg_gelu_tanh, _bwd_gelu_tanh, sign_from_output=False),
+    _entry("silu", _fwd_silu, _fwdg_silu, _bwd_silu, sign_from_output=False),
+    _entry("sigmoid", _fwd_sigmoid, _fwdg_sigmoid, _bwd_sigmoid, sign_from_output=False),
+    _entry("tanh", _fwd_tanh, _fwdg_tanh, _bwd_tanh, sign_from_output=False),
+    _entry("relu2", _fwd_relu2, _fwdg_relu2, _bwd_relu2, sign_from_output=False),
+    _entry("mish", _fwd_mish, _fwdg_mish, _bwd_mish, sign_from_output=False),
 )
 ACTIVATIONS = tuple(REGISTRY)
 

@@ -59,14 +59,20 @@ def _check_ids(ids, v):
         raise ValueError(f"ids: expected values in [0, {v}), got {int(ids[bad])} at index {bad}")
 
 
+def _check(table_name, table, ids, rows_name, rows):
+    """A C-contiguous (V, d) float ``table``, (N,) int64 ``ids`` in [0, V) and C-contiguous
+    (N, d) ``rows`` of the table's dtype, not overlapping it; raises naming the argument."""
+    check_array(table_name, table, ndim=2)
+    _check_ids(ids, table.shape[0])
+    check_array(rows_name, rows, dtype=table.dtype, shape=(ids.shape[0], table.shape[1]))
+    if np.may_share_memory(rows, table):
+        raise ValueError(f"{rows_name}: must not overlap {table_name}")
+
+
 def embedding_forward(out, ids, weight):
     """``out[i] = weight[ids[i]]`` for a C-contiguous (V, d) float ``weight``, (N,) int64
     ``ids`` in [0, V) and a C-contiguous (N, d) ``out``. Returns out."""
-    check_array("weight", weight, ndim=2)
-    _check_ids(ids, weight.shape[0])
-    check_array("out", out, dtype=weight.dtype, shape=(ids.shape[0], weight.shape[1]))
-    if np.may_share_memory(out, weight):
-        raise ValueError("out: must not overlap weight")
+    _check("weight", weight, ids, "out", out)
     return embedding_forward_unchecked(out, ids, weight)
 
 
@@ -74,9 +80,5 @@ def embedding_backward(dweight, ids, dout):
     """``dweight[ids[i]] += dout[i]`` for every i (ids may repeat; repeats accumulate).
     ``dweight`` C-contiguous (V, d) float, ``ids`` (N,) int64 in [0, V), ``dout`` C-contiguous
     (N, d). Returns dweight."""
-    check_array("dweight", dweight, ndim=2)
-    _check_ids(ids, dweight.shape[0])
-    check_array("dout", dout, dtype=dweight.dtype, shape=(ids.shape[0], dweight.shape[1]))
-    if np.may_share_memory(dout, dweight):
-        raise ValueError("dout: must not overlap dweight")
+    _check("dweight", dweight, ids, "dout", dout)
     return embedding_backward_unchecked(dweight, ids, dout)

@@ -25,10 +25,17 @@ def _rows(c, itemsize, split):
     return max(1, (_SPLIT_BLOCK_BYTES if split else _BLOCK_BYTES) // (c * itemsize))
 
 
-def _run(block_fn, n, c, dtype, *arrays):
-    """``block_fn(i, j, vec, tile, tmp, *arrays)`` over row blocks of rows [0, n), split over
-    threads when large; scratch (``vec`` (rows,), ``tile`` and ``tmp`` (rows, C)) is per
-    thread."""
+def _run(block_fn, *arrays):
+    """``block_fn(i, j, vec, tile, tmp, *arrays)`` over row blocks of the (N, C) rows of the
+    last array (the one the pass reads: x forward, y backward), none when N or C is 0; split
+    over threads when large; scratch (``vec`` (rows,), ``tile`` and ``tmp`` (rows, C)) is
+    per thread. Returns the first array (the output)."""
+    src = arrays[-1]
+    n, c = src.shape
+    if not (n and c):
+        return arrays[0]
+    dtype = src.dtype
+
     def run(i0, i1, slot, split=False):
         rows = _rows(c, dtype.itemsize, split)
         vec = scratch("softmax.vec", rows, dtype)          # (rows,) row max / row sum
@@ -43,6 +50,7 @@ def _run(block_fn, n, c, dtype, *arrays):
         run(0, n, 0)
     else:
         _par.split(lambda i0, i1, slot: run(i0, i1, slot, True), n, c)
+    return arrays[0]
 
 
 def _spread(tile, v):
@@ -96,36 +104,24 @@ def _log_softmax_bwd(i, j, vec, tile, tmp, dx, dy, y):
 def softmax_forward_unchecked(y, x):
     """``y = softmax(x)`` over the last axis of C-contiguous (N, C) arrays of one float dtype
     (``y`` may be ``x``; no checks)."""
-    n, c = x.shape
-    if n and c:
-        _run(_softmax_fwd, n, c, x.dtype, y, x)
-    return y
+    return _run(_softmax_fwd, y, x)
 
 
 def softmax_backward_unchecked(dx, dy, y):
     """``dx = y * (dy - sum(dy * y))`` row-wise, ``y`` the forward's output (``dx`` may be
     ``dy``; no checks)."""
-    n, c = y.shape
-    if n and c:
-        _run(_softmax_bwd, n, c, y.dtype, dx, dy, y)
-    return dx
+    return _run(_softmax_bwd, dx, dy, y)
 
 
 def log_softmax_forward_unchecked(y, x):
     """``y = x - max(x) - log(sum(exp(x - max(x))))`` row-wise (``y`` may be ``x``; no checks)."""
-    n, c = x.shape
-    if n and c:
-        _run(_log_softmax_fwd, n, c, x.dtype, y, x)
-    return y
+    return _run(_log_softmax_fwd, y, x)
 
 
 def log_softmax_backward_unchecked(dx, dy, y):
     """``dx = dy - exp(y) * sum(dy)`` row-wise, ``y`` the forward's output (``dx`` may be
     ``dy``; no checks)."""
-    n, c = y.shape
-    if n and c:
-        _run(_log_softmax_bwd, n, c, y.dtype, dx, dy, y)
-    return dx
+    return _run(_log_softmax_bwd, dx, dy, y)
 
 
 # ----------------------------------------------------------------------------- checked API

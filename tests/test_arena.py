@@ -30,6 +30,22 @@ def _expected_first_step(opt, p, g):
     return p - LR * (g + WD * p)
 
 
+def _rule(opt, p, grads):
+    """The parameters after one step per gradient in ``grads``, from the update rules."""
+    mom, v, buf = np.zeros_like(p), np.zeros_like(p), None
+    for t, g in enumerate(grads, start=1):
+        if opt == "adamw":
+            p = p * (1 - LR * WD)
+            mom = B1 * mom + (1 - B1) * g
+            v = B2 * v + (1 - B2) * g * g
+            p = p - LR * (mom / (1 - B1 ** t)) / (np.sqrt(v / (1 - B2 ** t)) + EPS)
+        else:
+            d = g + WD * p
+            buf = d if buf is None else MOM * buf + d
+            p = p - LR * buf
+    return p
+
+
 def _fb(m, name, seed, shape="2d"):
     """forward + backward with inputs drawn from ``seed``; copies of y and dx."""
     case, rng = CASES[name], np.random.default_rng(seed)
@@ -38,6 +54,24 @@ def _fb(m, name, seed, shape="2d"):
     y = copy_out(m.forward(x, array(rng, ld, case.d_in)) if case.kind == "addnorm"
                  else m.forward(x))
     return y, copy_out(m.backward(dy))
+
+
+def _built(name, opt):
+    """The module of case ``name`` (seed 0) and optimizer ``opt`` over its parameters."""
+    m = CASES[name].build(0)
+    return m, OPTIMIZERS[opt](m.parameters())
+
+
+def _steps(m, o, name, seeds):
+    """zero_grad, forward + backward with inputs from the seed, step: once per seed. Yields
+    after each step the flat gradients of the steps so far (copies, one list)."""
+    grads = []
+    for seed in seeds:
+        o.zero_grad()
+        _fb(m, name, seed)
+        grads.append(m.flat_grads().copy())
+        o.step()
+        yield grads
 
 
 def _sizes(m):
@@ -132,8 +166,7 @@ def test_data_assignment_copies_and_is_optimized(name, opt, layout):
     # Check that p.data = <any layout> after the optimizer exists copies the values into the
     # arena: the model computes with them and the optimizer updates them, exactly as a twin
     # that held those values from the start; the source array stays independent.
-    m = CASES[name].build(0)
-    o = OPTIMIZERS[opt](m.parameters())
+    m, o = _built(name, opt)
     rng = np.random.default_rng(2)
     new = {n: rng.standard_normal(p.shape) for n, p in m.named_parameters()}
     for n, p in m.named_parameters():
@@ -163,10 +196,8 @@ def test_data_assignment_copies_and_is_optimized(name, opt, layout):
 def test_grad_assignment_copies_and_is_optimized(name, opt, layout):
     # Check that p.grad = <any layout> copies into the grad arena and the optimizer steps
     # with exactly those gradients (as a twin whose grads were written in place).
-    m = CASES[name].build(0)
-    o = OPTIMIZERS[opt](m.parameters())
-    twin = CASES[name].build(0)
-    ot = OPTIMIZERS[opt](twin.parameters())
+    m, o = _built(name, opt)
+    twin, ot = _built(name, opt)
     rng = np.random.default_rng(5)
     for (n, p), (_, q) in zip(m.named_parameters(), twin.named_parameters()):
         g = rng.standard_normal(p.shape)
@@ -235,8 +266,7 @@ def test_step_changes_exactly_the_parameter_arena(name, opt):
     # Check that a step writes the flat parameters (to the published update of each
     # element) and nothing else reachable: grads, the module's outputs and the inputs stay.
     case, rng = CASES[name], np.random.default_rng(7)
-    m = case.build(0)
-    o = OPTIMIZERS[opt](m.parameters())
+    m, o = _built(name, opt)
     ld = lead("2d")
     x, dy = array(rng, ld, case.d_in), array(rng, ld, case.d_out)
     sub = array(rng, ld, case.d_in)
@@ -263,26 +293,11 @@ def test_step_changes_exactly_the_parameter_arena(name, opt):
 def test_two_steps_follow_the_update_rule(name, opt):
     # Check the second step too (moments and momentum carried over), elementwise over the
     # flat vectors, against the rules written out here.
-    m = CASES[name].build(0)
-    o = OPTIMIZERS[opt](m.parameters())
-    p = m.flat_params().copy()
-    mom, v, buf = np.zeros_like(p), np.zeros_like(p), None
-    for t, seed in ((1, 8), (2, 9)):
-        o.zero_grad()
-        _fb(m, name, seed)
-        g = m.flat_grads().copy()
-        o.step()
-        if opt == "adamw":
-            p = p * (1 - LR * WD)
-            mom = B1 * mom + (1 - B1) * g
-            v = B2 * v + (1 - B2) * g * g
-            p = p - LR * (mom / (1 - B1 ** t)) / (np.sqrt(v / (1 - B2 ** t)) + EPS)
-        else:
-            d = g + WD * p
-            buf = d if buf is None else MOM * buf + d
-            p = p - LR * buf
-        np.testing.assert_allclose(m.flat_params(), p, rtol=1e-11, atol=1e-14,
-                                   err_msg=f"step {t}")
+    m, o = _built(name, opt)
+    p0 = m.flat_params().copy()
+    for t, grads in enumerate(_steps(m, o, name, (8, 9)), start=1):
+        np.testing.assert_allclose(m.flat_params(), _rule(opt, p0, grads), rtol=1e-11,
+                                   atol=1e-14, err_msg=f"step {t}")
 
 
 @pytest.mark.parametrize("via", ["module", "optimizer"])
@@ -362,22 +377,6 @@ def test_optimizer_made_before_the_model_is_nested(opt, scope):
     np.testing.assert_allclose(y2, _naive(want, x), rtol=1e-12, atol=1e-12)
 
 
-def _rule(opt, p, grads):
-    """The parameters after one step per gradient in ``grads``, from the update rules."""
-    mom, v, buf = np.zeros_like(p), np.zeros_like(p), None
-    for t, g in enumerate(grads, start=1):
-        if opt == "adamw":
-            p = p * (1 - LR * WD)
-            mom = B1 * mom + (1 - B1) * g
-            v = B2 * v + (1 - B2) * g * g
-            p = p - LR * (mom / (1 - B1 ** t)) / (np.sqrt(v / (1 - B2 ** t)) + EPS)
-        else:
-            d = g + WD * p
-            buf = d if buf is None else MOM * buf + d
-            p = p - LR * buf
-    return p
-
-
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 def test_optimizer_state_follows_parameters_nested_between_steps(opt):
     # Check that moments / momentum buffers stay with their parameters when the module is
@@ -419,10 +418,5 @@ def test_optimizer_in_another_order_than_the_arena(name, opt, order):
     else:
         o = OPTIMIZERS[opt]([{"params": params[1::2]}, {"params": params[0::2]}])
     fp0 = m.flat_params().copy()
-    grads = []
-    for seed in (13, 14):
-        o.zero_grad()
-        _fb(m, name, seed)
-        grads.append(m.flat_grads().copy())
-        o.step()
+    grads = list(_steps(m, o, name, (13, 14)))[-1]
     np.testing.assert_allclose(m.flat_params(), _rule(opt, fp0, grads), rtol=1e-11, atol=1e-14)

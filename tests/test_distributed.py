@@ -62,18 +62,13 @@ def faults():
 
 # ----------------------------------------------------------------------------- equivalence
 @needs_mpi
-def test_data_parallel_equals_one_process_float64(equiv):
+@pytest.mark.parametrize("mode", ["plain", "zero1"])
+def test_data_parallel_equals_one_process_float64(equiv, mode):
     # Check that K ranks on a global batch (some batches not divisible by K) give, after 5
-    # AdamW steps, the parameters of one process on that batch, to 1e-12 relative.
+    # AdamW steps, the parameters of one process on that batch, to 1e-12 relative: plain
+    # data parallel, and ZeRO-1 (ShardedAdamW, with parameter groups).
     for kind in ("FFN", "GMLP", "FFNSublayer", "MLP"):
-        assert equiv["steps"][f"{kind} plain"]["rel_err"] <= 1e-12, kind
-
-
-@needs_mpi
-def test_zero1_equals_one_process_float64(equiv):
-    # Check that ZeRO-1 (ShardedAdamW, with parameter groups) gives one process's parameters.
-    for kind in ("FFN", "GMLP", "FFNSublayer", "MLP"):
-        assert equiv["steps"][f"{kind} zero1"]["rel_err"] <= 1e-12, kind
+        assert equiv["steps"][f"{kind} {mode}"]["rel_err"] <= 1e-12, kind
 
 
 @needs_mpi
@@ -137,18 +132,16 @@ def test_dropout_streams_differ_per_rank(equiv):
 
 # ----------------------------------------------------------------------------- faults
 @needs_mpi
-def test_ranks_with_different_models_are_rejected(faults):
-    # Check that a parameter shape that differs on one rank raises ValueError on every rank,
-    # naming the parameter.
-    for kind, msg in faults["different_models"]:
-        assert kind == "ValueError" and "W_in" in msg and "rank 1" in msg
-
-
-@needs_mpi
-def test_ranks_with_different_data_are_rejected(faults):
-    # Check that data drawn with another seed on one rank raises ValueError on every rank.
-    for kind, msg in faults["different_data"]:
-        assert kind == "ValueError" and "X (shape" in msg
+@pytest.mark.parametrize("fault, says", [
+    ("different_models", ("W_in", "rank 1")),  # a parameter's shape differs on rank 1
+    ("different_data", ("X (shape",)),         # rank 1 drew its data with another seed
+    ("tiny_batches", ("at least one sample per rank",)),  # a last batch of fewer rows than ranks
+])
+def test_ranks_that_disagree_are_rejected(faults, fault, says):
+    # Check that a model, data or batch size the ranks do not share raises ValueError on
+    # every rank, saying what differs.
+    for kind, msg in faults[fault]:
+        assert kind == "ValueError" and all(s in msg for s in says), (kind, msg)
 
 
 @needs_mpi
@@ -169,25 +162,16 @@ def test_nonfinite_loss_stops_every_rank(faults):
 
 
 @needs_mpi
-def test_error_in_backward_stops_every_rank(faults):
-    # Check that rank 1 raising in backward (rank 0 then waits to reduce gradients) stops
-    # rank 0 with rank 1's message.
-    (k0, m0), (k1, m1) = faults["backward_raises"]
-    assert k1 == "RuntimeError" and k0 == "RankError" and "deliberate failure" in m0
-
-
-@needs_mpi
-def test_batches_smaller_than_the_world_are_rejected(faults):
-    # Check that a last batch with fewer rows than ranks raises ValueError on every rank.
-    for kind, msg in faults["tiny_batches"]:
-        assert kind == "ValueError" and "at least one sample per rank" in msg
-
-
-@needs_mpi
-def test_failed_save_stops_every_rank(faults):
-    # Check that rank 0 failing to write the checkpoint raises on every rank.
-    (k0, m0), (k1, m1) = faults["failed_save"]
-    assert k0 == "NotADirectoryError" and k1 == "RankError" and "rank 0 of 2" in m1
+@pytest.mark.parametrize("fault, failing, kind, says", [
+    ("backward_raises", 1, "RuntimeError", "deliberate failure"),  # rank 0 waits to reduce
+    ("failed_save", 0, "NotADirectoryError", "rank 0 of 2"),       # writing the checkpoint
+])
+def test_one_failing_rank_stops_every_rank(faults, fault, failing, kind, says):
+    # Check that a rank raising while the other waits for it (rank 1 in backward, rank 0
+    # saving a checkpoint) stops both: the failing rank with its own error, the other with
+    # a RankError that says so.
+    (k_fail, _), (k_other, m_other) = (faults[fault][failing], faults[fault][1 - failing])
+    assert k_fail == kind and k_other == "RankError" and says in m_other
 
 
 @needs_mpi

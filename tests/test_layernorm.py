@@ -35,6 +35,20 @@ def _problem(rng, n, d, dtype):
     return x, gamma, beta, dout
 
 
+def _problems(seed, dtype):
+    """``_problem`` for each of ``_shapes(dtype)``, with its n, d and the rng (seeded once)
+    for what the caller draws next."""
+    rng = np.random.default_rng(seed)
+    for n, d in _shapes(dtype):
+        yield rng, n, d, _problem(rng, n, d, dtype)
+
+
+def _blocks_problem(seed, d, extra, dtype):
+    """n = two row blocks of width ``d`` plus ``extra`` rows, d, and ``_problem`` of that."""
+    n = 2 * _rows_per_block(d, dtype) + extra
+    return (n, d, *_problem(np.random.default_rng(seed), n, d, dtype))
+
+
 def _forward(mod, x, gamma, beta, eps=1e-5):
     n, d = x.shape
     out = np.full((n, d), np.nan, x.dtype)
@@ -47,9 +61,7 @@ def _forward(mod, x, gamma, beta, eps=1e-5):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_matches_reference(dtype):
     # Check that out, mean and rstd equal the reference over shapes spanning several blocks.
-    rng = np.random.default_rng(1)
-    for n, d in _shapes(dtype):
-        x, gamma, beta, _ = _problem(rng, n, d, dtype)
+    for _, n, d, (x, gamma, beta, _) in _problems(1, dtype):
         res, out, mean, rstd = _forward(ln, x, gamma, beta)
         _, out_r, mean_r, rstd_r = _forward(reference, x, gamma, beta)
         assert res is out
@@ -62,9 +74,7 @@ def test_forward_matches_reference(dtype):
 def test_backward_matches_reference_and_accumulates(dtype):
     # Check that dx equals the reference and dgamma/dbeta are added to (not overwrite) what
     # they held.
-    rng = np.random.default_rng(2)
-    for n, d in _shapes(dtype):
-        x, gamma, beta, dout = _problem(rng, n, d, dtype)
+    for rng, n, d, (x, gamma, beta, dout) in _problems(2, dtype):
         _, _, mean, rstd = _forward(reference, x, gamma, beta)
         g0 = rng.standard_normal(d).astype(dtype)
         b0 = rng.standard_normal(d).astype(dtype)
@@ -106,9 +116,7 @@ def test_backward_matches_finite_differences():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_writes_in_place(dtype):
     # Check that every output is written into the caller's arrays.
-    rng = np.random.default_rng(4)
-    n, d = 2 * _rows_per_block(64, dtype) + 1, 64
-    x, gamma, beta, dout = _problem(rng, n, d, dtype)
+    n, d, x, gamma, beta, dout = _blocks_problem(4, 64, 1, dtype)
     res, out, mean, rstd = _forward(ln, x, gamma, beta)
     assert np.shares_memory(res, out)
     assert not np.isnan(mean).any() and not np.isnan(rstd).any()
@@ -122,9 +130,7 @@ def test_writes_in_place(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_backward_dx_may_be_dout(dtype):
     # Check that passing the same array as dx and dout gives the same result as separate ones.
-    rng = np.random.default_rng(5)
-    n, d = 2 * _rows_per_block(40, dtype) + 3, 40
-    x, gamma, beta, dout = _problem(rng, n, d, dtype)
+    n, d, x, gamma, beta, dout = _blocks_problem(5, 40, 3, dtype)
     _, _, mean, rstd = _forward(ln, x, gamma, beta)
     dx, dg, db = np.empty((n, d), dtype), np.zeros(d, dtype), np.zeros(d, dtype)
     layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
@@ -139,9 +145,7 @@ def test_backward_dx_may_be_dout(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_out_may_be_x(dtype):
     # Check that normalizing x in place gives the same result as into a separate array.
-    rng = np.random.default_rng(6)
-    n, d = 2 * _rows_per_block(40, dtype) + 3, 40
-    x, gamma, beta, _ = _problem(rng, n, d, dtype)
+    n, d, x, gamma, beta, _ = _blocks_problem(6, 40, 3, dtype)
     _, out, mean, rstd = _forward(ln, x, gamma, beta)
     y = x.copy()
     mean2, rstd2 = np.empty(n, dtype), np.empty(n, dtype)
@@ -183,6 +187,19 @@ def test_empty_batch():
     np.testing.assert_array_equal(db, 1.0)
 
 
+def _fwd_bwd(x, gamma, beta, dout, bufs=None):
+    """Forward then backward into ``bufs`` (out, mean, rstd, dx, dgamma, dbeta), new ones
+    (dgamma, dbeta zeroed) when None; returns them."""
+    if bufs is None:
+        n, d = x.shape
+        bufs = (np.empty_like(x), np.empty(n, x.dtype), np.empty(n, x.dtype),
+                np.empty_like(x), np.zeros(d, x.dtype), np.zeros(d, x.dtype))
+    out, mean, rstd, dx, dg, db = bufs
+    layernorm_forward(out, mean, rstd, x, gamma, beta)
+    layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
+    return bufs
+
+
 def test_no_whole_array_temporaries():
     # Check that after a warm-up call neither pass allocates a batch-sized or block-sized
     # temporary (numpy reports its buffers, including the 32 KiB buffer of a broadcasting
@@ -190,28 +207,15 @@ def test_no_whole_array_temporaries():
     rng = np.random.default_rng(8)
     n, d = 4096, 256  # an (N,) float32 temporary is 16 KiB, a row block 256 KiB
     x, gamma, beta, dout = _problem(rng, n, d, np.float32)
-    out, mean, rstd = np.empty_like(x), np.empty(n, np.float32), np.empty(n, np.float32)
-    dx, dg, db = np.empty_like(x), np.zeros(d, np.float32), np.zeros(d, np.float32)
-    layernorm_forward(out, mean, rstd, x, gamma, beta)
-    layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
+    bufs = _fwd_bwd(x, gamma, beta, dout)
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        layernorm_forward(out, mean, rstd, x, gamma, beta)
-        layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
+        _fwd_bwd(x, gamma, beta, dout, bufs)
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
     assert peak < 12 * 1024, f"peak {peak} bytes"
-
-
-def _fwd_bwd(x, gamma, beta, dout):
-    n, d = x.shape
-    out, mean, rstd = np.empty_like(x), np.empty(n, x.dtype), np.empty(n, x.dtype)
-    dx, dg, db = np.empty_like(x), np.zeros(d, x.dtype), np.zeros(d, x.dtype)
-    layernorm_forward(out, mean, rstd, x, gamma, beta)
-    layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma)
-    return out, mean, rstd, dx, dg, db
 
 
 def test_one_thread_results_are_bit_reproducible():

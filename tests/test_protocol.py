@@ -10,6 +10,8 @@ from modules_zoo import (ADDNORM, CASES, LOSSES, SHAPES, SINGLE, SINGLE_OWNING, 
                          array, assert_equal_outputs, assert_same_state, copy_out, lead,
                          pair, step_both)
 
+TOL = dict(rtol=1e-13, atol=1e-13)
+
 
 def _rejected(call):
     """Run ``call``; it must raise ValueError saying the array overlaps and to pass a copy."""
@@ -18,52 +20,77 @@ def _rejected(call):
     assert "copy" in str(err.value), str(err.value)
 
 
-def _warm(m, twin, case, rng, shape_kind):
-    """One forward + backward on both (so every work buffer exists); returns copies of the
-    inputs and of the plain backward output of ``m`` (not its buffer)."""
-    ld = lead(shape_kind)
-    x, dy = array(rng, ld, case.d_in), array(rng, ld, case.d_out)
-    for mod in (m, twin):
-        mod.forward(x)
-    dxs = [mod.backward(dy) for mod in (m, twin)]
-    return dxs[0]
+def _rejected_changing_nothing(m, twin, call, *bufs):
+    """``call`` is rejected (``_rejected``) and leaves the arrays ``bufs``, m's parameters and
+    its grads as they were (the twin's)."""
+    before = [b.copy() for b in bufs]
+    _rejected(call)
+    for b, b0 in zip(bufs, before):
+        np.testing.assert_array_equal(b, b0)
+    assert_same_state(m, twin)
+
+
+def _setup(name, seed, warm_shape=None):
+    """The case, an rng from ``seed`` for the inputs, the module and its twin (same weights).
+    With ``warm_shape``, both have run one forward + backward of the same inputs (so every
+    work buffer exists) and m's input-gradient buffer from it (not a copy) comes last."""
+    case, rng = CASES[name], np.random.default_rng(seed)
+    m, twin = pair(name)
+    dx = None
+    if warm_shape is not None:
+        x, dy = _draw(rng, warm_shape, case.d_in, case.d_out)
+        _forward_both(m, twin, x)
+        dx = m.backward(dy)
+        twin.backward(dy)
+    return case, rng, m, twin, dx
+
+
+def _pending(name, seed, shape, other=None):
+    """``_setup(name, seed, shape)`` (warmed up), then a fresh x and the same forward of it
+    pending on both. Returns the case, m, twin, m's output y, the warm-up's input-gradient
+    buffer and, with ``other`` ("d_in" or "d_out"), an array that wide drawn after x."""
+    case, rng, m, twin, dx0 = _setup(name, seed, shape)
+    x, *more = _draw(rng, shape, case.d_in, *([getattr(case, other)] if other else []))
+    y = _forward_both(m, twin, x)
+    return case, m, twin, y, dx0, (more[0] if more else None)
+
+
+def _draw(rng, shape, *widths):
+    """Fresh float64 arrays of leading shape ``lead(shape)``, one per last dimension."""
+    return [array(rng, lead(shape), w) for w in widths]
+
+
+def _forward_both(m, twin, *args):
+    """The same forward on both modules; returns m's output (its buffer)."""
+    y = m.forward(*args)
+    twin.forward(*args)
+    return y
+
+
+def _same_backward(m, twin, dy, what="dx"):
+    """The pending forward still differentiates as the twin's: same output and state."""
+    assert_equal_outputs(copy_out(m.backward(dy)), copy_out(twin.backward(dy)), what)
+    assert_same_state(m, twin)
+
+
+def _same_grads(m, twin):
+    """m's parameter grads are the twin's (to rounding)."""
+    for (n, p), (_, q) in zip(m.named_parameters(), twin.named_parameters()):
+        np.testing.assert_allclose(p.grad, q.grad, **TOL, err_msg=n)
 
 
 # ----------------------------------------------------------------------------- forward x
+@pytest.mark.parametrize("part, seed", [("all", 1), ("rows_from_1", 3)])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", SQUARE)
-def test_forward_rejects_own_output_as_input(name, shape):
-    # Check that y = m(x); m(y) raises, leaves y, parameters and grads as they were, and
-    # the next forward/backward gives the twin's results.
-    case, rng = CASES[name], np.random.default_rng(1)
-    m, twin = pair(name)
-    _warm(m, twin, case, rng, shape)
-    x = array(rng, lead(shape), case.d_in)
-    y = m.forward(x)
-    twin.forward(x)
-    y_before = y.copy()
-    _rejected(lambda: m.forward(y))
-    np.testing.assert_array_equal(y, y_before)
-    assert_same_state(m, twin)
-    step_both(m, twin, case, 2, shape)
-
-
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("name", SQUARE)
-def test_forward_rejects_row_slice_of_own_output(name, shape):
-    # Check that a smaller batch that is a row slice of the module's own output buffer is
-    # rejected too (it aliases the rows the next forward writes), and nothing changes.
-    case, rng = CASES[name], np.random.default_rng(3)
-    m, twin = pair(name)
-    _warm(m, twin, case, rng, shape)
-    x = array(rng, lead(shape), case.d_in)
-    y = m.forward(x)
-    twin.forward(x)
-    y_before = y.copy()
-    _rejected(lambda: m.forward(y[1:]))
-    np.testing.assert_array_equal(y, y_before)
-    assert_same_state(m, twin)
-    step_both(m, twin, case, 4, shape)
+def test_forward_rejects_own_output_as_input(name, shape, part, seed):
+    # Check that y = m(x); m(y) raises, and so does m(y[1:]) (a smaller batch aliasing the
+    # rows the next forward writes); y, parameters and grads stay as they were, and the next
+    # forward/backward gives the twin's results.
+    case, m, twin, y, _, _ = _pending(name, seed, shape)
+    bad = y if part == "all" else y[1:]
+    _rejected_changing_nothing(m, twin, lambda: m.forward(bad), y)
+    step_both(m, twin, case, seed + 1, shape)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -71,13 +98,8 @@ def test_forward_rejects_row_slice_of_own_output(name, shape):
 def test_forward_rejects_own_input_gradient_as_input(name, shape):
     # Check that the module's own input-gradient buffer (what backward returned) is
     # rejected as the next input, and nothing changes.
-    case, rng = CASES[name], np.random.default_rng(5)
-    m, twin = pair(name)
-    dx = _warm(m, twin, case, rng, shape)
-    dx_before = dx.copy()
-    _rejected(lambda: m.forward(dx))
-    np.testing.assert_array_equal(dx, dx_before)
-    assert_same_state(m, twin)
+    case, rng, m, twin, dx = _setup(name, 5, shape)
+    _rejected_changing_nothing(m, twin, lambda: m.forward(dx), dx)
     step_both(m, twin, case, 6, shape)
 
 
@@ -85,14 +107,11 @@ def test_forward_rejects_own_input_gradient_as_input(name, shape):
 def test_rejected_forward_keeps_the_pending_forward(name):
     # Check that a rejected forward does not replace or drop the cache of the forward
     # before it: the backward that follows equals the twin's.
-    case, rng = CASES[name], np.random.default_rng(7)
-    m, twin = pair(name)
-    x, dy = array(rng, lead("2d"), case.d_in), array(rng, lead("2d"), case.d_out)
-    y = m.forward(x)
-    twin.forward(x)
+    case, rng, m, twin, _ = _setup(name, 7)
+    x, dy = _draw(rng, "2d", case.d_in, case.d_out)
+    y = _forward_both(m, twin, x)
     _rejected(lambda: m.forward(y))
-    assert_equal_outputs(copy_out(m.backward(dy)), copy_out(twin.backward(dy)), "dx")
-    assert_same_state(m, twin)
+    _same_backward(m, twin, dy)
 
 
 # ----------------------------------------------------------------------------- residual
@@ -100,16 +119,8 @@ def test_rejected_forward_keeps_the_pending_forward(name):
 @pytest.mark.parametrize("name", SINGLE_OWNING)
 def test_forward_rejects_own_output_as_residual(name, shape):
     # Check that forward(x, residual=<the module's own output>) raises and changes nothing.
-    case, rng = CASES[name], np.random.default_rng(8)
-    m, twin = pair(name)
-    _warm(m, twin, case, rng, shape)
-    x1, x2 = array(rng, lead(shape), case.d_in), array(rng, lead(shape), case.d_in)
-    y = m.forward(x1)
-    twin.forward(x1)
-    y_before = y.copy()
-    _rejected(lambda: m.forward(x2, residual=y))
-    np.testing.assert_array_equal(y, y_before)
-    assert_same_state(m, twin)
+    case, m, twin, y, _, x2 = _pending(name, 8, shape, "d_in")
+    _rejected_changing_nothing(m, twin, lambda: m.forward(x2, residual=y), y)
     step_both(m, twin, case, 9, shape)
 
 
@@ -117,14 +128,9 @@ def test_forward_rejects_own_output_as_residual(name, shape):
 def test_forward_rejects_own_input_gradient_as_residual(name):
     # Check that the module's input-gradient buffer (a child's, for composites) is rejected
     # as residual before anything runs: no child's cache or dropout draw changes.
-    case, rng = CASES[name], np.random.default_rng(37)
-    m, twin = pair(name)
-    dx = _warm(m, twin, case, rng, "2d")
-    dx_before = dx.copy()
-    x = array(rng, lead("2d"), case.d_in)
-    _rejected(lambda: m.forward(x, residual=dx))
-    np.testing.assert_array_equal(dx, dx_before)
-    assert_same_state(m, twin)
+    case, rng, m, twin, dx = _setup(name, 37, "2d")
+    x, = _draw(rng, "2d", case.d_in)
+    _rejected_changing_nothing(m, twin, lambda: m.forward(x, residual=dx), dx)
     step_both(m, twin, case, 38, "2d")
 
 
@@ -166,14 +172,13 @@ def test_forward_rejects_a_childs_output_as_residual(name):
 @pytest.mark.parametrize("name", SINGLE)
 def test_residual_equals_forward_plus_residual(name, shape):
     # Check that forward(x, residual=r) == forward(x) + r, and that r is not written.
-    case, rng = CASES[name], np.random.default_rng(10)
-    m, twin = pair(name)
-    x, r = array(rng, lead(shape), case.d_in), array(rng, lead(shape), case.d_out)
+    case, rng, m, twin, _ = _setup(name, 10)
+    x, r = _draw(rng, shape, case.d_in, case.d_out)
     r_before = r.copy()
     got = np.array(m.forward(x, residual=r), copy=True)
     want = np.array(twin.forward(x), copy=True) + r_before
     assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(got, want, **TOL)
     np.testing.assert_array_equal(r, r_before)
 
 
@@ -182,16 +187,13 @@ def test_residual_equals_forward_plus_residual(name, shape):
 def test_backward_after_residual_forward_is_the_plain_gradient(name, shape):
     # Check that the residual does not enter the module's gradients: backward after
     # forward(x, residual=r) gives the plain call's dx and parameter grads.
-    case, rng = CASES[name], np.random.default_rng(11)
-    m, twin = pair(name)
-    x, r = array(rng, lead(shape), case.d_in), array(rng, lead(shape), case.d_out)
-    dy = array(rng, lead(shape), case.d_out)
+    case, rng, m, twin, _ = _setup(name, 11)
+    x, r, dy = _draw(rng, shape, case.d_in, case.d_out, case.d_out)
     m.forward(x, residual=r)
     twin.forward(x)
     got, want = copy_out(m.backward(dy)), copy_out(twin.backward(dy))
-    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
-    for (n, p), (_, q) in zip(m.named_parameters(), twin.named_parameters()):
-        np.testing.assert_allclose(p.grad, q.grad, rtol=1e-13, atol=1e-13, err_msg=n)
+    np.testing.assert_allclose(got, want, **TOL)
+    _same_grads(m, twin)
 
 
 # ----------------------------------------------------------------------------- backward dy
@@ -200,18 +202,9 @@ def test_backward_after_residual_forward_is_the_plain_gradient(name, shape):
 def test_backward_rejects_own_output_as_dy(name, shape):
     # Check that m.backward(y) with y = m(x) raises, changes nothing and does not use up
     # the forward: a correct backward afterwards equals the twin's.
-    case, rng = CASES[name], np.random.default_rng(12)
-    m, twin = pair(name)
-    _warm(m, twin, case, rng, shape)
-    x, dy = array(rng, lead(shape), case.d_in), array(rng, lead(shape), case.d_out)
-    y = m.forward(x)
-    twin.forward(x)
-    y_before = y.copy()
-    _rejected(lambda: m.backward(y))
-    np.testing.assert_array_equal(y, y_before)
-    assert_same_state(m, twin)
-    assert_equal_outputs(copy_out(m.backward(dy)), copy_out(twin.backward(dy)), "dx")
-    assert_same_state(m, twin)
+    case, m, twin, y, _, dy = _pending(name, 12, shape, "d_out")
+    _rejected_changing_nothing(m, twin, lambda: m.backward(y), y)
+    _same_backward(m, twin, dy)
     step_both(m, twin, case, 13, shape)
 
 
@@ -222,22 +215,12 @@ def test_backward_rejects_own_output_as_dy(name, shape):
 def test_backward_rejects_work_buffer_as_dx_acc(name, shape, source):
     # Check that dx_acc = a work buffer (the previous backward's dx, or the forward output
     # when it has x's shape) raises, changes nothing and leaves the forward to differentiate.
-    case, rng = CASES[name], np.random.default_rng(14)
-    m, twin = pair(name)
-    dx0 = _warm(m, twin, case, rng, shape)
-    x, dy = array(rng, lead(shape), case.d_in), array(rng, lead(shape), case.d_out)
-    y = m.forward(x)
-    twin.forward(x)
+    case, m, twin, y, dx0, dy = _pending(name, 14, shape, "d_out")
     acc = dx0 if source == "dx" else y
-    if acc.shape != x.shape:
+    if acc.shape != dx0.shape:  # dx0 has x's shape
         pytest.skip("output shape differs from x's")
-    acc_before, y_before = acc.copy(), y.copy()
-    _rejected(lambda: m.backward(dy, dx_acc=acc))
-    np.testing.assert_array_equal(acc, acc_before)
-    np.testing.assert_array_equal(y, y_before)
-    assert_same_state(m, twin)
-    assert_equal_outputs(copy_out(m.backward(dy)), copy_out(twin.backward(dy)), "dx")
-    assert_same_state(m, twin)
+    _rejected_changing_nothing(m, twin, lambda: m.backward(dy, dx_acc=acc), acc, y)
+    _same_backward(m, twin, dy)
     step_both(m, twin, case, 15, shape)
 
 
@@ -246,48 +229,40 @@ def test_backward_rejects_work_buffer_as_dx_acc(name, shape, source):
 def test_dx_acc_adds_the_input_gradient(name, shape):
     # Check that backward(dy, dx_acc=a) returns a itself holding a_before + dx, with the
     # parameter grads of the plain call.
-    case, rng = CASES[name], np.random.default_rng(16)
-    m, twin = pair(name)
-    x, dy = array(rng, lead(shape), case.d_in), array(rng, lead(shape), case.d_out)
-    a = array(rng, lead(shape), case.d_in)
+    case, rng, m, twin, _ = _setup(name, 16)
+    x, dy, a = _draw(rng, shape, case.d_in, case.d_out, case.d_in)
     a_before = a.copy()
-    m.forward(x)
-    twin.forward(x)
+    _forward_both(m, twin, x)
     got = m.backward(dy, dx_acc=a)
     assert got is a
     dx = np.array(twin.backward(dy), copy=True)
-    np.testing.assert_allclose(a, a_before + dx, rtol=1e-13, atol=1e-13)
-    for (n, p), (_, q) in zip(m.named_parameters(), twin.named_parameters()):
-        np.testing.assert_allclose(p.grad, q.grad, rtol=1e-13, atol=1e-13, err_msg=n)
+    np.testing.assert_allclose(a, a_before + dx, **TOL)
+    _same_grads(m, twin)
 
 
 @pytest.mark.parametrize("name", SINGLE)
 def test_dx_acc_after_residual_forward(name):
     # Check the two fused options together (what a pre-norm residual stack does): forward
     # with a residual, then backward accumulating into the caller's buffer.
-    case, rng = CASES[name], np.random.default_rng(17)
-    m, twin = pair(name)
-    x, r = array(rng, lead("3d"), case.d_in), array(rng, lead("3d"), case.d_out)
-    dy, a = array(rng, lead("3d"), case.d_out), array(rng, lead("3d"), case.d_in)
+    case, rng, m, twin, _ = _setup(name, 17)
+    x, r, dy, a = _draw(rng, "3d", case.d_in, case.d_out, case.d_out, case.d_in)
     a_before = a.copy()
     y = np.array(m.forward(x, residual=r), copy=True)
-    np.testing.assert_allclose(y, np.array(twin.forward(x)) + r, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(y, np.array(twin.forward(x)) + r, **TOL)
     assert m.backward(dy, dx_acc=a) is a
-    np.testing.assert_allclose(a, a_before + twin.backward(dy), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(a, a_before + twin.backward(dy), **TOL)
 
 
 @pytest.mark.parametrize("name", SINGLE)
 def test_residual_may_be_the_input_itself(name):
     # Check that forward(x, residual=x) (both the caller's arrays) gives f(x) + x.
-    case, rng = CASES[name], np.random.default_rng(30)
+    case, rng, m, twin, _ = _setup(name, 30)
     if case.d_in != case.d_out:
         pytest.skip("residual must have the output's shape")
-    m, twin = pair(name)
-    x = array(rng, lead("2d"), case.d_in)
+    x, = _draw(rng, "2d", case.d_in)
     x_before = x.copy()
     got = np.array(m.forward(x, residual=x), copy=True)
-    np.testing.assert_allclose(got, np.array(twin.forward(x_before)) + x_before, rtol=1e-13,
-                               atol=1e-13)
+    np.testing.assert_allclose(got, np.array(twin.forward(x_before)) + x_before, **TOL)
     np.testing.assert_array_equal(x, x_before)
 
 
@@ -296,14 +271,12 @@ def test_dx_acc_that_is_dy_is_rejected_or_correct(name):
     # Check that backward(dy, dx_acc=dy) (the caller's one array as both) either raises
     # ValueError and changes nothing, or gives dy_before + dx and the plain parameter grads;
     # never a gradient computed from a half-overwritten dy.
-    case, rng = CASES[name], np.random.default_rng(31)
+    case, rng, m, twin, _ = _setup(name, 31)
     if case.d_in != case.d_out:
         pytest.skip("dx_acc must have the input's shape")
-    m, twin = pair(name)
-    x, dy = array(rng, lead("2d"), case.d_in), array(rng, lead("2d"), case.d_out)
+    x, dy = _draw(rng, "2d", case.d_in, case.d_out)
     dy_before = dy.copy()
-    m.forward(x)
-    twin.forward(x)
+    _forward_both(m, twin, x)
     dx = np.array(twin.backward(dy_before.copy()), copy=True)
     try:
         got = m.backward(dy, dx_acc=dy)
@@ -313,9 +286,8 @@ def test_dx_acc_that_is_dy_is_rejected_or_correct(name):
             assert not np.any(p.grad), n
         return
     assert got is dy
-    np.testing.assert_allclose(dy, dy_before + dx, rtol=1e-13, atol=1e-13)
-    for (n, p), (_, q) in zip(m.named_parameters(), twin.named_parameters()):
-        np.testing.assert_allclose(p.grad, q.grad, rtol=1e-13, atol=1e-13, err_msg=n)
+    np.testing.assert_allclose(dy, dy_before + dx, **TOL)
+    _same_grads(m, twin)
 
 
 def _bad_option(x_like, kind):
@@ -337,9 +309,8 @@ OPTION_ERRORS = {"shape": ValueError, "dtype": TypeError, "f_order": ValueError,
 def test_bad_residual_raises_and_changes_nothing(name, kind):
     # Check that a residual of the wrong shape, dtype, order or type raises (naming
     # "residual") and the module's state and next step are the twin's.
-    case, rng = CASES[name], np.random.default_rng(32)
-    m, twin = pair(name)
-    x = array(rng, lead("2d"), case.d_in)
+    case, rng, m, twin, _ = _setup(name, 32)
+    x, = _draw(rng, "2d", case.d_in)
     bad = _bad_option(np.zeros((*lead("2d"), case.d_out)), kind)
     with pytest.raises(OPTION_ERRORS[kind], match="residual"):
         m.forward(x, residual=bad)
@@ -351,10 +322,9 @@ def test_bad_residual_raises_and_changes_nothing(name, kind):
 def test_f_order_residual_is_rejected_or_correct(name):
     # Check that a Fortran-ordered residual (the contract asks only for y's shape and dtype)
     # either raises ValueError naming it and changes nothing, or gives f(x) + r.
-    case, rng = CASES[name], np.random.default_rng(35)
-    m, twin = pair(name)
-    x = array(rng, lead("2d"), case.d_in)
-    r = np.asfortranarray(array(rng, lead("2d"), case.d_out))
+    case, rng, m, twin, _ = _setup(name, 35)
+    x, r = _draw(rng, "2d", case.d_in, case.d_out)
+    r = np.asfortranarray(r)
     try:
         got = np.array(m.forward(x, residual=r), copy=True)
     except ValueError as err:
@@ -362,7 +332,7 @@ def test_f_order_residual_is_rejected_or_correct(name):
         assert_same_state(m, twin)
         step_both(m, twin, case, 36, "2d")
         return
-    np.testing.assert_allclose(got, np.array(twin.forward(x)) + r, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(got, np.array(twin.forward(x)) + r, **TOL)
 
 
 @pytest.mark.parametrize("kind", OPTION_ERRORS)
@@ -370,17 +340,14 @@ def test_f_order_residual_is_rejected_or_correct(name):
 def test_bad_dx_acc_raises_and_changes_nothing(name, kind):
     # Check that a dx_acc of the wrong shape, dtype, order or type raises (naming
     # "dx_acc"), leaves the grads alone and does not use up the forward.
-    case, rng = CASES[name], np.random.default_rng(34)
-    m, twin = pair(name)
-    x, dy = array(rng, lead("2d"), case.d_in), array(rng, lead("2d"), case.d_out)
+    case, rng, m, twin, _ = _setup(name, 34)
+    x, dy = _draw(rng, "2d", case.d_in, case.d_out)
     bad = _bad_option(np.zeros_like(x), kind)
-    for mod in (m, twin):
-        mod.forward(x)
+    _forward_both(m, twin, x)
     with pytest.raises(OPTION_ERRORS[kind], match="dx_acc"):
         m.backward(dy, dx_acc=bad)
     assert_same_state(m, twin)
-    assert_equal_outputs(copy_out(m.backward(dy)), copy_out(twin.backward(dy)), "dx")
-    assert_same_state(m, twin)
+    _same_backward(m, twin, dy)
 
 
 # ----------------------------------------------------------------------------- one backward
@@ -388,11 +355,9 @@ def test_bad_dx_acc_raises_and_changes_nothing(name, kind):
 def test_second_backward_raises(name):
     # Check that a forward allows one backward: the second raises RuntimeError and leaves
     # the gradients of the first.
-    case, rng = CASES[name], np.random.default_rng(18)
-    m, twin = pair(name)
-    ld = lead("2d")
-    x, dy = array(rng, ld, case.d_in), array(rng, ld, case.d_out)
-    args = (x, array(rng, ld, case.d_in)) if case.kind == "addnorm" else (x,)
+    case, rng, m, twin, _ = _setup(name, 18)
+    x, dy = _draw(rng, "2d", case.d_in, case.d_out)
+    args = (x, *_draw(rng, "2d", case.d_in)) if case.kind == "addnorm" else (x,)
     for mod in (m, twin):
         mod.forward(*args)
         mod.backward(dy)
@@ -424,16 +389,14 @@ def test_loss_second_backward_raises(name):
 
 # ----------------------------------------------------------------------------- AddNorm
 def _addnorm_setup(name, shape, seed):
-    case, rng = CASES[name], np.random.default_rng(seed)
-    m, twin = pair(name)
-    ld = lead(shape)
-    x, sub, dy = (array(rng, ld, case.d_in) for _ in range(3))
-    for mod in (m, twin):
-        mod.forward(x, sub)
+    """AddNorm and its twin after one forward + backward, then a pending forward of fresh
+    (x, sub) on both; returns the case, m, twin, its output y and its (dx, dsub) buffers."""
+    case, rng, m, twin, _ = _setup(name, seed)
+    x, sub, dy = _draw(rng, shape, case.d_in, case.d_in, case.d_in)
+    _forward_both(m, twin, x, sub)
     dxs = [mod.backward(dy) for mod in (m, twin)]
-    x, sub = array(rng, ld, case.d_in), array(rng, ld, case.d_in)
-    y = m.forward(x, sub)
-    twin.forward(x, sub)
+    x, sub = _draw(rng, shape, case.d_in, case.d_in)
+    y = _forward_both(m, twin, x, sub)
     return case, m, twin, x, sub, y, dxs[0]
 
 
@@ -444,20 +407,14 @@ def test_addnorm_forward_rejects_own_buffers(name, shape, which):
     # Check that AddNorm rejects its own output or input-gradient buffers as x or sub, and
     # nothing changes (the pending forward still gives the twin's backward).
     case, m, twin, x, sub, y, (dx0, dsub0) = _addnorm_setup(name, shape, 20)
-    ld = lead(shape)
-    dy = np.random.default_rng(21).standard_normal((*ld, case.d_out))
+    dy = np.random.default_rng(21).standard_normal((*lead(shape), case.d_out))
     if which == "x=y[1:]":
         args = (y[1:], sub[1:].copy())
     else:
         bad = {"y": y, "dx": dx0, "dsub": dsub0}[which.split("=")[1]]
         args = (bad, sub) if which.startswith("x") else (x, bad)
-    bufs = [y, dx0, dsub0]
-    before = [b.copy() for b in bufs]
-    _rejected(lambda: m.forward(*args))
-    for b, b0 in zip(bufs, before):
-        np.testing.assert_array_equal(b, b0)
-    assert_same_state(m, twin)
-    assert_equal_outputs(copy_out(m.backward(dy)), copy_out(twin.backward(dy)), "dx, dsub")
+    _rejected_changing_nothing(m, twin, lambda: m.forward(*args), y, dx0, dsub0)
+    _same_backward(m, twin, dy, "dx, dsub")
     step_both(m, twin, case, 22, shape)
 
 
@@ -470,13 +427,8 @@ def test_addnorm_backward_rejects_own_buffers_as_dy(name, shape, which):
     case, m, twin, x, sub, y, (dx0, dsub0) = _addnorm_setup(name, shape, 23)
     dy = np.random.default_rng(24).standard_normal(y.shape)
     bad = {"y": y, "dx": dx0, "dsub": dsub0}[which]
-    bufs = [y, dx0, dsub0]
-    before = [b.copy() for b in bufs]
-    _rejected(lambda: m.backward(bad))
-    for b, b0 in zip(bufs, before):
-        np.testing.assert_array_equal(b, b0)
-    assert_same_state(m, twin)
-    assert_equal_outputs(copy_out(m.backward(dy)), copy_out(twin.backward(dy)), "dx, dsub")
+    _rejected_changing_nothing(m, twin, lambda: m.backward(bad), y, dx0, dsub0)
+    _same_backward(m, twin, dy, "dx, dsub")
     step_both(m, twin, case, 25, shape)
 
 
