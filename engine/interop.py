@@ -13,6 +13,10 @@ and layouts (``nn.Linear.weight`` is (out, in), blasnet's ``W`` is (in, out): tr
     LayerNorm(d), AddNorm(d)     nn.LayerNorm(d)                           weight, bias
     FFNSublayer(d, f, act)       its children: ffn = the FFN's module,     ffn.0.weight, ...,
                                  norm = nn.LayerNorm(d)                    norm.weight, norm.bias
+    GatedFFN(d, f, act)          LLaMA's MLP: gate_proj, up_proj =         gate_proj.weight,
+                                 nn.Linear(d, f), down_proj =              up_proj.weight,
+                                 nn.Linear(f, d); forward                  down_proj.weight
+                                 down_proj(act(gate_proj(x)) * up_proj(x)) (.bias with bias=True)
     Sequential(m0, m1, ...)      nn.Sequential of the children's modules   <i>.<child's keys>
 
 Activations, ``Dropout`` and ``Identity`` have no parameters (PyTorch's ``nn.GELU()``,
@@ -31,12 +35,14 @@ from collections import OrderedDict
 import numpy as np
 
 from .blocks import FFN, AddNorm, FFNSublayer, LayerNorm
+from .gated import GatedFFN
 from .layers import MLP, Linear, Sequential
 from .module import Module
 
 __all__ = ["to_torch_state_dict", "load_torch_state_dict", "torch_names"]
 
-SUPPORTED = ("Linear", "FFN", "MLP", "LayerNorm", "AddNorm", "FFNSublayer", "Sequential")
+SUPPORTED = ("Linear", "FFN", "MLP", "LayerNorm", "AddNorm", "FFNSublayer", "GatedFFN",
+             "Sequential")
 
 
 def _linear(prefix: str, w: str, b: str | None):
@@ -54,6 +60,11 @@ def _map(module: Module, tprefix: str, bprefix: str) -> list:
     elif isinstance(module, FFN):
         out = (_linear(tprefix + "0.", bprefix + "W_in", bprefix + "b1" if "b1" in own else None)
                + _linear(tprefix + "2.", bprefix + "W_out", bprefix + "b2" if "b2" in own else None))
+    elif isinstance(module, GatedFFN):
+        out = []
+        for proj, w, b in (("gate_proj", "W_gate", "b_gate"), ("up_proj", "W_up", "b_up"),
+                           ("down_proj", "W_down", "b_down")):
+            out += _linear(f"{tprefix}{proj}.", bprefix + w, bprefix + b if b in own else None)
     elif isinstance(module, (LayerNorm, AddNorm)):
         out = [(tprefix + "weight", bprefix + "gamma", False),
                (tprefix + "bias", bprefix + "beta", False)]

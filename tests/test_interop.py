@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from engine import (FFN, GMLP, MLP, AdamW, CheckpointError, FFNSublayer, LayerNorm, Linear,
-                    Sequential, load, load_torch_state_dict, save, to_torch_state_dict)
+from engine import (FFN, GMLP, MLP, AdamW, CheckpointError, FFNSublayer, GatedFFN, LayerNorm,
+                    Linear, Sequential, load, load_torch_state_dict, save, to_torch_state_dict)
 
 F64 = np.float64
 
@@ -26,6 +26,8 @@ def _models():
         "sublayer-pre": FFNSublayer(6, 12, "leaky_relu", norm="pre", dtype=F64, rng=6),
         "sequential": Sequential(Linear(5, 6, dtype=F64, rng=7), FFN(6, 8, "sigmoid", dtype=F64, rng=8),
                                  Linear(6, 2, dtype=F64, rng=9)),
+        "gated-silu": GatedFFN(6, 10, "silu", dtype=F64, rng=10),
+        "gated-gelu-bias": GatedFFN(6, 10, "gelu", bias=True, dtype=F64, rng=11),
     }
 
 
@@ -108,6 +110,20 @@ def test_load_rejects_a_bad_state_and_changes_nothing(case, exc, match):
         np.testing.assert_array_equal(v, before[k])
 
 
+def test_gated_ffn_keys_and_layouts_are_llamas():
+    # Check that GatedFFN exports LLaMA's MLP names, each weight (out, in): W.T.
+    m = GatedFFN(6, 10, "silu", bias=True, dtype=F64, rng=0)
+    _perturb(m, 3)
+    sd = to_torch_state_dict(m)
+    assert list(sd) == ["gate_proj.weight", "gate_proj.bias", "up_proj.weight", "up_proj.bias",
+                        "down_proj.weight", "down_proj.bias"]
+    np.testing.assert_array_equal(sd["gate_proj.weight"], m.W_gate.data.T)
+    np.testing.assert_array_equal(sd["up_proj.weight"], m.W_up.data.T)
+    np.testing.assert_array_equal(sd["down_proj.weight"], m.W_down.data.T)
+    np.testing.assert_array_equal(sd["up_proj.bias"], m.b_up.data)
+    assert sd["gate_proj.weight"].shape == (10, 6) and sd["down_proj.weight"].shape == (6, 10)
+
+
 def test_a_block_without_a_reference_module_is_a_type_error():
     # Check that GMLP (not in the interop table) is a TypeError listing the supported blocks.
     with pytest.raises(TypeError, match="no PyTorch reference module for GMLP.*FFN"):
@@ -141,7 +157,21 @@ def _reference(torch, name, model):
                 return self.norm(x + self.ffn(x))
             return x + self.ffn(self.norm(x))
 
-    if isinstance(model, Linear):
+    class LlamaMLP(nn.Module):  # LLaMA's MLP: down(act(gate(x)) * up(x))
+        def __init__(self, m):
+            super().__init__()
+            bias = m.b_gate is not None
+            self.gate_proj = nn.Linear(m.d_model, m.d_ff, bias=bias)
+            self.up_proj = nn.Linear(m.d_model, m.d_ff, bias=bias)
+            self.down_proj = nn.Linear(m.d_ff, m.d_model, bias=bias)
+            self.act = _torch_act(nn, m.activation)
+
+        def forward(self, x):
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+    if isinstance(model, GatedFFN):
+        ref = LlamaMLP(model)
+    elif isinstance(model, Linear):
         ref = nn.Linear(model.d_in, model.d_out)
     elif isinstance(model, FFN):
         ref = ffn(model)
