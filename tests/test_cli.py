@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine import GMLP, MLP, AdamW, load
+from engine import GMLP, AdamW, load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
