@@ -446,6 +446,17 @@ def _check_header(path: str, header: dict, arrays: dict) -> None:
                                   f"{v.dtype})")
 
 
+def _saved_part(path, header, what: str):
+    """The header's ``what`` ("optimizer" or "scheduler") state, or CheckpointError saying why
+    the file has none."""
+    part = header.get(what)
+    if part is None:
+        why = ("a safetensors file holds parameters only" if header.get("safetensors")
+               else f"it was saved without {'an' if what[0] in 'aeiou' else 'a'} {what}")
+        raise CheckpointError(f"{path}: the checkpoint holds no {what} state ({why})")
+    return part
+
+
 def load(path, model, optimizer=None, scheduler=None) -> dict:
     """Load the checkpoint at ``path`` into ``model`` (and ``optimizer`` and ``scheduler``);
     return its metadata.
@@ -489,11 +500,7 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     # Optimizer state: rebuild the state dict and let the optimizer check it.
     checked = None
     if optimizer is not None:
-        optim = header.get("optimizer")
-        if optim is None:
-            why = ("a safetensors file holds parameters only" if header.get("safetensors")
-                   else "it was saved without an optimizer")
-            raise CheckpointError(f"{path}: the checkpoint holds no optimizer state ({why})")
+        optim = _saved_part(path, header, "optimizer")
         state: dict = {}
         for k, v in arrays.items():
             if k.startswith(_OPTIM):
@@ -510,11 +517,7 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
 
     sched_checked = None
     if scheduler is not None:
-        sd = header.get("scheduler")
-        if sd is None:
-            why = ("a safetensors file holds parameters only" if header.get("safetensors")
-                   else "it was saved without a scheduler")
-            raise CheckpointError(f"{path}: the checkpoint holds no scheduler state ({why})")
+        sd = _saved_part(path, header, "scheduler")
         check = scheduler._check_state_dict
         try:
             sched_checked = check(sd)

@@ -15,7 +15,7 @@ from .dropout import dropout_backward_unchecked, dropout_forward_unchecked
 from .gating import gate_backward, gate_forward
 from .gemm import gemm_unchecked, gemv_colsum
 from .layernorm import layernorm_backward_unchecked, layernorm_forward_unchecked
-from .losses import (mse_backward_unchecked, mse_forward_backward_unchecked,
+from .losses import (mse_forward_backward_unchecked,
                      softmax_cross_entropy_backward_unchecked,
                      softmax_cross_entropy_forward_unchecked)
 from .optim import adamw_update_many_unchecked, sgd_update_unchecked
@@ -31,7 +31,6 @@ dropout_backward = dropout_backward_unchecked
 layernorm_forward = layernorm_forward_unchecked
 layernorm_backward = layernorm_backward_unchecked
 mse_forward_backward = mse_forward_backward_unchecked
-mse_backward = mse_backward_unchecked
 cross_entropy_forward = softmax_cross_entropy_forward_unchecked
 cross_entropy_backward = softmax_cross_entropy_backward_unchecked
 adamw = adamw_update_many_unchecked
@@ -40,7 +39,7 @@ sgd = sgd_update_unchecked
 NAMES = ("gemm", "colsum", "bias_act", "act_backward", "act_backward_cached",
          "dropout_forward", "dropout_backward", "layernorm_forward", "layernorm_backward",
          "gate_forward", "gate_backward", "fill_rows", "add", "mse_forward_backward",
-         "mse_backward", "cross_entropy_forward", "cross_entropy_backward", "adamw", "sgd")
+         "cross_entropy_forward", "cross_entropy_backward", "adamw", "sgd")
 
 del np
 
