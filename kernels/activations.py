@@ -28,6 +28,7 @@ from .memory import ALIGN
 from .memory import scratch as _mem_scratch
 from .parallel import SPLIT_MIN
 from .parallel import split as _split
+from .parallel import threads_for as _threads_for
 
 __all__ = [
     "Activation", "REGISTRY", "ACTIVATIONS",
@@ -603,6 +604,9 @@ class Activation:
     reference: Callable
     reference_grad: Callable
     sign_from_output: bool
+    # Ufunc passes per element of the costliest kernel (forward_grad or backward): large
+    # chains split over threads at smaller sizes (kernels.parallel.threads_for).
+    passes: int = 3
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -635,6 +639,9 @@ class Activation:
             if not callable(getattr(self, field)):
                 raise TypeError(f"activation {self.name!r}: {field}: expected a callable, got "
                                 f"{getattr(self, field)!r}")
+        if isinstance(self.passes, bool) or not isinstance(self.passes, int) or self.passes < 1:
+            raise ValueError(f"activation {self.name!r}: passes: expected an int >= 1, got "
+                             f"{self.passes!r}")
         if not isinstance(self.sign_from_output, bool):
             raise TypeError(f"activation {self.name!r}: sign_from_output: expected a bool, got "
                             f"{self.sign_from_output!r}")
@@ -645,12 +652,12 @@ def _both(fn):
     return {F32: fn, F64: fn}
 
 
-def _entry(name, forward, forward_grad, backward, sign_from_output):
+def _entry(name, forward, forward_grad, backward, sign_from_output, passes):
     """An entry whose kernels serve float32 and float64 alike, with the reference pair
     ``kernels.reference.<name>`` / ``<name>_grad`` (missing: AttributeError at import)."""
     return Activation(name, _both(forward), _both(forward_grad), _both(backward),
                       getattr(R, name), getattr(R, name + "_grad"),
-                      sign_from_output=sign_from_output)
+                      sign_from_output=sign_from_output, passes=passes)
 
 
 def _registry(*entries):
@@ -665,18 +672,21 @@ def _registry(*entries):
 
 
 REGISTRY = _registry(
-    _entry("identity", _fwd_identity, _fwdg_identity, _bwd_identity, sign_from_output=True),
-    _entry("relu", _fwd_relu, _fwdg_relu, _bwd_relu, sign_from_output=True),
-    _entry("leaky_relu", _fwd_leaky, _fwdg_leaky, _bwd_leaky, sign_from_output=True),
+    _entry("identity", _fwd_identity, _fwdg_identity, _bwd_identity, sign_from_output=True,
+           passes=1),
+    _entry("relu", _fwd_relu, _fwdg_relu, _bwd_relu, sign_from_output=True, passes=3),
+    _entry("leaky_relu", _fwd_leaky, _fwdg_leaky, _bwd_leaky, sign_from_output=True, passes=5),
     Activation("gelu", {F32: _fwd_gelu32, F64: _fwd_gelu64},
                {F32: _fwdg_gelu32, F64: _fwdg_gelu64}, {F32: _bwd_gelu32, F64: _bwd_gelu64},
-               R.gelu, R.gelu_grad, sign_from_output=False),
-    _entry("gelu_tanh", _fwd_gelu_tanh, _fwdg_gelu_tanh, _bwd_gelu_tanh, sign_from_output=False),
-    _entry("silu", _fwd_silu, _fwdg_silu, _bwd_silu, sign_from_output=False),
-    _entry("sigmoid", _fwd_sigmoid, _fwdg_sigmoid, _bwd_sigmoid, sign_from_output=False),
-    _entry("tanh", _fwd_tanh, _fwdg_tanh, _bwd_tanh, sign_from_output=False),
-    _entry("relu2", _fwd_relu2, _fwdg_relu2, _bwd_relu2, sign_from_output=False),
-    _entry("mish", _fwd_mish, _fwdg_mish, _bwd_mish, sign_from_output=False),
+               R.gelu, R.gelu_grad, sign_from_output=False, passes=32),
+    _entry("gelu_tanh", _fwd_gelu_tanh, _fwdg_gelu_tanh, _bwd_gelu_tanh, sign_from_output=False,
+           passes=15),
+    _entry("silu", _fwd_silu, _fwdg_silu, _bwd_silu, sign_from_output=False, passes=10),
+    _entry("sigmoid", _fwd_sigmoid, _fwdg_sigmoid, _bwd_sigmoid, sign_from_output=False,
+           passes=8),
+    _entry("tanh", _fwd_tanh, _fwdg_tanh, _bwd_tanh, sign_from_output=False, passes=4),
+    _entry("relu2", _fwd_relu2, _fwdg_relu2, _bwd_relu2, sign_from_output=False, passes=3),
+    _entry("mish", _fwd_mish, _fwdg_mish, _bwd_mish, sign_from_output=False, passes=15),
 )
 ACTIVATIONS = tuple(REGISTRY)
 
@@ -721,23 +731,21 @@ def _bwd_rows(dz, dh, z, h, fn, slope, i0, i1, rows, memo):
         fn(dz[i:j], dh[i:j], z[i:j], None if h is None else h[i:j], sc, slope)
 
 
-def _run_rows(runner, n, d, itemsize, *args):
-    """``runner(*args, i0, i1, rows, memo)`` over rows [0, n) of an (n, d) pass, split over
-    threads when large (the result does not depend on the split: every element is computed
-    alike)."""
+def _run_rows(runner, n, d, itemsize, passes, *args):
+    """``runner(*args, i0, i1, rows, memo)`` over rows [0, n) of an (n, d) pass of ``passes``
+    ufunc passes per element, split over threads when its work is large (the result does
+    not depend on the split: every element is computed alike)."""
     block = _block_rows(d, itemsize)
-    if n * d < SPLIT_MIN:  # never split (kernels.parallel.split): no closure, no pool call
+    k = _threads_for(n, d, passes=passes)
+    if k == 1:  # no closure, no pool call
         runner(*args, 0, n, block, True)
         return
     split_block = _split_rows(d, itemsize)
 
     def run(i0, i1, slot):
-        if i1 - i0 == n:  # not split after all (one thread)
-            runner(*args, i0, i1, block, True)
-        else:
-            runner(*args, i0, i1, split_block, False)
+        runner(*args, i0, i1, split_block, False)
 
-    _split(run, n, d)
+    _split(run, n, d, k=k)
 
 
 # ----------------------------------------------------------------------------- unchecked cores
@@ -762,7 +770,7 @@ def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01,
             entry.forward_grad[z.dtype](h, z, grad, sc, negative_slope, False)
         return h
     fn = (entry.forward if grad is None else entry.forward_grad)[z.dtype]
-    _run_rows(_fwd_rows, n, d, z.itemsize, h, z, bias, grad, fn, negative_slope,
+    _run_rows(_fwd_rows, n, d, z.itemsize, entry.passes, h, z, bias, grad, fn, negative_slope,
               not _same(h, z))
     return h
 
@@ -773,12 +781,13 @@ def act_backward_unchecked(dz, dh, z, act="relu", negative_slope=0.01, h=None):
     n, d = z.shape
     if n == 0 or d == 0:
         return dz
-    fn = REGISTRY[act].backward[z.dtype]
+    entry = REGISTRY[act]
+    fn = entry.backward[z.dtype]
     rows = _block_rows(d, z.itemsize)
     if n <= rows:
         fn(dz, dh, z, h, _scratch(z.dtype, n, d), negative_slope)
         return dz
-    _run_rows(_bwd_rows, n, d, z.itemsize, dz, dh, z, h, fn, negative_slope)
+    _run_rows(_bwd_rows, n, d, z.itemsize, entry.passes, dz, dh, z, h, fn, negative_slope)
     return dz
 
 

@@ -43,13 +43,18 @@ def _bwd_blocks(g, p, da, blk):
         np.copyto(pb, db)        # 2 dP
 
 
+# Ufunc passes per element, tanh counted as the three it costs (kernels.parallel.threads_for).
+_PASSES = 5
+
+
 def _run(fn, arrays):
     n = arrays[0].shape[0]
-    if _par.threads_for(n) == 1:
+    k = _par.threads_for(n, passes=_PASSES)
+    if k == 1:
         fn(*arrays, _BLOCK_BYTES // arrays[0].itemsize)
         return
     blk = _SPLIT_BLOCK_BYTES // arrays[0].itemsize
-    _par.split(lambda i, j, _: fn(*[x[i:j] for x in arrays], blk), n)
+    _par.split(lambda i, j, _: fn(*[x[i:j] for x in arrays], blk), n, k=k)
 
 
 def gate_forward(a, g, p):

@@ -32,6 +32,9 @@ _BLOCK_BYTES = 256 * 1024          # per array, one thread: the block's passes s
 # still within a core's L2 for the 3 arrays of the AdamW chain.
 _PAR_BLOCK_BYTES = 640 * 1024
 _SGD_PAR_BLOCK_BYTES = 512 * 1024  # SGD keeps up to 5 arrays in use per block
+# Ufunc passes per element (kernels.parallel.threads_for splits by work).
+_ADAMW_PASSES = 13
+_SGD_PASSES = 5
 
 
 def flat_view(a):
@@ -56,7 +59,7 @@ def _slot_scratch(dtype, k, blk):
             for s in range(k)]
 
 
-def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False):
+def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False, passes=_ADAMW_PASSES):
     """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over every
     ``(arrays, consts)`` item: one pass over the items' concatenated elements (``total`` in
     all), split over blasnet's threads in ``block_bytes`` blocks when large, else inline in
@@ -65,14 +68,19 @@ def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False):
     block ends on its first array's 64-byte boundary (``_head``), its last one is shorter;
     block boundaries do not change any result. The threads take blocks from a shared
     counter (kernels.parallel.split_blocks). Bookkeeping is per item, not per block."""
-    k = _par.threads_for(total)
+    k = _par.threads_for(total, passes=passes)
     if k == 1:
         block_bytes = _BLOCK_BYTES
+    # Split: at least 4 blocks a thread, so that a thread that starts late (kernels.parallel)
+    # leaves no long tail to the others.
+    quarter = -(-total // (4 * k)) if k > 1 else total
     plan, nblocks, scratch_of = [], 0, {}
     for arrays, consts in items:
         a0 = arrays[0]
         dt, n = a0.dtype, a0.size
-        blk = block_bytes // dt.itemsize
+        line = _ALIGN // dt.itemsize  # blocks of whole cache lines
+        blk = min(block_bytes // dt.itemsize, max(_BLOCK_BYTES // 4 // dt.itemsize, quarter))
+        blk = -(-blk // line) * line
         sc = scratch_of.get(dt)
         if sc is None:  # [(scratch_a, scratch_b) per slot]
             sc = scratch_of[dt] = bundle(("optim", dt, k, blk), _slot_scratch, dt, k, blk)
@@ -213,9 +221,10 @@ def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_dec
     consts = (lr, momentum, weight_decay, 1.0 - dampening, nesterov, first_step)
     if momentum != 0.0:
         _run(_sgd_chain, (((p, g, flat_view(momentum_buf)), consts),), p.size,
-             _SGD_PAR_BLOCK_BYTES, zero_grad)
+             _SGD_PAR_BLOCK_BYTES, zero_grad, _SGD_PASSES)
     else:
-        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size, _SGD_PAR_BLOCK_BYTES, zero_grad)
+        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size, _SGD_PAR_BLOCK_BYTES, zero_grad,
+             _SGD_PASSES)
     return param
 
 

@@ -11,8 +11,8 @@ The thread count is the one set by ``BLASNET_NUM_THREADS`` / ``set_num_threads``
 from __future__ import annotations
 
 import itertools
+import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from . import threads as _threads
 
@@ -22,22 +22,44 @@ __all__ = ["split", "split_blocks", "threads_for", "chunks",
 # Below this many elements per thread the GIL hand-offs cost more than the second core gives.
 MIN_ELEMENTS_PER_THREAD = 256 * 1024
 
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-_pool_lock = threading.Lock()
+class _Worker:
+    """One pool thread, handed one slot at a time through two locks (a lock handoff wakes a
+    thread in about half the time of a ThreadPoolExecutor's queue and future)."""
+
+    def __init__(self, name: str):
+        self.go = threading.Lock()
+        self.go.acquire()
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.fn = None
+        self.slot = 0
+        self.error: BaseException | None = None
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def _loop(self):
+        while True:
+            self.go.acquire()
+            try:
+                self.fn(self.slot)
+            except BaseException as e:  # handed back to the caller of _fork
+                self.error = e
+            self.fn = None
+            self.done.release()
 
 
-def _executor(workers: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    if _pool is None or _pool_size < workers:
-        with _pool_lock:
-            if _pool is None or _pool_size < workers:
-                old = _pool
-                _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blasnet")
-                _pool_size = workers
-                if old is not None:
-                    old.shutdown(wait=False)
-    return _pool
+_workers: list = []
+# Held while a split runs: a split from another thread (or nested in a slot) runs its slots
+# inline instead of waiting for the pool.
+_busy = threading.Lock()
+
+
+def _reset_after_fork():
+    global _workers, _busy
+    _workers, _busy = [], threading.Lock()  # the child has none of the parent's threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def chunks(n: int, elements_per_row: int) -> int:
@@ -51,32 +73,58 @@ def chunks(n: int, elements_per_row: int) -> int:
 
 SPLIT_MIN = 2 * MIN_ELEMENTS_PER_THREAD  # elements: smaller passes always run inline
 
+# For kernels that state their cost in ufunc passes per element: below this much work
+# (elements x passes) a split loses to the pool hand-off and the GIL hand-offs of every
+# ufunc call; above it each thread gets at least half of it (docs/performance.md,
+# "Threads per call").
+SPLIT_WORK = 3 * 1024 * 1024
 
-def threads_for(n: int, row_len: int = 1, min_elements: int = SPLIT_MIN) -> int:
-    """The thread count ``split`` uses for ``n`` rows of ``row_len`` elements: ``chunks`` when
-    ``n * row_len >= min_elements``, else 1. For kernels that size their blocks (or pick a
-    loop) by it before splitting."""
-    return chunks(n, row_len) if n * row_len >= min_elements else 1
+
+def threads_for(n: int, row_len: int = 1, min_elements: int = SPLIT_MIN,
+                passes: int | None = None) -> int:
+    """The thread count ``split`` uses for ``n`` rows of ``row_len`` elements. Without
+    ``passes``: ``chunks`` when ``n * row_len >= min_elements``, else 1. With ``passes`` (the
+    kernel's ufunc passes per element): split when the work ``n * row_len * passes`` reaches
+    ``SPLIT_WORK``, at least ``SPLIT_WORK / 2`` of it per thread. For kernels that size their
+    blocks (or pick a loop) by it before splitting."""
+    if passes is None:
+        return chunks(n, row_len) if n * row_len >= min_elements else 1
+    work = n * row_len * passes
+    t = _threads.elementwise_threads()
+    if t <= 1 or n < 2 or work < SPLIT_WORK:
+        return 1
+    return max(1, min(t, work // (SPLIT_WORK // 2), n))
 
 
 def _fork(fn, k: int) -> None:
     """``fn(slot)`` for slot in range(k): slot 0 on the calling thread, the others on pool
-    threads; waits for all and re-raises the first error."""
+    threads (one each); waits for all and re-raises the first error. If the pool is in use
+    (another thread's split, or a split inside a slot) every slot runs here, in order."""
     if k <= 1:
         fn(0)
         return
-    pool = _executor(k - 1)
-    futures = [pool.submit(fn, s) for s in range(1, k)]
-    error = None
+    if not _busy.acquire(blocking=False):
+        for s in range(k):
+            fn(s)
+        return
     try:
-        fn(0)
-    except BaseException as e:  # still wait for the workers: they write the caller's arrays
-        error = e
-    for f in futures:
+        while len(_workers) < k - 1:
+            _workers.append(_Worker(f"blasnet-{len(_workers) + 1}"))
+        team = _workers[:k - 1]
+        for s, w in enumerate(team, 1):
+            w.fn, w.slot, w.error = fn, s, None
+            w.go.release()
+        error = None
         try:
-            f.result()
-        except BaseException as e:
-            error = error or e
+            fn(0)
+        except BaseException as e:  # still wait for the workers: they write the caller's arrays
+            error = e
+        for w in team:
+            w.done.acquire()
+            error = error or w.error
+            w.error = None
+    finally:
+        _busy.release()
     if error is not None:
         raise error
 

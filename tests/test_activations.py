@@ -585,17 +585,22 @@ def _split_shape(dtype):
     return (rows, 777)
 
 
-def test_large_arrays_split_over_threads(monkeypatch):
-    # Check that at 2 threads a large pass is split (2 slices) and at 1 thread it is not.
+def _split_spy(monkeypatch):
     seen = []
     real = A._split
 
-    def spy(fn, n, row_len):
-        k = real(fn, n, row_len)
+    def spy(fn, n, row_len, k=None):
+        k = real(fn, n, row_len, k=k)
         seen.append(k)
         return k
 
     monkeypatch.setattr(A, "_split", spy)
+    return seen
+
+
+def test_large_arrays_split_over_threads(monkeypatch):
+    # Check that at 2 threads a large pass is split (2 slices) and at 1 thread it is not.
+    seen = _split_spy(monkeypatch)
     z = np.zeros(_split_shape(np.float32), np.float32)
     h = np.empty_like(z)
     with num_threads(2):
@@ -605,7 +610,23 @@ def test_large_arrays_split_over_threads(monkeypatch):
     assert seen == [2, 2, 2]
     with num_threads(1):
         A.bias_act_forward(h, z, None, "gelu", grad=z)
-    assert seen == [2, 2, 2, 1]
+    assert seen == [2, 2, 2]
+
+
+def test_costly_activations_split_at_smaller_sizes(monkeypatch):
+    # Check that the split follows each activation's work: at 2 threads a GELU pass over
+    # 1024 x 128 (32 ufunc passes per element) is split, relu (3) over the same array not.
+    seen = _split_spy(monkeypatch)
+    z = np.ones((1024, 128), np.float32)
+    h, g = np.empty_like(z), np.empty_like(z)
+    assert z.size * A.REGISTRY["gelu"].passes >= parallel.SPLIT_WORK
+    assert z.size * A.REGISTRY["relu"].passes < parallel.SPLIT_WORK
+    with num_threads(2):
+        A.bias_act_forward(h, z, None, "gelu", grad=g)
+        assert seen == [2]
+        A.bias_act_forward(h, z, None, "relu", grad=g)
+        A.act_backward(h, h, z, "relu")
+    assert seen == [2]
 
 
 @every_dtype_and_act

@@ -169,10 +169,11 @@ def split_on(monkeypatch):
 
 
 def _split_size():
-    """A length that kernels.parallel splits over two threads, with a ragged tail."""
-    n = 2 * parallel.MIN_ELEMENTS_PER_THREAD + 4099
+    """A length that kernels.parallel splits over two threads for AdamW and SGD (5 passes
+    per element, the cheaper chain), with a ragged tail."""
+    n = parallel.SPLIT_WORK // 5 + 4099
     with num_threads(2):
-        assert parallel.chunks(n, 1) == 2
+        assert parallel.threads_for(n, passes=5) == 2
     return n
 
 

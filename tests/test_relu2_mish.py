@@ -18,7 +18,8 @@ DTYPES = [np.float64, np.float32]
 TOL = {np.float64: dict(rtol=1e-12, atol=1e-14), np.float32: dict(rtol=2e-5, atol=2e-6)}
 SMALL = (7, 33)                                      # one block
 MULTI = (3 * (A._BLOCK_BYTES // (4 * 200)) + 5, 200)  # several blocks + a remainder (float32)
-SPLIT = (2 * parallel.SPLIT_MIN // 777 + 3, 777)      # split over 2 threads
+# Split over 2 threads: past SPLIT_MIN elements and past SPLIT_WORK at relu2's 3 passes.
+SPLIT = (max(2 * parallel.SPLIT_MIN, parallel.SPLIT_WORK // 3) // 777 + 3, 777)
 
 
 def _z(shape, dtype, seed=0, scale=4.0):
@@ -176,8 +177,8 @@ def test_split_over_threads_matches_reference_and_one_thread(act, dtype, monkeyp
     seen = []
     real = A._split
 
-    def spy(fn, n, row_len):
-        seen.append(real(fn, n, row_len))
+    def spy(fn, n, row_len, k=None):
+        seen.append(real(fn, n, row_len, k=k))
         return seen[-1]
 
     monkeypatch.setattr(A, "_split", spy)
