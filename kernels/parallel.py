@@ -77,7 +77,7 @@ SPLIT_MIN = 2 * MIN_ELEMENTS_PER_THREAD  # elements: smaller passes always run i
 # (elements x passes) a split loses to the pool hand-off and the GIL hand-offs of every
 # ufunc call; above it each thread gets at least half of it (docs/performance.md,
 # "Threads per call").
-SPLIT_WORK = 3 * 1024 * 1024
+SPLIT_WORK = 16 * 1024 * 1024
 
 
 def threads_for(n: int, row_len: int = 1, min_elements: int = SPLIT_MIN,
