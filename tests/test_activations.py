@@ -25,6 +25,13 @@ SLOPE = 0.01
 # extremes, and numpy ignores it by default).
 FP_RAISE = dict(over="raise", invalid="raise", divide="raise", under="ignore")
 
+@pytest.fixture(autouse=True)
+def _split_work_3mi(monkeypatch):
+    # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
+    # is the split, not where the threshold lies; tests/test_parallel.py checks that).
+    monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
+
+
 
 def _multi_block_shape(d, dtype):
     """(N, d) spanning three full row blocks and a remainder block of 5 rows."""
@@ -615,9 +622,10 @@ def test_large_arrays_split_over_threads(monkeypatch):
 
 def test_costly_activations_split_at_smaller_sizes(monkeypatch):
     # Check that the split follows each activation's work: at 2 threads a GELU pass over
-    # 1024 x 128 (32 ufunc passes per element) is split, relu (3) over the same array not.
+    # 1024 x 512 (32 ufunc passes per element) is split, relu (3) over the same array not.
+    monkeypatch.undo()  # the real threshold
     seen = _split_spy(monkeypatch)
-    z = np.ones((1024, 128), np.float32)
+    z = np.ones((1024, 512), np.float32)
     h, g = np.empty_like(z), np.empty_like(z)
     assert z.size * A.REGISTRY["gelu"].passes >= parallel.SPLIT_WORK
     assert z.size * A.REGISTRY["relu"].passes < parallel.SPLIT_WORK

@@ -12,6 +12,14 @@ SMALL = 1001
 LARGE = 2 * parallel.MIN_ELEMENTS_PER_THREAD + 4097  # split over 2 threads, odd tail
 
 
+@pytest.fixture(autouse=True)
+def _split_work_3mi(monkeypatch):
+    # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
+    # is the split, not where the threshold lies; tests/test_parallel.py checks that).
+    monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
+
+
+
 def _inputs(n, dtype, seed=0):
     rng = np.random.default_rng(seed)
     g = (2.0 * rng.standard_normal(n)).astype(dtype)   # Zg/2

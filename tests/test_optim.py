@@ -119,6 +119,13 @@ def test_adamw_on_gmlp_views_updates_the_combined_weight():
         np.testing.assert_array_equal(p.data, c.data)
     np.testing.assert_array_equal(m.Wgp_T[:6].T, m.W_gate.data)
 
+@pytest.fixture(autouse=True)
+def _split_work_3mi(monkeypatch):
+    # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
+    # is the split, not where the threshold lies; tests/test_parallel.py checks that).
+    monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
+
+
 
 def _large_params(rng, dtype):
     """Parameters large enough for AdamW.step to split over two threads: a big C-order one,
@@ -129,7 +136,7 @@ def _large_params(rng, dtype):
           Parameter(np.asfortranarray(rng.standard_normal((96, n // 96 + 5)).astype(dtype)), "W2"),
           Parameter(rng.standard_normal(()).astype(dtype), "s")]
     with kernels.num_threads(2):
-        assert parallel.chunks(sum(p.size for p in ps), 1) == 2
+        assert parallel.threads_for(sum(p.size for p in ps), passes=13) == 2
     return ps
 
 

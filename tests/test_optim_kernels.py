@@ -16,6 +16,13 @@ from kernels.optim import adamw_update, adamw_update_many, flat_view, sgd_update
 DTYPES = [np.float32, np.float64]
 TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-14)}
 
+@pytest.fixture(autouse=True)
+def _split_work_3mi(monkeypatch):
+    # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
+    # is the split, not where the threshold lies; tests/test_parallel.py checks that).
+    monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
+
+
 
 def _shapes(dtype):
     # 0-d, 1-d, 2-d, 3-d, and a flat length spanning several blocks with a remainder.

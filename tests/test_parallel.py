@@ -148,3 +148,43 @@ def test_split_blocks_reraises_worker_errors_after_all_finish():
     with pytest.raises(ZeroDivisionError, match="worker"):
         parallel.split_blocks(fn, 10, 2)
     assert done == list(range(10))  # the failed thread took no block: the caller took all
+
+
+def test_threads_for_splits_by_work_when_passes_are_given():
+    # Check that with passes the split follows elements x passes against SPLIT_WORK, and
+    # that one thread never splits.
+    w = parallel.SPLIT_WORK
+    with num_threads(2):
+        assert parallel.threads_for(w // 32 - 1, passes=32) == 1
+        assert parallel.threads_for(w // 32, passes=32) == 2
+        assert parallel.threads_for(w // 32, passes=3) == 1
+        assert parallel.threads_for(w // 64, 2, passes=32) == 2  # rows x row length
+    with num_threads(1):
+        assert parallel.threads_for(10 * w, passes=32) == 1
+
+
+def test_concurrent_splits_from_two_threads_each_cover_their_rows():
+    # Check that two threads splitting at once both get every row done exactly once (one of
+    # them may find the pool busy and run its slots itself).
+    n = 4000
+    hits = [np.zeros(n, np.int64), np.zeros(n, np.int64)]
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def caller(which):
+        try:
+            barrier.wait(timeout=10)
+            for _ in range(50):
+                parallel.split(lambda i, j, s: hits[which].__setitem__(
+                    slice(i, j), hits[which][i:j] + 1), n, k=2)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads_ = [threading.Thread(target=caller, args=(w,)) for w in (0, 1)]
+    for t in threads_:
+        t.start()
+    for t in threads_:
+        t.join(timeout=30)
+    assert not errors
+    for h in hits:
+        np.testing.assert_array_equal(h, np.full(n, 50))
