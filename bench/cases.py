@@ -1,10 +1,11 @@
 """What `make bench` measures: the blocks, the shapes, and how to build one case.
 
-A case is (block, shape). Each builds the engine module, its input, a target, the loss and
-an AdamW optimizer, all float32 by default, from a fixed seed, so every run times the same
-numbers. Its training step is the one ``engine.train.fit`` runs (``step_fn``). Modules, naive twins and GEMM lists come from the block registry
-(``engine.registry``); a bench block is a registry entry plus its options and loss. Engine
-imports are deferred so that this module loads before the engine does.
+A case is (block, shape). Each builds the engine module, its input, a target, the loss and an
+AdamW optimizer, all float32 by default, from a fixed seed, so every run times the same
+numbers. Its training step is the one ``engine.train.fit`` runs (``step_fn``). Modules, naive
+twins and GEMM lists come from the block registry (``engine.registry``); a bench block is a
+registry entry plus its options and loss. Engine imports are deferred so that this module loads
+before the engine does.
 """
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """`make bench`: run the benchmarks at 1 and 2 BLAS threads and print one table.
 
-Each thread count runs pytest-benchmark over bench/ in a fresh process (BLASNET_NUM_THREADS
-is read at import, so it is set in the child's environment), writing
+Each thread count runs pytest-benchmark over bench/ in a fresh process (BLASNET_NUM_THREADS is
+read at import, so it is set in the child's environment), writing
 bench/results/threads<N>.json; then one process profiles the full step of each transformer
 block at the large shape and the highest thread count (bench/step_profile.py, profile.json),
 one process per thread count profiles the small shapes (profile_small<N>.json), and one
-measures memory with tracemalloc (bench/results/memory.json). The report puts every step
-next to its GEMM floor, the naive reference, its 1- and 2-thread times and the targets, and
-says where the time of each missed target goes. Times and ratios are medians over the samples no other process
-disturbed (bench/timing.py). The kernel table includes the machine's memory bandwidth (a
-triad, bench/bandwidth.py) and AdamW.step's effective bandwidth as a fraction of it, measured
-in the same process. ``--report-only`` re-prints it from the saved JSON.
+measures memory with tracemalloc (bench/results/memory.json). The report puts every step next
+to its GEMM floor, the naive reference, its 1- and 2-thread times and the targets, and says
+where the time of each missed target goes. Times and ratios are medians over the samples no
+other process disturbed (bench/timing.py). The kernel table includes the machine's memory
+bandwidth (a triad, bench/bandwidth.py) and AdamW.step's effective bandwidth as a fraction of
+it, measured in the same process. ``--report-only`` re-prints it from the saved JSON.
 """
 from __future__ import annotations
 
@@ -558,9 +558,9 @@ def format_profile(profile) -> str:
     from bench import step_profile as prof
     thr = profile[0]["threads"]
     shape = profile[0]["shape"]
-    lines = [f"PROFILE of the full step at the {shape} shape, {thr} threads (bench/step_profile.py): "
-             f"ms, and % of the GEMM floor.\nMedians over undisturbed steps. One row per "
-             f"kernels.ops kernel that forward and backward call,\ntimed by "
+    lines = [f"PROFILE of the full step at the {shape} shape, {thr} threads "
+             f"(bench/step_profile.py): ms, and % of the GEMM floor.\nMedians over undisturbed "
+             f"steps. One row per kernels.ops kernel that forward and backward call,\ntimed by "
              f"kernels.instrument.record (exclusive); other = the forward's and backward's own\n"
              f"Python and inline NumPy; the loss and optimizer rows are whole calls (the\n"
              f"optimizer zeroes the gradients in its pass, as fit). - = the block does not call "

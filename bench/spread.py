@@ -124,11 +124,11 @@ def summarize(results: list) -> list:
 
 def format_report(rows: list, runs: int, quick: bool) -> str:
     _, steps, seconds, _ = SETTINGS[quick]
-    lines = [f"RUN-TO-RUN SPREAD of the full training step (bench/spread.py{' --quick' if quick else ''}): "
-             f"{runs} fresh processes per\nthread count, each timing every small case once: "
-             f"the median over the undisturbed of up to {steps} steps\nor {seconds:g} s of "
-             f"steps. min / median / max = of those per-process medians (ms); spread =\n"
-             f"(max - min) / median, target <= {100 * SPREAD_MAX:.0f}%. "
+    lines = [f"RUN-TO-RUN SPREAD of the full training step (bench/spread.py"
+             f"{' --quick' if quick else ''}): {runs} fresh processes\nper thread count, each "
+             f"timing every small case once: the median over the undisturbed\nof up to {steps} "
+             f"steps or {seconds:g} s of steps. min / median / max = of those per-process\n"
+             f"medians (ms); spread = (max - min) / median, target <= {100 * SPREAD_MAX:.0f}%. "
              f"Shapes as in BLOCKS (bench/run.py)."]
     hdr = ["block", "shape", "thr", "min ms", "median ms", "max ms", "spread", "",
            "each process's median (ms), in run order"]

@@ -44,8 +44,8 @@ def test_summary_is_min_median_max_and_spread_of_the_process_medians():
 
 
 def test_report_marks_spreads_over_the_target():
-    # Check the verdict against the 15% target (1/5.5 = 18.2% missed, 0.02/0.30 = 6.7% met), the count of cases
-    # within it, and a star on a spread that used a fallback median.
+    # Check the verdict against the 15% target (1/5.5 = 18.2% missed, 0.02/0.30 = 6.7%
+    # met), the count of cases within it, and a star on a spread that used a fallback median.
     a, b = ("GMLP", "run"), ("FFN-relu", "seed000")
     results = [_process(2, {a: 5.0, b: 0.30}), _process(2, {a: 6.0, b: 0.31}, fallback=True),
                _process(2, {a: 5.5, b: 0.29})]
