@@ -21,9 +21,11 @@ run: install
 test: install
 	$(PY) -m pytest -q tests
 
-# QUICK=1 runs a shortened bench (fewer rounds, no large shapes on one thread).
+# QUICK=1 runs a shortened bench (fewer rounds, no large shapes on one thread, fewer
+# processes for the run-to-run spread).
 bench: install
 	$(PY) bench/run.py $(if $(QUICK),--quick,)
+	$(PY) bench/spread.py $(if $(QUICK),--quick,)
 	$(PY) bench/distributed.py $(if $(QUICK),--quick,)
 	$(PY) -m bench.checkpoint_memory $(if $(QUICK),--quick,) --out bench/results/checkpoint_memory.json >/dev/null
 

@@ -1,10 +1,11 @@
 """What `make bench` measures: the blocks, the shapes, and how to build one case.
 
-A case is (block, shape). Each builds the engine module, its input, a target, the loss and
-an AdamW optimizer, all float32 by default, from a fixed seed, so every run times the same
-numbers. Modules, naive twins and GEMM lists come from the block registry
-(``engine.registry``); a bench block is a registry entry plus its options and loss. Engine
-imports are deferred so that this module loads before the engine does.
+A case is (block, shape). Each builds the engine module, its input, a target, the loss and an
+AdamW optimizer, all float32 by default, from a fixed seed, so every run times the same
+numbers. Its training step is the one ``engine.train.fit`` runs (``step_fn``). Modules, naive
+twins and GEMM lists come from the block registry (``engine.registry``); a bench block is a
+registry entry plus its options and loss. Engine imports are deferred so that this module loads
+before the engine does.
 """
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ TRANSFORMER_BLOCKS = tuple(b for b in BLOCKS if b != "MLP")
 
 class Shape:
     """A named size: ``lead``, the leading shape of the input ((N,) or (B, T)), and ``dims``,
-    the sizes the registry's blocks read (``d_model``/``d_ff``, or ``sizes`` for the MLP)."""
+    the sizes the registry's blocks read (``d_model``/``d_ff``, GMLP's optional ``d_in``/
+    ``d_out``, or ``sizes`` for the MLP); ``note`` says where the shape comes from (legend)."""
 
-    def __init__(self, name: str, lead: tuple, **dims):
-        self.name, self.lead, self.dims = name, tuple(lead), dict(dims)
+    def __init__(self, name: str, lead: tuple, note: str = "", **dims):
+        self.name, self.lead, self.dims, self.note = name, tuple(lead), dict(dims), note
 
     @property
     def rows(self) -> int:
@@ -54,11 +56,11 @@ class Shape:
     sizes = property(lambda self: tuple(self.dims.get("sizes", ())))
 
     def legend(self) -> str:
-        """"8 rows, d_model 200, d_ff 800"."""
+        """"8 rows, d_model 200, d_ff 800", and the note in parentheses when there is one."""
         lead = "x".join(str(n) for n in self.lead)
         dims = ", ".join(f"{k} {list(v) if isinstance(v, tuple) else v}"
                          for k, v in self.dims.items())
-        return f"{lead} rows, {dims}"
+        return f"{lead} rows, {dims}" + (f" ({self.note})" if self.note else "")
 
     def __repr__(self) -> str:
         return f"Shape({self.name!r}, {self.lead}, {self.dims})"
@@ -69,10 +71,16 @@ SHAPES = {
     "seed001": Shape("seed001", (4, 10), d_model=512, d_ff=2048),   # seed 001: batch 4 x 10
     "large": Shape("large", (2048,), d_model=512, d_ff=2048),
     "batch64": Shape("batch64", (64,), sizes=(784, 256, 128, 10)),  # seed 004's MLP
+    # `make run`'s model (engine/cli.py): gMLP 16 -> 128 -> 512 -> 4, 1024 samples, full batch
+    "run": Shape("run", (1024,), note="make run's model", d_in=16, d_model=128, d_ff=512,
+                 d_out=4),
 }
 
 CASES = [(b, s) for b in TRANSFORMER_BLOCKS for s in ("seed000", "seed001", "large")]
 CASES.append(("MLP", "batch64"))
+CASES.append(("GMLP", "run"))
+# The cases whose steps are bound by per-call overhead rather than by their GEMMs.
+SMALL_CASES = [c for c in CASES if c[1] != "large"]
 
 # Small learning rate: thousands of timed steps must not drive the weights anywhere odd.
 LR = 1e-4
@@ -152,15 +160,16 @@ def fwd_bwd_fn(module, x, dy):
 
 
 def step_fn(module, x, target, loss, opt):
-    """One full training step: forward, loss, backward, AdamW step, zero_grad."""
-    fwd, bwd, zero = module.forward, module.backward, module.zero_grad
+    """One full training step as ``engine.train.fit`` runs it when the optimizer updates
+    exactly the model's parameters: forward, loss forward, loss backward, backward, and the
+    AdamW step with the gradients zeroed inside its pass (``opt.step(zero_grad=True)``)."""
+    fwd, bwd = module.forward, module.backward
     lfwd, lbwd, ostep = loss.forward, loss.backward, opt.step
 
     def run():
         lfwd(fwd(x), target)
         bwd(lbwd())
-        ostep()
-        zero()
+        ostep(zero_grad=True)  # the call fit makes
     return run
 
 

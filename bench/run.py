@@ -1,15 +1,16 @@
 """`make bench`: run the benchmarks at 1 and 2 BLAS threads and print one table.
 
-Each thread count runs pytest-benchmark over bench/ in a fresh process (BLASNET_NUM_THREADS
-is read at import, so it is set in the child's environment), writing
+Each thread count runs pytest-benchmark over bench/ in a fresh process (BLASNET_NUM_THREADS is
+read at import, so it is set in the child's environment), writing
 bench/results/threads<N>.json; then one process profiles the full step of each transformer
-block at the large shape and the highest thread count (bench/step_profile.py, profile.json) and
-one measures memory with tracemalloc (bench/results/memory.json). The report puts every step
-next to its GEMM floor, the naive reference and the issue's targets, and says where the time
-of each missed target goes. Times and ratios are medians over the samples no other process
-disturbed (bench/timing.py). The kernel table includes the machine's memory bandwidth (a
-triad, bench/bandwidth.py) and AdamW.step's effective bandwidth as a fraction of it, measured
-in the same process. ``--report-only`` re-prints it from the saved JSON.
+block at the large shape and the highest thread count (bench/step_profile.py, profile.json),
+one process per thread count profiles the small shapes (profile_small<N>.json), and one
+measures memory with tracemalloc (bench/results/memory.json). The report puts every step next
+to its GEMM floor, the naive reference, its 1- and 2-thread times and the targets, and says
+where the time of each missed target goes. Times and ratios are medians over the samples no
+other process disturbed (bench/timing.py). The kernel table includes the machine's memory
+bandwidth (a triad, bench/bandwidth.py) and AdamW.step's effective bandwidth as a fraction of
+it, measured in the same process. ``--report-only`` re-prints it from the saved JSON.
 """
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ FWD_BWD_LARGE_LIMIT = {"FFN-relu": 1.08, "FFN-gelu": 1.12, "GMLP": 1.12,
 FWD_BWD_LARGE_LIMIT["GatedFFN-silu"] = FWD_BWD_LARGE_LIMIT["FFN-gelu"]
 FWD_BWD_SMALL_LIMIT = 1.5
 STEP_LARGE_LIMIT = 1.15
+# The full step at the seed shapes, per block and shape.
+STEP_SMALL_LIMIT = {b: {"seed001": 1.5, "seed000": 2.0}
+                    for b in ("FFN-relu", "FFN-gelu", "GMLP", "FFNSublayer-post-gelu")}
+STEP_SMALL_LIMIT["GatedFFN-silu"] = STEP_SMALL_LIMIT["FFN-gelu"]
+# The full step of the other small cases: seed 004's MLP, and `make run`'s gMLP.
+STEP_CASE_LIMIT = {("MLP", "batch64"): 1.5, ("GMLP", "run"): 1.15}
+# Step time at one thread / at two: two threads must never be slower, at any case.
+THREADS_RATIO_MIN = 1.0
 ADAMW_SPEEDUP_MIN = 4.0
 # AdamW.step with its state coming from memory, GB/s as a fraction of the triad's.
 ADAMW_BANDWIDTH_MIN = 0.8
@@ -82,14 +91,16 @@ def run_pytest(threads: int, quick: bool, out_json: Path, select: str | None = N
     return rc
 
 
-def run_profile(out_json: Path, threads: int, quick: bool, echo=print) -> int:
-    """The step profile (bench/step_profile.py) in its own process at ``threads`` threads."""
+def run_profile(out_json: Path, threads: int, quick: bool, echo=print, options=(),
+                label="profile") -> int:
+    """The step profile (bench/step_profile.py) in its own process at ``threads`` threads;
+    ``options``: its command-line options (default: the large shape)."""
     out_json.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "bench.step_profile", "--out", str(out_json)]
+    cmd = [sys.executable, "-m", "bench.step_profile", "--out", str(out_json), *options]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(threads, quick), capture_output=True,
                           text=True)
-    echo(f"  [profile, threads={threads}] exit {proc.returncode} after "
+    echo(f"  [{label}, threads={threads}] exit {proc.returncode} after "
          f"{time.perf_counter() - t0:.0f} s")
     if proc.returncode != 0:
         echo(proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -269,6 +280,33 @@ def scaling_rows(rows, shape="large") -> list:
     return out
 
 
+def thread_rows(rows, scaling) -> list:
+    """Every case's step time at one thread / at the most threads (>= 1: the extra threads do
+    not slow it down), from the two runs' medians; at the large shape the paired scaling of
+    ``scaling`` where the run has it (``source``: "paired" or "medians")."""
+    by = {(r["block"], r["shape"], r["threads"]): r for r in rows}
+    threads = sorted({r["threads"] for r in rows})
+    if not threads or threads[-1] < 2 or threads[0] != 1:
+        return []
+    lo, hi = 1, threads[-1]
+    paired = {(sc["block"], sc["shape"]): sc for sc in scaling
+              if sc.get("step_scaling_paired") is not None}
+    out = []
+    for block, shape in cases.CASES:
+        a, b = by.get((block, shape, lo)), by.get((block, shape, hi))
+        sc = paired.get((block, shape))
+        ratio = _div(a and a["step_ms"], b and b["step_ms"])
+        if sc is not None:
+            out.append(dict(block=block, shape=shape, lo=lo, hi=hi, step_lo=sc["step_lo"],
+                            step_hi=sc["step_hi"], ratio=sc["step_scaling_paired"],
+                            source="paired", pairs=sc.get("pairs"), noisy=sc.get("noisy")))
+        elif ratio is not None:
+            out.append(dict(block=block, shape=shape, lo=lo, hi=hi, step_lo=a["step_ms"],
+                            step_hi=b["step_ms"], ratio=ratio, source="medians", pairs=None,
+                            noisy=bool(a.get("step_noisy") or b.get("step_noisy"))))
+    return out
+
+
 def _ms(t):
     return None if t is None else 1e3 * t
 
@@ -278,11 +316,12 @@ def _div(a, b):
 
 
 # ----------------------------------------------------------------------------- targets
-def target_checks(rows, krows, scaling, memory) -> list:
+def target_checks(rows, krows, scaling, memory, thread_ratios=()) -> list:
     """One dict per target that the data covers, at the highest thread count present:
     target (text), measured, op, limit, met, samples ("kept/total" undisturbed pairs, "" when
     not paired), noisy (too few undisturbed pairs: the median is over all), and what it is
-    about (kind: fwd_bwd, step, adamw, scaling, memory; block; shape)."""
+    about (kind: fwd_bwd, step, adamw, adamw_bw, scaling, threads, memory; block; shape).
+    ``thread_ratios``: thread_rows' 1 -> N thread ratios of every case."""
     if not rows and not krows:
         return []
     thr = max([r["threads"] for r in rows] + [r["threads"] for r in krows])
@@ -312,6 +351,11 @@ def target_checks(rows, krows, scaling, memory) -> list:
             ratio(block, shape, "fwd_bwd", FWD_BWD_SMALL_LIMIT, "fwd+bwd")
     for block in cases.TRANSFORMER_BLOCKS:
         ratio(block, "large", "step", STEP_LARGE_LIMIT, "step")
+    for shape in ("seed000", "seed001"):
+        for block, limits in STEP_SMALL_LIMIT.items():
+            ratio(block, shape, "step", limits[shape], "step")
+    for (block, shape), limit in STEP_CASE_LIMIT.items():
+        ratio(block, shape, "step", limit, "step")
     for k in krows:
         # The target is one AdamW update of all the FFN's parameters: the optimizer's step and
         # the kernel it runs (one region over all four). adamw_update, one call per parameter,
@@ -326,6 +370,10 @@ def target_checks(rows, krows, scaling, memory) -> list:
         add(f"step scaling {sc['lo']}->{sc['hi']} thr {sc['block']} {sc['shape']}",
             sc["step_scaling"], SCALING_MIN, le=False, kind="scaling", block=sc["block"],
             shape=sc["shape"], pairs=sc.get("pairs"), noisy=sc.get("noisy"))
+    for t in thread_ratios:
+        add(f"step {t['lo']}->{t['hi']} thr, time @{t['lo']} / @{t['hi']} {t['block']} "
+            f"{t['shape']}", t["ratio"], THREADS_RATIO_MIN, le=False, kind="threads",
+            block=t["block"], shape=t["shape"], pairs=t.get("pairs"), noisy=t.get("noisy"))
     for m in memory:
         add(f"peak/sum memory {m['block']} {m['shape']}", _div(m["peak"], m["sum"]),
             MEMORY_RATIO_MAX, kind="memory", block=m["block"], shape=m["shape"])
@@ -372,14 +420,16 @@ NOISY_NOTE = ("* = fewer than 3 undisturbed samples: the median is over all of t
               "disturbed ones included.")
 
 
-def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None) -> str:
+def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None,
+                  thread_ratios=(), small_profile=()) -> str:
     out = []
     starred = False
     if rows:
         out.append(
             "BLOCKS (float32, medians). f+b = forward + backward; step = forward, loss, backward,\n"
-            "AdamW step, zero_grad. floor = the same GEMMs alone (forward 1x, backward 2x), same\n"
-            "shapes, same run. ratio = time / floor, median over alternating pairs of calls.\n"
+            "AdamW step with the gradients zeroed in its pass (as engine.train.fit). floor = the\n"
+            "same GEMMs alone (forward 1x, backward 2x), same shapes, same run.\n"
+            "ratio = time / floor, median over alternating pairs of calls.\n"
             "x naive = time of the naive whole-array step / time. GF/s = GEMM FLOPs / time.\n"
             "Times and ratios: medians over the samples no other process disturbed.")
         out.append("Shapes: " + _shape_legend().replace("; ", ";\n        ") + ".")
@@ -430,6 +480,10 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None) 
                          _fmt(sc["step_scaling_medians"], ".2f"),
                          _fmt(sc["floor_scaling"], ".2f")])
         out.append(table(hdr, body, left=1))
+    if thread_ratios:
+        out.append("")
+        out.append(format_thread_ratios(thread_ratios))
+        starred |= any(t.get("noisy") for t in thread_ratios)
     if krows:
         out.append("")
         out.append(
@@ -465,6 +519,10 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None) 
     if profile:
         out.append("")
         out.append(format_profile(profile))
+    if small_profile:
+        out.append("")
+        out.append(format_small_profiles(small_profile))
+        starred |= any(p.get("fallback") for p in small_profile)
     if checks:
         out.append("")
         out.append("TARGETS. pairs = undisturbed pairs kept / pairs run.")
@@ -477,7 +535,8 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None) 
         out.append(table(["target", "measured", "limit", "pairs", ""], body, left=1))
         n_ok = sum(c["met"] for c in checks)
         out.append(f"{n_ok}/{len(checks)} targets met.")
-        misses = format_misses(checks, rows, krows, profile)
+        misses = format_misses(checks, rows, krows, list(profile or ()) + list(small_profile or ()),
+                               thread_ratios)
         if misses:
             out.append("")
             out.append(misses)
@@ -499,12 +558,13 @@ def format_profile(profile) -> str:
     from bench import step_profile as prof
     thr = profile[0]["threads"]
     shape = profile[0]["shape"]
-    lines = [f"PROFILE of the full step at the {shape} shape, {thr} threads (bench/step_profile.py): "
-             f"ms, and % of the GEMM floor.\nMedians over undisturbed steps. One row per "
-             f"kernels.ops kernel that forward and backward call,\ntimed by "
+    lines = [f"PROFILE of the full step at the {shape} shape, {thr} threads "
+             f"(bench/step_profile.py): ms, and % of the GEMM floor.\nMedians over undisturbed "
+             f"steps. One row per kernels.ops kernel that forward and backward call,\ntimed by "
              f"kernels.instrument.record (exclusive); other = the forward's and backward's own\n"
-             f"Python and inline NumPy; the loss, optimizer and zero_grad rows are whole calls.\n"
-             f"- = the block does not call that kernel."]
+             f"Python and inline NumPy; the loss and optimizer rows are whole calls (the\n"
+             f"optimizer zeroes the gradients in its pass, as fit). - = the block does not call "
+             f"that kernel."]
     hdr = ["part"] + [p["block"] for p in profile]
     body = []
     labels = _fwd_bwd_labels(profile)
@@ -535,23 +595,116 @@ def _fwd_bwd_labels(profile) -> list:
     """The forward + backward parts of saved profiles: kernels (gemm first, then in
     kernels.ops order), then other."""
     from bench import step_profile as prof
-    kernels_seen = [k for p in profile for k in p["parts"]
-                    if k not in prof.WHOLE and k != prof.OTHER]
+    kernels_seen = [k for p in profile for k in p["parts"] if k in prof.ops.NAMES]
     return prof.order_parts(kernels_seen) + [prof.OTHER]
 
 
-def format_misses(checks, rows, krows, profile) -> str:
-    """For each missed target: by how much, and where the time goes (from the profile)."""
+def _us(seconds, spec=".1f"):
+    return "-" if seconds is None else format(1e6 * seconds, spec)
+
+
+def format_small_profiles(profiles) -> str:
+    """One table per (shape, threads) of the small-shape profiles, one column group per
+    block: each part's calls per step, µs per call, µs per step and share of the step."""
     from bench import step_profile as prof
-    by_block = {p["block"]: p for p in profile or ()}
+    order = {s: i for i, s in enumerate(cases.SHAPES)}
+    groups: dict = {}
+    for p in profiles:
+        groups.setdefault((p["shape"], p["threads"]), []).append(p)
+    lines = ["PROFILE of the full step at the small shapes (bench/step_profile.py --small), per "
+             "shape and thread count.\nPer block: calls = calls per step; µs/call; µs = µs per "
+             "step; % = share of the instrumented step.\nMedians over undisturbed steps. Parts "
+             "as in the PROFILE above: the kernels.ops kernels of forward and\nbackward "
+             "(exclusive times), other = their own Python and inline NumPy (the recorder's cost "
+             "per\ncall included: compare the two step rows), then the loss and the optimizer "
+             "(gradients zeroed in\nits pass) as whole calls. kernels.ops calls = every "
+             "recorded call of the step, loss and optimizer\nincluded. - = the block does not "
+             "call that kernel."]
+    for (shape, thr), ps in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99),
+                                                                   kv[0][1])):
+        legend = f" = {cases.SHAPES[shape].legend()}" if shape in cases.SHAPES else ""
+        lines.append("")
+        lines.append(f"{shape}{legend}; {thr} thread{'s' if thr != 1 else ''}:")
+        hdr = ["part"]
+        spans = []
+        for i, p in enumerate(ps):
+            spans.append((p["block"], 1 + 4 * i, 4 + 4 * i))
+            hdr += ["calls", "µs/call", "µs", "%"]
+        body = []
+
+        def cells(p, label):
+            t, n = p["parts"].get(label), p["calls"].get(label)
+            if t is None:
+                return ["-", "-", "-", "-"]
+            share = _div(t, p["step_instrumented"])
+            return ["-" if n is None else str(n),
+                    "-" if not n else _us(t / n), _us(t), _fmt(share and 100 * share, ".0f")]
+
+        for label in _fwd_bwd_labels(ps) + list(prof.WHOLE):
+            body.append([label] + [c for p in ps for c in cells(p, label)])
+
+        def total(label, key, share=True):
+            row = [label]
+            for p in ps:
+                t = p.get(key)
+                row += ["", "", _us(t), _fmt(share and _div(100 * t, p["step_instrumented"]),
+                                             ".0f") if share and t is not None else ""]
+            return row
+        body.append(total("= step, instrumented", "step_instrumented"))
+        body.append(total("step, not instrumented", "step", share=False))
+        body.append(total("GEMM floor", "floor", share=False))
+        body.append(["step / floor"] + [c for p in ps for c in
+                                        ["", "", _fmt(_div(p["step"], p["floor"]), ".2f"), ""]])
+        body.append(["kernels.ops calls per step"] + [
+            c for p in ps for c in [str(p.get("ops_calls_total", "-")), "", "", ""]])
+        body.append(["undisturbed steps kept"] + [
+            c for p in ps for c in ["", "", _star(f"{p['kept'][0]}/{p['kept'][1]}",
+                                                  p["fallback"]), ""]])
+        lines.append(table(hdr, body, left=1, groups=spans))
+    return "\n".join(lines)
+
+
+def format_thread_ratios(ratios) -> str:
+    """The 1 -> N threads table: every case's step time at one thread / at the most."""
+    lo, hi = ratios[0]["lo"], ratios[0]["hi"]
+    lines = [f"{lo} -> {hi} THREADS, every case: step time at {lo} thread / at {hi} (>= "
+             f"{THREADS_RATIO_MIN:g}: {hi} threads are not slower).\nmedians = the step medians "
+             f"of the two runs; paired = the large shape's paired scaling (above)."]
+    hdr = ["block", "shape", f"step ms @{lo}", f"step ms @{hi}", f"@{lo} / @{hi}", "from"]
+    body = [[t["block"], t["shape"], _fmt(t["step_lo"], ".3f"), _fmt(t["step_hi"], ".3f"),
+             _star(_fmt(t["ratio"], ".2f"), t.get("noisy")), t["source"]] for t in ratios]
+    lines.append(table(hdr, body, left=2))
+    return "\n".join(lines)
+
+
+def _amount(seconds, floor) -> str:
+    """A time in the unit that suits the case: ms at the large shape, µs below 10 ms floors."""
+    if floor is not None and floor < 0.01:
+        return f"{1e6 * seconds:.0f} µs"
+    return f"{1e3 * seconds:.1f} ms"
+
+
+def _bare(seconds, floor) -> str:
+    if floor is not None and floor < 0.01:
+        return f"{1e6 * seconds:.0f}"
+    return f"{1e3 * seconds:.1f}"
+
+
+def format_misses(checks, rows, krows, profile, thread_ratios=()) -> str:
+    """For each missed target: by how much, and where the time goes (from the profile of
+    the same block, shape and thread count)."""
+    from bench import step_profile as prof
+    by_case = {(p["block"], p["shape"], p["threads"]): p for p in profile or ()}
+    large = [p for p in profile or () if p["shape"] == "large"]
+    ratios = {(t["block"], t["shape"]): t for t in thread_ratios or ()}
     out = []
     for c in checks:
         if c["met"]:
             continue
         kind, block = c["kind"], c["block"]
         head = f"- {c['target']}: {c['measured']:.2f}, limit {c['op']} {c['limit']:g}"
-        p = by_block.get(block)
-        if kind in ("fwd_bwd", "step") and c["shape"] == "large" and p:
+        p = by_case.get((block, c["shape"], c["threads"]))
+        if kind in ("fwd_bwd", "step") and p:
             floor = p["floor"]
             over = (c["measured"] - c["limit"]) * floor
             parts = _fwd_bwd_labels([p])
@@ -562,12 +715,31 @@ def format_misses(checks, rows, krows, profile) -> str:
             gemm = p["parts"].get(prof.GEMM)
             total = p["fwd_bwd"] if kind == "fwd_bwd" else p["step_instrumented"]
             text = (f"{head}: over by {c['measured'] - c['limit']:.2f}x the floor = "
-                    f"{1e3 * over:.1f} ms (floor {1e3 * floor:.1f} ms in the profile run, "
+                    f"{_amount(over, floor)} (floor {_amount(floor, floor)} in the profile run, "
                     f"where the ratio is {total / floor:.2f}). Beyond the floor the profile "
-                    f"shows {1e3 * (total - floor):.1f} ms: ")
-            text += ", ".join(f"{label} {1e3 * v:.1f}" for label, v in extra[:4])
+                    f"shows {_amount(total - floor, floor)}, the largest parts in "
+                    f"{'µs' if floor < 0.01 else 'ms'}: ")
+            text += ", ".join(f"{label} {_bare(v, floor)}" for label, v in extra[:4])
             if gemm is not None:
-                text += f"; the block's GEMMs take {1e3 * (gemm - floor):+.1f} ms vs the floor"
+                text += (f"; the block's GEMMs take {'+' if gemm >= floor else '-'}"
+                         f"{_amount(abs(gemm - floor), floor)} vs the floor")
+            out.append(text + ".")
+        elif kind == "threads":
+            t = ratios.get((block, c["shape"]))
+            text = head
+            if t:
+                text += (f": step {_fmt(t['step_lo'], '.3f')} ms at {t['lo']} thread, "
+                         f"{_fmt(t['step_hi'], '.3f')} ms at {t['hi']}")
+            a = by_case.get((block, c["shape"], t["lo"] if t else 1))
+            if a and p:
+                labels = _fwd_bwd_labels([a, p]) + list(prof.WHOLE)
+                diff = [(label, (p["parts"].get(label) or 0.0) - (a["parts"].get(label) or 0.0))
+                        for label in labels]
+                grew = sorted([d for d in diff if d[1] > 0], key=lambda d: -d[1])
+                if grew:
+                    text += (f"; the parts that take longer at {p['threads']} threads (PROFILE): "
+                             + ", ".join(f"{label} +{_amount(v, a['floor'])}"
+                                         for label, v in grew[:4]))
             out.append(text + ".")
         elif kind == "adamw":
             k = next((k for k in krows if k["kernel"] == block
@@ -577,10 +749,11 @@ def format_misses(checks, rows, krows, profile) -> str:
                 text += (f": {_fmt(k['fast_ms'], '.2f')} ms vs {_fmt(k['ref_ms'], '.2f')} ms "
                          f"naive; a {ADAMW_SPEEDUP_MIN:g}x speed-up needs <= "
                          f"{_fmt(_div(k['ref_ms'], ADAMW_SPEEDUP_MIN), '.2f')} ms")
-            if profile:
+            opt = [(q["block"], q["parts"].get(prof.OPTIMIZER)) for q in large]
+            opt = [(b, v) for b, v in opt if v is not None]
+            if opt:
                 text += "; in the profiled steps the optimizer takes " + ", ".join(
-                    f"{p['block']} {1e3 * p['parts']['optimizer step']:.1f} ms"
-                    for p in profile if p["parts"].get("optimizer step") is not None)
+                    f"{b} {1e3 * v:.1f} ms" for b, v in opt)
             out.append(text + ".")
         elif kind == "adamw_bw":
             k = next((k for k in krows if k["kernel"] == block
@@ -614,24 +787,29 @@ def format_misses(checks, rows, krows, profile) -> str:
     return "WHERE THE TIME GOES in each missed target:\n" + "\n".join(wrapped)
 
 
+def _load(path: Path) -> list:
+    return json.loads(path.read_text()) if path.exists() else []
+
+
 def report(result_dir: Path, threads=(1, 2)) -> tuple:
     """Load what the runs wrote and return (text, data)."""
     bench = load_benchmarks([result_dir / f"threads{t}.json" for t in threads])
     rows, krows = block_rows(bench), kernel_rows(bench)
     scaling = scaling_rows(rows)
-    mem_path = result_dir / "memory.json"
-    memory = json.loads(mem_path.read_text()) if mem_path.exists() else []
-    prof_path = result_dir / "profile.json"
-    profile = json.loads(prof_path.read_text()) if prof_path.exists() else []
-    checks = target_checks(rows, krows, scaling, memory)
+    ratios = thread_rows(rows, scaling)
+    memory = _load(result_dir / "memory.json")
+    profile = _load(result_dir / "profile.json")
+    small = [p for t in threads for p in _load(result_dir / f"profile_small{t}.json")]
+    checks = target_checks(rows, krows, scaling, memory, ratios)
     noise = noise_summary(bench)
     m_path = result_dir / "machine.json"
     machine = json.loads(m_path.read_text()) if m_path.exists() else None
-    text = format_report(rows, krows, scaling, memory, checks, profile, noise)
+    text = format_report(rows, krows, scaling, memory, checks, profile, noise, ratios, small)
     if machine:
         text = _machine_line(machine) + "\n\n" + text
-    data = dict(machine=machine, blocks=rows, kernels=krows, scaling=scaling, memory=memory,
-                profile=profile, noise=noise, targets=checks)
+    data = dict(machine=machine, blocks=rows, kernels=krows, scaling=scaling,
+                thread_ratios=ratios, memory=memory, profile=profile, profile_small=small,
+                noise=noise, targets=checks)
     return text, data
 
 
@@ -662,7 +840,8 @@ def main(argv=None) -> int:
     ap.add_argument("-k", dest="select", default=None, help="pytest -k selection of benchmarks")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
     ap.add_argument("--no-profile", action="store_true",
-                    help="skip the step profile (also skipped with -k)")
+                    help="skip the step profiles, large and small shapes (also skipped "
+                         "with -k)")
     ap.add_argument("--results", default=str(RESULTS), help="directory for the JSON files")
     ap.add_argument("--report-only", action="store_true",
                     help="do not run anything; print the report from the saved JSON")
@@ -682,10 +861,16 @@ def main(argv=None) -> int:
         (result_dir / "machine.json").write_text(json.dumps(dict(
             cpus=os.cpu_count(), load_1min=loads, quick=args.quick, threads=threads)))
         prof = result_dir / "profile.json"
+        small = [(t, result_dir / f"profile_small{t}.json") for t in threads]
         if args.no_profile or args.select:
             prof.unlink(missing_ok=True)
+            for _, path in small:
+                path.unlink(missing_ok=True)
         else:
             rc |= run_profile(prof, max(threads), args.quick)
+            for t, path in small:  # one process per thread count, as the benchmarks
+                rc |= run_profile(path, t, args.quick, options=["--small"],
+                                  label="small-shape profile")
         mem = result_dir / "memory.json"
         if args.no_memory:
             if mem.exists():

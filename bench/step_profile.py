@@ -1,14 +1,21 @@
 """Where a training step's time goes: one step of a block split into the kernels it calls,
-loss, optimizer, zero_grad and the Python around them, next to its GEMM floor.
+the loss, the optimizer step (gradients zeroed in its pass) and the Python around them, next
+to its GEMM floor.
 
-The instrumented step runs inside ``kernels.instrument.record(timed=True)``, which times
-every ``kernels.ops`` call the engine makes (exclusive: a recorded call inside another is
-not counted twice; calling thread only). The forward and backward are split into one part
-per ops name they call (``gemm``, ``bias_act``, ``layernorm_forward``, ...) and "other":
-their wall time minus those kernels (Python, inline NumPy). Loss forward/backward, the
-optimizer step and zero_grad are timed as whole calls. Steps alternate with the
+The instrumented step is ``cases.step_fn``'s (``engine.train.fit``'s) inside
+``kernels.instrument.record(timed=True)``, which times every ``kernels.ops`` call the engine
+makes (exclusive: a recorded call inside another is not counted twice; calling thread only).
+The forward and backward are split into one part per ops name they call (``gemm``,
+``bias_act``, ``layernorm_forward``, ...) and "other": their wall time minus those kernels
+(Python, inline NumPy, and the recorder's own cost per call). Loss forward, loss backward and
+the optimizer step are timed as whole calls. Each part has its calls per step; the
+``kernels.ops`` calls of the whole step are counted per phase. Steps alternate with the
 uninstrumented step and the floor; medians over the steps no other process disturbed
-(bench.timing.CpuProbe). ``python -m bench.step_profile [--out PATH]``.
+(bench.timing.CpuProbe), at least ``REPS`` of them and more for fast steps (``ROUND_S``).
+
+``python -m bench.step_profile [--shape NAME ...] [--small] [--block NAME ...] [--out PATH]``;
+the thread count comes from ``BLASNET_NUM_THREADS``. ``--small`` profiles the small shapes
+(``SMALL_SHAPES``), each with the blocks ``cases.CASES`` benches there.
 """
 from __future__ import annotations
 
@@ -25,13 +32,23 @@ from bench import cases, floors, timing
 
 GEMM = "gemm"  # the part the floor stands for; first row of the table
 OTHER = "other (Python, inline NumPy)"
-# Whole calls of the step after the backward; forward and backward are split into the
+OPTIMIZER = "optimizer step (+zero_grad)"
+# Whole calls of the step after the forward; forward and backward are split into the
 # kernels they call plus OTHER.
-WHOLE = ("loss fwd", "loss bwd", "optimizer step", "zero_grad")
+WHOLE = ("loss fwd", "loss bwd", OPTIMIZER)
 # The phases whose recorded kernels become parts.
 SPLIT = ("forward", "backward")
+# The step's calls in the order it makes them.
+PHASES = ("forward", "loss fwd", "loss bwd", "backward", OPTIMIZER)
+# The shapes of ``--small``: those where a step is bound by per-call costs, not its GEMMs.
+SMALL_SHAPES = ("seed000", "seed001", "batch64", "run")
 
+# Clean rounds per case: at least REPS, more where a round is short, up to ROUND_S seconds
+# of rounds (a part of a few microseconds needs many steps for a steady median), at most
+# MAX_REPS.
 REPS = 3 if timing.QUICK else 11
+ROUND_S = 0.05 if timing.QUICK else 0.3
+MAX_REPS = 30 if timing.QUICK else 200
 
 
 def order_parts(names) -> list:
@@ -42,21 +59,22 @@ def order_parts(names) -> list:
 
 def instrumented_step(case: dict):
     """cases.step_fn's step inside ``record(timed=True)``: returns (wall seconds of the step,
-    {phase: seconds} for the whole calls, {ops name: seconds} and {ops name: calls} of the
-    kernels that forward and backward called)."""
+    {phase: seconds} for each call of PHASES, {ops name: seconds} and {ops name: calls} of the
+    kernels that forward and backward called, {phase: kernels.ops calls made inside it})."""
     module, x, target = case["module"], case["x"], case["target"]
-    fwd, bwd, zero = module.forward, module.backward, module.zero_grad
+    fwd, bwd = module.forward, module.backward
     lfwd, lbwd, ostep = case["loss"].forward, case["loss"].backward, case["opt"].step
     clock = time.perf_counter
 
     def run():
-        phase, kernel_s, kernel_n = {}, {}, {}
+        phase, kernel_s, kernel_n, ops_n = {}, {}, {}, {}
         with record(timed=True) as rec:
-            def timed(name, f, *args):
+            def timed(name, f, *args, **kwargs):
                 n0 = len(rec.calls)
                 t0 = clock()
-                res = f(*args)
+                res = f(*args, **kwargs)
                 phase[name] = clock() - t0
+                ops_n[name] = len(rec.calls) - n0
                 if name in SPLIT:
                     for c in rec.calls[n0:]:
                         kernel_s[c.name] = kernel_s.get(c.name, 0.0) + c.seconds
@@ -68,10 +86,9 @@ def instrumented_step(case: dict):
             timed("loss fwd", lfwd, y, target)
             g = timed("loss bwd", lbwd)
             timed("backward", bwd, g)
-            timed("optimizer step", ostep)
-            timed("zero_grad", zero)
+            timed(OPTIMIZER, ostep, zero_grad=True)  # as cases.step_fn and fit
             wall = clock() - t_start
-        return wall, phase, kernel_s, kernel_n
+        return wall, phase, kernel_s, kernel_n, ops_n
     return run
 
 
@@ -79,22 +96,30 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def profile_case(block: str, shape_name="large", reps: int = REPS, dtype=None) -> dict:
+def _reps_for(round_s: float) -> int:
+    return max(REPS, min(MAX_REPS, int(ROUND_S / max(round_s, 1e-7))))
+
+
+def profile_case(block: str, shape_name="large", reps: int | None = None, dtype=None) -> dict:
     """Profile of one case: medians (seconds) of the floor, the plain step, the instrumented
-    step and each part, over ``reps`` undisturbed rounds (more rounds are run, up to
-    2 reps + 3, to replace disturbed ones; all rounds, flagged, when too few are clean).
-    ``parts``: one entry per ops name the forward and backward called, OTHER, and WHOLE;
-    ``calls``: how many times forward + backward called each ops name."""
+    step and each part, over ``reps`` undisturbed rounds (default: sized from a warm-up
+    round, see ROUND_S; more rounds are run, up to 2 reps + 3, to replace disturbed ones; all
+    rounds, flagged, when too few are clean). ``parts``: one entry per ops name the forward
+    and backward called, OTHER, and WHOLE; ``calls``: calls per step of each part (forward +
+    backward's calls of each ops name; 1 for each whole call); ``ops_calls``: kernels.ops
+    calls per step made inside each phase of PHASES, ``ops_calls_total`` their sum."""
     import numpy as np
     case = cases.build_case(block, shape_name, dtype or np.float32)
     floor = floors.replay_fn(case["fwd_bwd"])  # the block's GEMM calls on its own buffers
     plain = case["step"]
     instr = instrumented_step(case)
 
-    timing.warm_up(plain)
-    timing.warm_up(floor, floor.restore)  # back to back: restored (floors.replay_fn)
+    t_plain = timing.warm_up(plain)
+    t_floor = timing.warm_up(floor, floor.restore)  # back to back: restored (floors.replay_fn)
     for _ in range(2):
-        instr()
+        t_instr = instr()[0]
+    if reps is None:
+        reps = _reps_for(t_plain + t_floor + t_instr)
     p = timing.probe()
     p.refresh()
     clock = time.perf_counter
@@ -110,7 +135,7 @@ def profile_case(block: str, shape_name="large", reps: int = REPS, dtype=None) -
         for what in ("floor", "plain", "instr")[len(rounds) % 3:] + \
                 ("floor", "plain", "instr")[:len(rounds) % 3]:
             if what == "instr":
-                r["instr"], phase, kernel_s, kernel_n = instr()
+                r["instr"], phase, kernel_s, kernel_n, ops_n = instr()
             else:
                 t0 = clock()
                 (floor if what == "floor" else plain)()
@@ -120,7 +145,7 @@ def profile_case(block: str, shape_name="large", reps: int = REPS, dtype=None) -
         # Forward's and backward's own time, outside every recorded kernel.
         parts[OTHER] = sum(phase[k] for k in SPLIT) - sum(kernel_s.values())
         parts.update({k: phase[k] for k in WHOLE})
-        r["parts"], r["calls"] = parts, kernel_n
+        r["parts"], r["calls"], r["ops_calls"] = parts, kernel_n, ops_n
         r["fwd_bwd"] = sum(phase[k] for k in SPLIT)
         if len(rounds) >= reps:  # a replacement round
             timing.spend_extra(clock() - t_round)
@@ -132,6 +157,8 @@ def profile_case(block: str, shape_name="large", reps: int = REPS, dtype=None) -
     parts = {label: _median([r["parts"].get(label, 0.0) for r in use])
              for label in kernels_seen + [OTHER] + list(WHOLE)}
     calls = {k: use[0]["calls"].get(k, 0) for k in kernels_seen}
+    calls.update({k: 1 for k in WHOLE})
+    ops_calls = {k: use[0]["ops_calls"].get(k, 0) for k in PHASES}
     why: dict = {}
     for w in reasons:
         if w is not None:
@@ -142,24 +169,57 @@ def profile_case(block: str, shape_name="large", reps: int = REPS, dtype=None) -
                 step=_median([r["plain"] for r in use]),
                 step_instrumented=_median([r["instr"] for r in use]),
                 fwd_bwd=_median([r["fwd_bwd"] for r in use]), parts=parts, calls=calls,
+                ops_calls=ops_calls, ops_calls_total=sum(ops_calls.values()),
                 kept=[len(clean), len(rounds)], fallback=fallback, dropped=why)
 
 
+def blocks_at(shape_name: str) -> tuple:
+    """The blocks ``cases.CASES`` benches at ``shape_name``, in its order."""
+    return tuple(b for b, s in cases.CASES if s == shape_name)
+
+
+def selected(shapes, blocks=None) -> list:
+    """(block, shape) pairs to profile: for each shape the blocks benched there (only those
+    in ``blocks`` when given); ValueError when nothing matches."""
+    for s in shapes:
+        if s not in cases.SHAPES:
+            raise ValueError(f"shape: expected one of {tuple(cases.SHAPES)}, got {s!r}")
+    for b in blocks or ():
+        cases.bench_block(b)  # ValueError for an unknown block
+    out = [(b, s) for s in shapes for b in blocks_at(s) if not blocks or b in blocks]
+    if not out:
+        raise ValueError(f"no bench case has block {list(blocks or [])} at shape {list(shapes)}; "
+                         f"cases: {cases.CASES}")
+    return out
+
+
 def profile_all(blocks=cases.TRANSFORMER_BLOCKS, shape_name: str = "large",
-                reps: int = REPS) -> list:
+                reps: int | None = None) -> list:
     return [profile_case(b, shape_name, reps) for b in blocks]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON here instead of stdout")
+    ap.add_argument("--shape", action="append", default=None,
+                    help=f"shape name, repeatable (default: large); one of {tuple(cases.SHAPES)}")
+    ap.add_argument("--small", action="store_true",
+                    help=f"add the small shapes {SMALL_SHAPES}")
     ap.add_argument("--block", action="append", default=None,
-                    help="block name, repeatable (default: the transformer blocks)")
-    ap.add_argument("--shape", default="large", help="shape name (default: large)")
-    ap.add_argument("--reps", type=int, default=REPS, help="clean rounds per block")
+                    help="block name, repeatable (default: every block benched at the shape)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help=f"clean rounds per case (default: {REPS} to {MAX_REPS}, sized to "
+                         f"~{ROUND_S:g} s of rounds)")
     args = ap.parse_args(argv)
+    shapes = list(args.shape or ([] if args.small else ["large"]))
+    if args.small:
+        shapes += [s for s in SMALL_SHAPES if s not in shapes]
+    try:
+        which = selected(shapes, args.block)
+    except ValueError as e:
+        ap.error(str(e))
     timing.settle()
-    res = profile_all(tuple(args.block or cases.TRANSFORMER_BLOCKS), args.shape, args.reps)
+    res = [profile_case(b, s, args.reps) for b, s in which]
     cases.write_json(res, args.out)
     return 0
 

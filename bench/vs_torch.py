@@ -80,12 +80,12 @@ def torch_module(block: str, shape):
             return self.lin2(self.act(self.lin1(x)))
 
     class GMLP(nn.Module):  # Z = GELU(X W_in), G = sigmoid(Z W_gate), P = Z W_proj, Y = (G*P) W_out
-        def __init__(self, d, f):
+        def __init__(self, d_in, d, f, d_out):
             super().__init__()
-            self.w_in = nn.Linear(d, d, bias=False)
+            self.w_in = nn.Linear(d_in, d, bias=False)
             self.w_gate = nn.Linear(d, f, bias=False)
             self.w_proj = nn.Linear(d, f, bias=False)
-            self.w_out = nn.Linear(f, d, bias=False)
+            self.w_out = nn.Linear(f, d_out, bias=False)
 
         def forward(self, x):
             z = nn.functional.gelu(self.w_in(x))
@@ -123,7 +123,8 @@ def torch_module(block: str, shape):
     if block.startswith("FFN"):
         return FFN(d, f, block.split("-")[1]), lin
     if block == "GMLP":
-        return GMLP(d, f), {"w_in.weight": ("W_in", True), "w_gate.weight": ("W_gate", True),
+        d_in, d_out = shape.dims.get("d_in", d), shape.dims.get("d_out", d)
+        return GMLP(d_in, d, f, d_out), {"w_in.weight": ("W_in", True), "w_gate.weight": ("W_gate", True),
                             "w_proj.weight": ("W_proj", True), "w_out.weight": ("W_out", True)}
     if block == "MLP":  # Linear -> ReLU -> ... -> Linear, as engine.layers.MLP with relu
         sizes, layers, pmap = shape.sizes, [], {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import platform
 import sys
 import tempfile
@@ -428,6 +429,45 @@ def _report_regression(out, names, r2, mae, extra, extra_name) -> None:
         print(line, file=out)
 
 
+# The GEMM time of one step (the "time" line): replays of its recorded GEMM calls, at least
+# GEMM_REPS[0], then until GEMM_BUDGET_S seconds of replays or GEMM_REPS[1] of them.
+GEMM_REPS = (3, 30)
+GEMM_BUDGET_S = 0.15
+
+
+def step_gemm_time(args, model, d_in: int, d_out: int, loss, xb, yb) -> tuple:
+    """``(median seconds, number)`` of the GEMMs of one training step of ``model`` on the batch
+    ``xb``, ``yb``: a copy of the model (built again from ``args``, the trained parameters
+    loaded) runs one forward, loss and backward inside ``kernels.instrument.record("gemm")``;
+    its recorded GEMM calls are replayed on the copy's own buffers, each replay after putting
+    back what the recorded calls left in their outputs (so replays cannot compound into
+    overflow or denormals). The trained model, its loss and optimizer are not touched."""
+    from kernels import ops
+    from kernels.instrument import record
+    twin = build_model(args, d_in, d_out, args.seed)
+    twin.load_state_dict(model.state_dict())
+    twin_loss = type(loss)()
+    with record("gemm") as rec:
+        twin_loss.forward(twin.forward(xb), yb)
+        twin.backward(twin_loss.backward())
+    calls = [c.args for c in rec.calls]
+    if not calls:
+        return None, 0
+    outputs = {id(a[0]): a[0] for a in calls}
+    saved = [(out, out.copy()) for out in outputs.values()]
+    gemm, clock = ops.gemm, time.perf_counter  # the real kernel again, outside the record
+    times: list = []
+    while len(times) < GEMM_REPS[1] and (len(times) < GEMM_REPS[0]
+                                         or sum(times) < GEMM_BUDGET_S):
+        for out, values in saved:
+            np.copyto(out, values)
+        t0 = clock()
+        for a in calls:
+            gemm(*a)
+        times.append(clock() - t0)
+    return statistics.median(times), len(calls)
+
+
 def train(args) -> int:
     try:
         return _train(args)
@@ -542,6 +582,10 @@ def _train(args) -> int:
         print(f"\n{e}", file=sys.stderr)
         return 130
     t_fit = time.perf_counter() - t0
+    gemm_s = n_gemms = None
+    if comm is None and h.steps > 0:  # one process: the step's own GEMMs, for the time line
+        rows = bs or n
+        gemm_s, n_gemms = step_gemm_time(args, model, d_in, d_out, loss, X[:rows], Y[:rows])
     if args.early_stopping is not None:
         if 0 < stopper.stopped_epoch < args.epochs:
             print(f"early stop after epoch {stopper.stopped_epoch}: best val_loss "
@@ -584,8 +628,12 @@ def _train(args) -> int:
             print(f"(held-out: {HELD_OUT} fresh samples drawn with seed {args.seed + 1})",
                   file=out)
     rate = h.samples / t_fit if t_fit > 0 else float("inf")
-    print(f"time      {t_fit:.2f} s for {len(h)} epochs, {h.steps} steps "
-          f"({rate:,.0f} samples/s)", file=out)
+    line = f"time      {t_fit:.2f} s for {len(h)} epochs, {h.steps} steps ({rate:,.0f} samples/s)"
+    if gemm_s:
+        step_s = t_fit / h.steps
+        line += (f"; step {1e3 * step_s:.2f} ms = {step_s / gemm_s:.2f}x its {n_gemms} GEMMs "
+                 f"({1e3 * gemm_s:.2f} ms)")
+    print(line, file=out)
     if args.history and rank == 0:  # one writer per file
         if args.history.lower().endswith(".json"):
             h.to_json(args.history)

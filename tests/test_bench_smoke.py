@@ -439,16 +439,29 @@ class _FakeModule:
 
 def test_instrumented_step_parts_are_forward_and_backward_kernels():
     # Check that the instrumented step counts, as parts, the kernels forward and backward
-    # call (one gemm, one colsum) and not those of the loss or optimizer (whole calls).
+    # call (one gemm, one colsum) and not those of the loss or optimizer (whole calls); that
+    # the optimizer is called as fit calls it, step(zero_grad=True), with no separate
+    # zero_grad part; and that the kernels.ops calls are counted per phase (loss forward 1,
+    # optimizer 2, loss backward none).
     m = _FakeModule()
     out = np.empty((2, 2))
     loss = SimpleNamespace(forward=lambda y, t: ops.gemm(out, m.a, m.a, False, False, 1.0, 0.0),
                            backward=lambda: np.ones((2, 2)))
-    opt = SimpleNamespace(step=lambda: ops.gemm(out, m.a, m.a, False, False, 1.0, 0.0))
-    case = dict(module=m, x=np.ones((2, 2)), target=None, loss=loss, opt=opt)
-    wall, phase, kernel_s, kernel_n = step_profile.instrumented_step(case)()
+    seen = []
+
+    def step(zero_grad=False):
+        seen.append(zero_grad)
+        ops.gemm(out, m.a, m.a, False, False, 1.0, 0.0)
+        ops.colsum(np.zeros(2), out, 1.0)
+    case = dict(module=m, x=np.ones((2, 2)), target=None, loss=loss,
+                opt=SimpleNamespace(step=step))
+    wall, phase, kernel_s, kernel_n, ops_n = step_profile.instrumented_step(case)()
     assert kernel_n == {"gemm": 1, "colsum": 1}
-    assert set(phase) == {"forward", "backward", *step_profile.WHOLE}
+    assert set(phase) == {"forward", "backward", "loss fwd", "loss bwd",
+                          "optimizer step (+zero_grad)"}
+    assert seen == [True]
+    assert ops_n == {"forward": 1, "backward": 1, "loss fwd": 1, "loss bwd": 0,
+                     "optimizer step (+zero_grad)": 2}
     assert sum(phase.values()) <= wall
 
 
@@ -463,6 +476,7 @@ def test_profile_of_a_tiny_sublayer_step(monkeypatch):
     assert r["calls"]["layernorm_forward"] == 1 and r["calls"]["layernorm_backward"] == 1
     assert "gate_forward" not in r["calls"]
     assert list(r["parts"])[0] == "gemm"
+    assert "zero_grad" not in r["parts"] and r["calls"]["optimizer step (+zero_grad)"] == 1
     assert all(v is not None and v >= 0 for v in r["parts"].values())
     assert r["kept"][1] >= 2 and r["floor"] > 0 and r["step"] > 0
     assert sum(r["parts"].values()) == pytest.approx(r["step_instrumented"], rel=0.2)

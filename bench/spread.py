@@ -1,0 +1,215 @@
+"""Run-to-run spread of the small training steps: the same step timed in fresh processes.
+
+A small step's time can differ more from one process to the next (where its buffers land,
+how the BLAS threads and the thread pool come up) than within one process, where the rest of
+the bench times it. ``python bench/spread.py [--quick] [--runs N] [--threads 1 2]`` launches
+RUNS fresh processes per thread count (``BLASNET_NUM_THREADS``), interleaved 1, 2, 1, 2, ...
+so that a drift of the machine reaches both. Each process builds the cases of
+``cases.SMALL_CASES`` one after the other, warms each up (``timing.warm_up``) and times its
+full training step (``cases.step_fn``, the step of ``engine.train.fit``): the median over the
+undisturbed steps (``timing.CpuProbe``) of STEPS steps or STEP_S seconds of them, whichever
+is less. The report gives, per case and thread count, the min / median / max of the
+per-process medians and the spread (max - min) / median, against SPREAD_MAX. The JSON
+(every process's medians) goes to bench/results/spread.json; ``--report-only`` re-prints it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, bench/ itself is sys.path[0]; the package is imported as "bench" instead.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import cases  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+SPREAD_MAX = 0.15  # (max - min) / median of the per-process medians
+# (processes per thread count, steps per case at most, seconds of steps per case at most,
+# steps per case at least): full and quick.
+SETTINGS = {False: (5, 200, 0.3, 10), True: (3, 50, 0.1, 5)}
+
+
+# ----------------------------------------------------------------------------- child
+def measure(block: str, shape: str, steps: int, seconds: float, min_steps: int) -> dict:
+    """One case in this process: the median over the undisturbed of ``n`` timed steps, n =
+    ``seconds`` / (time of the last warm-up step), between ``min_steps`` and ``steps``."""
+    from bench import timing
+    c = cases.build_case(block, shape)
+    step = c["step"]
+    per_call = timing.warm_up(step)
+    n = max(min_steps, min(steps, int(seconds / max(per_call, 1e-7))))
+    times, reasons = timing.timed_rounds(step, n)
+    m = timing.clean_median(times, reasons)
+    return dict(block=block, shape=shape, median=m.value, kept=[m.kept, m.total],
+                fallback=m.fallback, dropped=dict(m.why))
+
+
+def child(quick: bool, which) -> dict:
+    """Every case of ``which`` in this process, at the thread count it was started with."""
+    import kernels
+    from bench import timing
+    _, steps, seconds, min_steps = SETTINGS[quick]
+    waited = timing.settle()
+    rows = [measure(b, s, steps, seconds, min_steps) for b, s in which]
+    return dict(threads=kernels.get_num_threads(), pid=os.getpid(), settle_s=waited, cases=rows)
+
+
+# ----------------------------------------------------------------------------- parent
+def child_env(threads: int, quick: bool) -> dict:
+    """The thread count set before the child imports anything (BLASNET_NUM_THREADS is read at
+    import), and the bench's quick mode for its warm-up and settle times."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "BLASNET_BENCH_QUICK")}
+    env["BLASNET_NUM_THREADS"] = str(threads)
+    if quick:
+        env["BLASNET_BENCH_QUICK"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_child(threads: int, quick: bool, which, echo=print) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child"] + ["--quick"] * quick
+    for b, s in which:
+        cmd += ["--case", f"{b}:{s}"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(threads, quick), capture_output=True,
+                          text=True)
+    echo(f"  [spread, threads={threads}] exit {proc.returncode} after "
+         f"{time.perf_counter() - t0:.0f} s")
+    if proc.returncode != 0:
+        raise RuntimeError(f"spread: the child at {threads} threads failed (exit "
+                           f"{proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def run_all(runs: int, threads, quick: bool, which, echo=print) -> list:
+    """``runs`` children per thread count, the thread counts interleaved; their results."""
+    out = []
+    for _ in range(runs):
+        for t in threads:
+            out.append(run_child(t, quick, which, echo))
+    return out
+
+
+def summarize(results: list) -> list:
+    """Per case (in cases.CASES order) and thread count: the per-process medians (seconds),
+    their min / median / max, spread = (max - min) / median, and whether any of them is a
+    fallback median (too few undisturbed steps)."""
+    groups: dict = {}
+    for r in results:
+        for c in r["cases"]:
+            g = groups.setdefault((c["block"], c["shape"], r["threads"]), [])
+            g.append(c)
+    order = {c: i for i, c in enumerate(cases.CASES)}
+    rows = []
+    for (block, shape, thr), cs in sorted(groups.items(), key=lambda kv: (
+            order.get(kv[0][:2], len(order)), kv[0][2])):
+        meds = [c["median"] for c in cs]
+        mid = statistics.median(meds)
+        rows.append(dict(block=block, shape=shape, threads=thr, medians=meds, min=min(meds),
+                         median=mid, max=max(meds),
+                         spread=(max(meds) - min(meds)) / mid if mid > 0 else None,
+                         noisy=any(c["fallback"] for c in cs)))
+    return rows
+
+
+def format_report(rows: list, runs: int, quick: bool) -> str:
+    _, steps, seconds, _ = SETTINGS[quick]
+    lines = [f"RUN-TO-RUN SPREAD of the full training step (bench/spread.py"
+             f"{' --quick' if quick else ''}): {runs} fresh processes\nper thread count, each "
+             f"timing every small case once: the median over the undisturbed\nof up to {steps} "
+             f"steps or {seconds:g} s of steps. min / median / max = of those per-process\n"
+             f"medians (ms); spread = (max - min) / median, target <= {100 * SPREAD_MAX:.0f}%. "
+             f"Shapes as in BLOCKS (bench/run.py)."]
+    hdr = ["block", "shape", "thr", "min ms", "median ms", "max ms", "spread", "",
+           "each process's median (ms), in run order"]
+    body = []
+    for r in rows:
+        met = r["spread"] is not None and r["spread"] <= SPREAD_MAX
+        body.append([r["block"], r["shape"], r["threads"], f"{1e3 * r['min']:.3f}",
+                     f"{1e3 * r['median']:.3f}", f"{1e3 * r['max']:.3f}",
+                     "-" if r["spread"] is None else
+                     f"{100 * r['spread']:.1f}%" + ("*" if r["noisy"] else ""),
+                     "met" if met else "MISSED",
+                     " ".join(f"{1e3 * m:.3f}" for m in r["medians"])])
+    from bench.run import table  # the bench's one table layout
+    lines.append(table(hdr, body, left=2))
+    ok = sum(1 for r in rows if r["spread"] is not None and r["spread"] <= SPREAD_MAX)
+    lines.append(f"{ok}/{len(rows)} within {100 * SPREAD_MAX:.0f}%.")
+    if any(r["noisy"] for r in rows):
+        lines.append("* = some process had fewer than 3 undisturbed steps: its median is over "
+                     "all of them.")
+    return "\n".join(lines)
+
+
+def parse_cases(items) -> list:
+    """``--case BLOCK:SHAPE`` options as (block, shape) pairs from cases.CASES, or all of
+    cases.SMALL_CASES; ValueError naming the bad item."""
+    if not items:
+        return list(cases.SMALL_CASES)
+    out = []
+    for item in items:
+        block, _, shape = item.partition(":")
+        if (block, shape) not in cases.CASES:
+            raise ValueError(f"--case: expected BLOCK:SHAPE of a bench case, got {item!r}; "
+                             f"cases: {', '.join(f'{b}:{s}' for b, s in cases.CASES)}")
+        out.append((block, shape))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{SETTINGS[True][0]} processes per thread count, shorter timings")
+    ap.add_argument("--runs", type=int, default=None,
+                    help=f"processes per thread count (default {SETTINGS[False][0]}, quick "
+                         f"{SETTINGS[True][0]})")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--case", action="append", default=None, metavar="BLOCK:SHAPE",
+                    help="only this case, repeatable (default: every case but the large shape)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "spread.json",
+                    help="JSON of every process's medians and the summary")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing; print the report from --out")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    try:
+        which = parse_cases(args.case)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.runs is not None and args.runs < 1:
+        ap.error(f"--runs: expected a positive integer, got {args.runs}")
+    if args.child:
+        cases.write_json(child(args.quick, which))
+        return 0
+    if args.report_only:
+        data = json.loads(args.out.read_text())
+        print(format_report(data["summary"], data["runs"], data["quick"]))
+        return 0
+    runs = args.runs or SETTINGS[args.quick][0]
+    t0 = time.perf_counter()
+    print(f"blasnet spread{' (quick)' if args.quick else ''}: {runs} processes x threads "
+          f"{tuple(args.threads)}, {len(which)} cases each", flush=True)
+    results = run_all(runs, args.threads, args.quick, which,
+                      echo=lambda s: print(s, flush=True))
+    rows = summarize(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(dict(runs=runs, quick=args.quick, threads=args.threads,
+                                        processes=results, summary=rows), indent=1))
+    print()
+    print(format_report(rows, runs, args.quick))
+    print(f"\nspread finished in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
