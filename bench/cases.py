@@ -196,3 +196,19 @@ def write_json(obj, path=None) -> None:
             f.write(text)
     else:
         sys.stdout.write(text + "\n")
+
+
+def child_env(threads: int, quick: bool) -> dict:
+    """The environment of a bench child process: ``threads`` set before it imports anything
+    (BLASNET_NUM_THREADS is read at import, OpenBLAS's own variables removed so that it
+    wins), the bench's quick mode, and the repository on its import path."""
+    import os
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "BLASNET_BENCH_QUICK")}
+    env["BLASNET_NUM_THREADS"] = str(threads)
+    if quick:
+        env["BLASNET_BENCH_QUICK"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env

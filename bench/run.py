@@ -56,16 +56,6 @@ MEMORY_RATIO_MAX = 1.25
 
 
 # ----------------------------------------------------------------------------- running
-def _child_env(threads: int, quick: bool) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "BLASNET_BENCH_QUICK")}
-    env["BLASNET_NUM_THREADS"] = str(threads)
-    if quick:
-        env["BLASNET_BENCH_QUICK"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
 def run_pytest(threads: int, quick: bool, out_json: Path, select: str | None = None,
                files=BENCH_FILES, echo=print) -> int:
     """One pytest-benchmark process at ``threads`` threads; progress lines are echoed,
@@ -76,7 +66,7 @@ def run_pytest(threads: int, quick: bool, out_json: Path, select: str | None = N
         cmd += ["-k", select]
     out_json.unlink(missing_ok=True)  # never report a previous run's numbers as this one's
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(threads, quick),
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cases.child_env(threads, quick),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in proc.stdout:
@@ -98,7 +88,7 @@ def run_profile(out_json: Path, threads: int, quick: bool, echo=print, options=(
     out_json.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.step_profile", "--out", str(out_json), *options]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(threads, quick), capture_output=True,
+    proc = subprocess.run(cmd, cwd=ROOT, env=cases.child_env(threads, quick), capture_output=True,
                           text=True)
     echo(f"  [{label}, threads={threads}] exit {proc.returncode} after "
          f"{time.perf_counter() - t0:.0f} s")
@@ -114,7 +104,8 @@ def run_memory(out_json: Path, which=None, echo=print) -> int:
     for block, shape in which or ():
         cmd += ["--case", f"{block}:{shape}"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(1, False), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=cases.child_env(1, False), capture_output=True,
+                          text=True)
     echo(f"  [memory] exit {proc.returncode} after {time.perf_counter() - t0:.0f} s")
     if proc.returncode != 0:
         echo(proc.stdout[-3000:] + proc.stderr[-3000:])

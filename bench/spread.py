@@ -64,24 +64,12 @@ def child(quick: bool, which) -> dict:
 
 
 # ----------------------------------------------------------------------------- parent
-def child_env(threads: int, quick: bool) -> dict:
-    """The thread count set before the child imports anything (BLASNET_NUM_THREADS is read at
-    import), and the bench's quick mode for its warm-up and settle times."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "BLASNET_BENCH_QUICK")}
-    env["BLASNET_NUM_THREADS"] = str(threads)
-    if quick:
-        env["BLASNET_BENCH_QUICK"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
 def run_child(threads: int, quick: bool, which, echo=print) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child"] + ["--quick"] * quick
     for b, s in which:
         cmd += ["--case", f"{b}:{s}"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(threads, quick), capture_output=True,
+    proc = subprocess.run(cmd, cwd=ROOT, env=cases.child_env(threads, quick), capture_output=True,
                           text=True)
     echo(f"  [spread, threads={threads}] exit {proc.returncode} after "
          f"{time.perf_counter() - t0:.0f} s")
