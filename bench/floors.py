@@ -16,7 +16,7 @@ import contextlib
 import numpy as np
 
 from kernels import ops
-from kernels.instrument import record
+from kernels.instrument import record, replay
 
 from bench import cases
 
@@ -64,27 +64,7 @@ def replay_fn(fn):
     block's own call rewrites those buffers, so a floor alternating with the block stays
     put; a floor timed alone calls ``run.restore()`` (untimed) first, which copies back every
     output as the recorded call left it."""
-    with record(["gemm"]) as rec:
-        fn()
-    calls = tuple(c.args for c in rec.of("gemm"))
-    if not calls:
-        raise RuntimeError("replay_fn: the function made no GEMM call through kernels.ops.gemm")
-    gemm = ops.gemm  # the with block has put the real kernel back: replay calls it directly
-    outputs = {}
-    for args in calls:  # one snapshot per output array (an array may be written twice)
-        outputs.setdefault(id(args[0]), args[0])
-    saved = tuple((out, out.copy()) for out in outputs.values())
-
-    def run():
-        for args in calls:
-            gemm(*args)
-
-    def restore():
-        for out, values in saved:
-            np.copyto(out, values)
-    run.calls = calls
-    run.restore = restore
-    return run
+    return replay(fn, "gemm")
 
 
 # gemm's defaults after (out, a, b): a recorded call holds only the arguments passed.

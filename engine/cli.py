@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -442,30 +442,27 @@ def step_gemm_time(args, model, d_in: int, d_out: int, loss, xb, yb) -> tuple:
     its recorded GEMM calls are replayed on the copy's own buffers, each replay after putting
     back what the recorded calls left in their outputs (so replays cannot compound into
     overflow or denormals). The trained model, its loss and optimizer are not touched."""
-    from kernels import ops
-    from kernels.instrument import record
+    from kernels.instrument import replay
     twin = build_model(args, d_in, d_out, args.seed)
     twin.load_state_dict(model.state_dict())
     twin_loss = type(loss)()
-    with record("gemm") as rec:
+
+    def step():
         twin_loss.forward(twin.forward(xb), yb)
         twin.backward(twin_loss.backward())
-    calls = [c.args for c in rec.calls]
-    if not calls:
+    try:
+        run = replay(step, "gemm")
+    except RuntimeError:  # no GEMM in the model
         return None, 0
-    outputs = {id(a[0]): a[0] for a in calls}
-    saved = [(out, out.copy()) for out in outputs.values()]
-    gemm, clock = ops.gemm, time.perf_counter  # the real kernel again, outside the record
+    clock = time.perf_counter
     times: list = []
     while len(times) < GEMM_REPS[1] and (len(times) < GEMM_REPS[0]
                                          or sum(times) < GEMM_BUDGET_S):
-        for out, values in saved:
-            np.copyto(out, values)
+        run.restore()
         t0 = clock()
-        for a in calls:
-            gemm(*a)
+        run()
         times.append(clock() - t0)
-    return statistics.median(times), len(calls)
+    return statistics.median(times), len(run.calls)
 
 
 def train(args) -> int:

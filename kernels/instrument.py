@@ -16,9 +16,11 @@ import threading
 import time
 from typing import NamedTuple
 
+import numpy as np
+
 from . import ops
 
-__all__ = ["Call", "Recording", "record"]
+__all__ = ["Call", "Recording", "record", "replay"]
 
 
 class Call(NamedTuple):
@@ -120,3 +122,33 @@ def record(names=None, timed: bool = False):
             setattr(ops, n, fn)
         with _lock:
             _active[0] = False
+
+
+def replay(fn, name: str = "gemm"):
+    """A callable replaying the ``kernels.ops.<name>`` calls one ``fn()`` makes (``fn`` runs
+    once here, recorded) with the same arguments and arrays. ``run.calls`` holds the
+    recorded argument tuples; ``run.restore()`` copies back into every call's output (its
+    first argument) what the recorded calls left there: replays of calls that read each
+    other's outputs compound (into overflow or denormals) unless restored between them.
+    Raises RuntimeError if ``fn`` made no such call."""
+    with record(name) as rec:
+        fn()
+    calls = tuple(c.args for c in rec.calls)
+    if not calls:
+        raise RuntimeError(f"replay: the function made no call through kernels.ops.{name}")
+    kernel = getattr(ops, name)  # the real kernel again, outside the record block
+    outputs: dict = {}
+    for args in calls:  # one snapshot per output array (an array may be written twice)
+        outputs.setdefault(id(args[0]), args[0])
+    saved = tuple((out, out.copy()) for out in outputs.values())
+
+    def run():
+        for args in calls:
+            kernel(*args)
+
+    def restore():
+        for out, values in saved:
+            np.copyto(out, values)
+    run.calls = calls
+    run.restore = restore
+    return run

@@ -155,3 +155,23 @@ def test_unknown_names_raise_value_error_and_change_nothing(names):
     with instrument.record("gemm") as rec:  # not left in the recording state
         pass
     assert rec.calls == []
+
+
+def test_replay_repeats_the_recorded_calls_and_restore_puts_outputs_back():
+    # Check that replay runs the recorded gemm calls again on the same arrays (an
+    # accumulating call adds its product once more per replay), that restore() puts back
+    # what the recorded calls left, and that a function without such calls is refused.
+    from kernels.instrument import replay
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((4, 3))
+    b = rng.standard_normal((3, 5))
+    acc = np.zeros((4, 5))
+    run = replay(lambda: ops.gemm(acc, a, b, False, False, 1.0, 1.0))
+    np.testing.assert_allclose(acc, a @ b, rtol=1e-12)
+    assert len(run.calls) == 1
+    run()
+    np.testing.assert_allclose(acc, 2 * (a @ b), rtol=1e-12)
+    run.restore()
+    np.testing.assert_allclose(acc, a @ b, rtol=1e-12)
+    with pytest.raises(RuntimeError, match="no call"):
+        replay(lambda: None)
