@@ -212,3 +212,17 @@ def child_env(threads: int, quick: bool) -> dict:
         env["BLASNET_BENCH_QUICK"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
+
+
+def run_child(cmd, threads: int, quick: bool, label: str, echo=print):
+    """Run ``cmd`` (a bench child process) in the repository with ``child_env(threads,
+    quick)``, its output captured; echo one line with its exit status and duration. Returns
+    the ``subprocess.CompletedProcess``."""
+    import subprocess
+    import time
+    from pathlib import Path
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1],
+                          env=child_env(threads, quick), capture_output=True, text=True)
+    echo(f"  [{label}] exit {proc.returncode} after {time.perf_counter() - t0:.0f} s")
+    return proc

@@ -87,11 +87,7 @@ def run_profile(out_json: Path, threads: int, quick: bool, echo=print, options=(
     ``options``: its command-line options (default: the large shape)."""
     out_json.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.step_profile", "--out", str(out_json), *options]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=cases.child_env(threads, quick), capture_output=True,
-                          text=True)
-    echo(f"  [{label}, threads={threads}] exit {proc.returncode} after "
-         f"{time.perf_counter() - t0:.0f} s")
+    proc = cases.run_child(cmd, threads, quick, f"{label}, threads={threads}", echo)
     if proc.returncode != 0:
         echo(proc.stdout[-3000:] + proc.stderr[-3000:])
     return proc.returncode
@@ -103,10 +99,7 @@ def run_memory(out_json: Path, which=None, echo=print) -> int:
     cmd = [sys.executable, "-m", "bench.memory", "--out", str(out_json)]
     for block, shape in which or ():
         cmd += ["--case", f"{block}:{shape}"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=cases.child_env(1, False), capture_output=True,
-                          text=True)
-    echo(f"  [memory] exit {proc.returncode} after {time.perf_counter() - t0:.0f} s")
+    proc = cases.run_child(cmd, 1, False, "memory", echo)
     if proc.returncode != 0:
         echo(proc.stdout[-3000:] + proc.stderr[-3000:])
     return proc.returncode

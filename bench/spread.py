@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,11 +67,7 @@ def run_child(threads: int, quick: bool, which, echo=print) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child"] + ["--quick"] * quick
     for b, s in which:
         cmd += ["--case", f"{b}:{s}"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=cases.child_env(threads, quick), capture_output=True,
-                          text=True)
-    echo(f"  [spread, threads={threads}] exit {proc.returncode} after "
-         f"{time.perf_counter() - t0:.0f} s")
+    proc = cases.run_child(cmd, threads, quick, f"spread, threads={threads}", echo)
     if proc.returncode != 0:
         raise RuntimeError(f"spread: the child at {threads} threads failed (exit "
                            f"{proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
