@@ -639,9 +639,12 @@ class Activation:
             if not callable(getattr(self, field)):
                 raise TypeError(f"activation {self.name!r}: {field}: expected a callable, got "
                                 f"{getattr(self, field)!r}")
-        if isinstance(self.passes, bool) or not isinstance(self.passes, int) or self.passes < 1:
+        if isinstance(self.passes, bool) or not isinstance(self.passes, int):
+            raise TypeError(f"activation {self.name!r}: passes: expected an int, got "
+                            f"{self.passes!r}")
+        if self.passes < 1:
             raise ValueError(f"activation {self.name!r}: passes: expected an int >= 1, got "
-                             f"{self.passes!r}")
+                             f"{self.passes}")
         if not isinstance(self.sign_from_output, bool):
             raise TypeError(f"activation {self.name!r}: sign_from_output: expected a bool, got "
                             f"{self.sign_from_output!r}")

@@ -59,7 +59,8 @@ def _slot_scratch(dtype, k, blk):
             for s in range(k)]
 
 
-def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False, passes=_ADAMW_PASSES):
+def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False,
+         passes=_ADAMW_PASSES):
     """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over every
     ``(arrays, consts)`` item: one pass over the items' concatenated elements (``total`` in
     all), split over blasnet's threads in ``block_bytes`` blocks when large, else inline in
@@ -71,16 +72,11 @@ def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False, pas
     k = _par.threads_for(total, passes=passes)
     if k == 1:
         block_bytes = _BLOCK_BYTES
-    # Split: at least 4 blocks a thread, so that a thread that starts late (kernels.parallel)
-    # leaves no long tail to the others.
-    quarter = -(-total // (4 * k)) if k > 1 else total
     plan, nblocks, scratch_of = [], 0, {}
     for arrays, consts in items:
         a0 = arrays[0]
         dt, n = a0.dtype, a0.size
-        line = _ALIGN // dt.itemsize  # blocks of whole cache lines
-        blk = min(block_bytes // dt.itemsize, max(_BLOCK_BYTES // 4 // dt.itemsize, quarter))
-        blk = -(-blk // line) * line
+        blk = block_bytes // dt.itemsize
         sc = scratch_of.get(dt)
         if sc is None:  # [(scratch_a, scratch_b) per slot]
             sc = scratch_of[dt] = bundle(("optim", dt, k, blk), _slot_scratch, dt, k, blk)
