@@ -8,9 +8,11 @@ so that a drift of the machine reaches both. Each process builds the cases of
 ``cases.SMALL_CASES`` one after the other, warms each up (``timing.warm_up``) and times its
 full training step (``cases.step_fn``, the step of ``engine.train.fit``): the median over the
 undisturbed steps (``timing.CpuProbe``) of STEPS steps or STEP_S seconds of them, whichever
-is less. The report gives, per case and thread count, the min / median / max of the
-per-process medians and the spread (max - min) / median, against SPREAD_MAX. The JSON
-(every process's medians) goes to bench/results/spread.json; ``--report-only`` re-prints it.
+is less, each step paired with its GEMM floor (the baseline measured in the same run). The
+report gives, per case and thread count, the min / median / max of the per-process medians
+and the spread (max - min) / median, against SPREAD_MAX, beside the spreads of the floor and
+of step / floor. The JSON (every process's medians) goes to bench/results/spread.json;
+``--report-only`` re-prints it.
 """
 from __future__ import annotations
 
@@ -32,24 +34,33 @@ from bench import cases  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SPREAD_MAX = 0.15  # (max - min) / median of the per-process medians
-# (processes per thread count, steps per case at most, seconds of steps per case at most,
-# steps per case at least): full and quick.
+# (processes per thread count, step/floor pairs per case at most, seconds of steps per case
+# at most, pairs per case at least): full and quick.
 SETTINGS = {False: (5, 200, 0.3, 10), True: (3, 50, 0.1, 5)}
 
 
 # ----------------------------------------------------------------------------- child
 def measure(block: str, shape: str, steps: int, seconds: float, min_steps: int) -> dict:
-    """One case in this process: the median over the undisturbed of ``n`` timed steps, n =
-    ``seconds`` / (time of the last warm-up step), between ``min_steps`` and ``steps``."""
-    from bench import timing
+    """One case in this process: ``n`` alternating pairs of its training step and of its
+    GEMM floor (the GEMMs of one forward + backward replayed on the block's own buffers,
+    ``floors.replay_fn``), n = ``seconds`` / (time of the last warm-up step), between
+    ``min_steps`` and ``steps``; the medians over the undisturbed pairs of the step, of the
+    floor and of step / floor. The floor is the machine's own spread for the same GEMMs in
+    the same process: a process that runs slow runs both slow, and the ratio cancels it."""
+    from bench import floors, timing
     c = cases.build_case(block, shape)
     step = c["step"]
+    floor = floors.replay_fn(c["fwd_bwd"])
     per_call = timing.warm_up(step)
+    timing.warm_up(floor, floor.restore)  # back to back: restored first (floors.replay_fn)
     n = max(min_steps, min(steps, int(seconds / max(per_call, 1e-7))))
-    times, reasons = timing.timed_rounds(step, n)
-    m = timing.clean_median(times, reasons)
+    t_step, t_floor, reasons = timing.paired_rounds(step, floor, n)
+    m = timing.clean_median(t_step, reasons)
     return dict(block=block, shape=shape, median=m.value, kept=[m.kept, m.total],
-                fallback=m.fallback, dropped=dict(m.why))
+                fallback=m.fallback, dropped=dict(m.why),
+                floor=timing.clean_median(t_floor, reasons).value,
+                ratio=timing.clean_median([a / b for a, b in zip(t_step, t_floor)],
+                                          reasons).value)
 
 
 def child(quick: bool, which) -> dict:
@@ -83,10 +94,19 @@ def run_all(runs: int, threads, quick: bool, which, echo=print) -> list:
     return out
 
 
+def _stats(values) -> dict:
+    """min / median / max of ``values`` and spread = (max - min) / median (None if median 0)."""
+    mid = statistics.median(values)
+    return dict(min=min(values), median=mid, max=max(values),
+                spread=(max(values) - min(values)) / mid if mid > 0 else None)
+
+
 def summarize(results: list) -> list:
-    """Per case (in cases.CASES order) and thread count: the per-process medians (seconds),
-    their min / median / max, spread = (max - min) / median, and whether any of them is a
-    fallback median (too few undisturbed steps)."""
+    """Per case (in cases.CASES order) and thread count: the per-process medians of the step
+    (seconds), their min / median / max, spread = (max - min) / median, whether any of them
+    is a fallback median (too few undisturbed steps), and the same statistics (``floor``,
+    ``ratio``: dicts with ``medians`` too) of the GEMM floor and of step / floor timed in the
+    same pairs (None for results without them)."""
     groups: dict = {}
     for r in results:
         for c in r["cases"]:
@@ -97,12 +117,17 @@ def summarize(results: list) -> list:
     for (block, shape, thr), cs in sorted(groups.items(), key=lambda kv: (
             order.get(kv[0][:2], len(order)), kv[0][2])):
         meds = [c["median"] for c in cs]
-        mid = statistics.median(meds)
-        rows.append(dict(block=block, shape=shape, threads=thr, medians=meds, min=min(meds),
-                         median=mid, max=max(meds),
-                         spread=(max(meds) - min(meds)) / mid if mid > 0 else None,
-                         noisy=any(c["fallback"] for c in cs)))
+        row = dict(block=block, shape=shape, threads=thr, medians=meds, **_stats(meds),
+                   noisy=any(c["fallback"] for c in cs))
+        for key in ("floor", "ratio"):
+            vals = [c.get(key) for c in cs]
+            row[key] = (None if None in vals else dict(medians=vals, **_stats(vals)))
+        rows.append(row)
     return rows
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def format_report(rows: list, runs: int, quick: bool) -> str:
@@ -110,24 +135,36 @@ def format_report(rows: list, runs: int, quick: bool) -> str:
     lines = [f"RUN-TO-RUN SPREAD of the full training step (bench/spread.py"
              f"{' --quick' if quick else ''}): {runs} fresh processes\nper thread count, each "
              f"timing every small case once: the median over the undisturbed\nof up to {steps} "
-             f"steps or {seconds:g} s of steps. min / median / max = of those per-process\n"
-             f"medians (ms); spread = (max - min) / median, target <= {100 * SPREAD_MAX:.0f}%. "
-             f"Shapes as in BLOCKS (bench/run.py)."]
+             f"pairs (or {seconds:g} s) of a step and its GEMM floor, called alternately.\n"
+             f"min / median / max = of the per-process step medians (ms); spread = (max - min) "
+             f"/ median,\ntarget <= {100 * SPREAD_MAX:.0f}%. floor = the same spread of the "
+             f"step's own GEMMs replayed (the baseline:\nwhat the machine spreads on that "
+             f"work in the same processes); step/floor = the spread of\nthe per-process "
+             f"ratio, which a whole process running slow cancels. Shapes as in BLOCKS\n"
+             f"(bench/run.py)."]
     hdr = ["block", "shape", "thr", "min ms", "median ms", "max ms", "spread", "",
-           "each process's median (ms), in run order"]
+           "floor", "step/floor", "each process's median (ms), in run order"]
     body = []
     for r in rows:
         met = r["spread"] is not None and r["spread"] <= SPREAD_MAX
+        floor, ratio = r.get("floor"), r.get("ratio")
         body.append([r["block"], r["shape"], r["threads"], f"{1e3 * r['min']:.3f}",
                      f"{1e3 * r['median']:.3f}", f"{1e3 * r['max']:.3f}",
-                     "-" if r["spread"] is None else
-                     f"{100 * r['spread']:.1f}%" + ("*" if r["noisy"] else ""),
+                     _pct(r["spread"]) + ("*" if r["noisy"] and r["spread"] is not None
+                                          else ""),
                      "met" if met else "MISSED",
+                     _pct(floor and floor["spread"]), _pct(ratio and ratio["spread"]),
                      " ".join(f"{1e3 * m:.3f}" for m in r["medians"])])
     from bench.run import table  # the bench's one table layout
     lines.append(table(hdr, body, left=2))
     ok = sum(1 for r in rows if r["spread"] is not None and r["spread"] <= SPREAD_MAX)
     lines.append(f"{ok}/{len(rows)} within {100 * SPREAD_MAX:.0f}%.")
+    paired = [r for r in rows if r.get("floor") and r["spread"] is not None
+              and r["floor"]["spread"] is not None]
+    if paired:
+        within = sum(1 for r in paired if r["spread"] <= max(SPREAD_MAX, r["floor"]["spread"]))
+        lines.append(f"{within}/{len(paired)} within {100 * SPREAD_MAX:.0f}% or within the "
+                     f"spread of their own GEMM floor.")
     if any(r["noisy"] for r in rows):
         lines.append("* = some process had fewer than 3 undisturbed steps: its median is over "
                      "all of them.")

@@ -306,6 +306,23 @@ def timed_rounds(fn, rounds: int, setup=None) -> tuple:
     return times, reasons
 
 
+def paired_rounds(fn, ref, pairs: int) -> tuple:
+    """``pairs`` alternating calls of ``fn`` and ``ref``, the order flipping every pair (as
+    ``paired_ratio``, without replacing disturbed pairs): (times of fn, times of ref,
+    reasons), one entry per pair."""
+    clock, p = time.perf_counter, probe()
+    p.refresh()
+    t_fn, t_ref, reasons = [], [], []
+    for i in range(pairs):
+        s0 = p.sample()
+        for f, out in ((ref, t_ref), (fn, t_fn)) if i % 2 else ((fn, t_fn), (ref, t_ref)):
+            t0 = clock()
+            f()
+            out.append(clock() - t0)
+        reasons.append(p.disturbed(s0, p.sample()))
+    return t_fn, t_ref, reasons
+
+
 def on_one_thread(fn):
     """``fn`` run with every BLAS pool limited to one thread (the limit is restored after
     each call; switching costs ~10 us)."""

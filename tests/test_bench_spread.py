@@ -18,10 +18,16 @@ if str(ROOT) not in sys.path:
 from bench import cases, spread  # noqa: E402
 
 
-def _process(threads, medians_ms, fallback=False):
-    return dict(threads=threads, pid=1, settle_s=0.1, cases=[
-        dict(block=b, shape=s, median=ms / 1e3, kept=[9, 10], fallback=fallback, dropped={})
-        for (b, s), ms in medians_ms.items()])
+def _process(threads, medians_ms, fallback=False, floors_ms=None):
+    """A child's result; with ``floors_ms`` ({case: floor ms}) each case has its GEMM floor
+    and step / floor (as a real child writes them), without it neither (older results)."""
+    def case(b, s, ms):
+        c = dict(block=b, shape=s, median=ms / 1e3, kept=[9, 10], fallback=fallback, dropped={})
+        if floors_ms is not None:
+            c.update(floor=floors_ms[b, s] / 1e3, ratio=ms / floors_ms[b, s])
+        return c
+    return dict(threads=threads, pid=1, settle_s=0.1,
+                cases=[case(b, s, ms) for (b, s), ms in medians_ms.items()])
 
 
 def test_summary_is_min_median_max_and_spread_of_the_process_medians():
@@ -41,6 +47,29 @@ def test_summary_is_min_median_max_and_spread_of_the_process_medians():
     assert g2["spread"] == pytest.approx(1.0 / 5.5)
     assert rows[0]["spread"] == pytest.approx(0.02 / 0.51)
     assert not any(r["noisy"] for r in rows)
+    assert g2["floor"] is None and g2["ratio"] is None  # results without a floor
+
+
+def test_summary_and_report_give_the_floor_and_ratio_spreads():
+    # Check the spreads of the GEMM floor and of step / floor timed in the same processes: a
+    # process slow on both (the second: step 6.0, floor 4.8) widens the step's and the
+    # floor's spread but not the ratio's, and the report's second count takes a step spread
+    # within its floor's.
+    a = ("GMLP", "run")
+    results = [_process(2, {a: 5.0}, floors_ms={a: 4.0}),
+               _process(2, {a: 6.0}, floors_ms={a: 4.8}),
+               _process(2, {a: 5.1}, floors_ms={a: 4.0})]
+    (row,) = spread.summarize(results)
+    assert row["spread"] == pytest.approx(1.0 / 5.1)
+    assert row["floor"]["medians"] == pytest.approx([4e-3, 4.8e-3, 4e-3])
+    assert row["floor"]["spread"] == pytest.approx(0.8 / 4.0)
+    assert row["ratio"]["medians"] == pytest.approx([1.25, 1.25, 1.275])
+    assert row["ratio"]["spread"] == pytest.approx(0.025 / 1.25)
+    text = spread.format_report([row], 3, False)
+    (line,) = [s for s in text.splitlines() if s.startswith("GMLP")]
+    assert line.split()[6:11] == ["19.6%", "MISSED", "20.0%", "2.0%", "5.000"]
+    assert "0/1 within 15%." in text
+    assert "1/1 within 15% or within the spread of their own GEMM floor." in text
 
 
 def test_report_marks_spreads_over_the_target():
@@ -81,6 +110,10 @@ def test_tiny_real_run_writes_every_process(tmp_path):
     procs = data["processes"]
     assert [p["threads"] for p in procs] == [1, 1] and procs[0]["pid"] != procs[1]["pid"]
     assert all(len(p["cases"]) == 1 and p["cases"][0]["median"] > 0 for p in procs)
+    for p in procs:  # the floor timed in the same pairs (no assertion on times)
+        c = p["cases"][0]
+        assert c["floor"] > 0 and c["ratio"] > 0
+    assert row["floor"] is not None and row["ratio"] is not None
     (row,) = data["summary"]
     assert (row["block"], row["shape"], row["threads"]) == ("FFN-relu", "seed000", 1)
     assert "RUN-TO-RUN SPREAD" in r.stdout and "FFN-relu" in r.stdout
