@@ -113,9 +113,9 @@ def test_tiny_real_run_writes_every_process(tmp_path):
     for p in procs:  # the floor timed in the same pairs (no assertion on times)
         c = p["cases"][0]
         assert c["floor"] > 0 and c["ratio"] > 0
-    assert row["floor"] is not None and row["ratio"] is not None
     (row,) = data["summary"]
     assert (row["block"], row["shape"], row["threads"]) == ("FFN-relu", "seed000", 1)
+    assert row["floor"] is not None and row["ratio"] is not None
     assert "RUN-TO-RUN SPREAD" in r.stdout and "FFN-relu" in r.stdout
 
 
