@@ -264,30 +264,31 @@ def scaling_rows(rows, shape="large") -> list:
     return out
 
 
-def thread_rows(rows, scaling) -> list:
+def thread_rows(rows) -> list:
     """Every case's step time at one thread / at the most threads (>= 1: the extra threads do
-    not slow it down), from the two runs' medians; at the large shape the paired scaling of
-    ``scaling`` where the run has it (``source``: "paired" or "medians")."""
+    not slow it down): the in-process paired measurement of the many-thread run where it has
+    one (``source`` "paired"; steady when whole processes run slow), else the ratio of the
+    two runs' medians ("medians")."""
     by = {(r["block"], r["shape"], r["threads"]): r for r in rows}
     threads = sorted({r["threads"] for r in rows})
     if not threads or threads[-1] < 2 or threads[0] != 1:
         return []
     lo, hi = 1, threads[-1]
-    paired = {(sc["block"], sc["shape"]): sc for sc in scaling
-              if sc.get("step_scaling_paired") is not None}
     out = []
     for block, shape in cases.CASES:
         a, b = by.get((block, shape, lo)), by.get((block, shape, hi))
-        sc = paired.get((block, shape))
+        paired = b and b.get("step_scaling_paired")
         ratio = _div(a and a["step_ms"], b and b["step_ms"])
-        if sc is not None:
-            out.append(dict(block=block, shape=shape, lo=lo, hi=hi, step_lo=sc["step_lo"],
-                            step_hi=sc["step_hi"], ratio=sc["step_scaling_paired"],
-                            source="paired", pairs=sc.get("pairs"), noisy=sc.get("noisy")))
+        if paired is not None:
+            out.append(dict(block=block, shape=shape, lo=lo, hi=hi,
+                            step_lo=a and a["step_ms"], step_hi=b["step_ms"], ratio=paired,
+                            source="paired", pairs=b.get("step_scaling_pairs"),
+                            noisy=bool(b.get("step_scaling_noisy")), ratio_medians=ratio))
         elif ratio is not None:
             out.append(dict(block=block, shape=shape, lo=lo, hi=hi, step_lo=a["step_ms"],
                             step_hi=b["step_ms"], ratio=ratio, source="medians", pairs=None,
-                            noisy=bool(a.get("step_noisy") or b.get("step_noisy"))))
+                            noisy=bool(a.get("step_noisy") or b.get("step_noisy")),
+                            ratio_medians=ratio))
     return out
 
 
@@ -652,11 +653,16 @@ def format_thread_ratios(ratios) -> str:
     """The 1 -> N threads table: every case's step time at one thread / at the most."""
     lo, hi = ratios[0]["lo"], ratios[0]["hi"]
     lines = [f"{lo} -> {hi} THREADS, every case: step time at {lo} thread / at {hi} (>= "
-             f"{THREADS_RATIO_MIN:g}: {hi} threads are not slower).\nmedians = the step medians "
-             f"of the two runs; paired = the large shape's paired scaling (above)."]
-    hdr = ["block", "shape", f"step ms @{lo}", f"step ms @{hi}", f"@{lo} / @{hi}", "from"]
+             f"{THREADS_RATIO_MIN:g}: {hi} threads are not slower).\npaired = the median over "
+             f"alternating {lo}-thread / {hi}-thread steps in the {hi}-thread process (the\n"
+             f"thread count switched between calls, untimed), which a whole process running "
+             f"slow\ncancels; medians = the step medians of the two runs (beside it, or alone "
+             f"where\nno pairs were timed)."]
+    hdr = ["block", "shape", f"step ms @{lo}", f"step ms @{hi}", f"@{lo} / @{hi}", "from",
+           "medians"]
     body = [[t["block"], t["shape"], _fmt(t["step_lo"], ".3f"), _fmt(t["step_hi"], ".3f"),
-             _star(_fmt(t["ratio"], ".2f"), t.get("noisy")), t["source"]] for t in ratios]
+             _star(_fmt(t["ratio"], ".2f"), t.get("noisy")), t["source"],
+             _fmt(t.get("ratio_medians"), ".2f")] for t in ratios]
     lines.append(table(hdr, body, left=2))
     return "\n".join(lines)
 
@@ -780,7 +786,7 @@ def report(result_dir: Path, threads=(1, 2)) -> tuple:
     bench = load_benchmarks([result_dir / f"threads{t}.json" for t in threads])
     rows, krows = block_rows(bench), kernel_rows(bench)
     scaling = scaling_rows(rows)
-    ratios = thread_rows(rows, scaling)
+    ratios = thread_rows(rows)
     memory = _load(result_dir / "memory.json")
     profile = _load(result_dir / "profile.json")
     small = [p for t in threads for p in _load(result_dir / f"profile_small{t}.json")]

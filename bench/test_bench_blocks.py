@@ -5,8 +5,8 @@ Benchmarks of one case run next to each other (floor, fwd+bwd, step, naive); the
 the block's own GEMM calls replayed on its own buffers (``floors.replay_fn``), the naive
 step is the block's twin from the registry (``engine.naive``); fwd+bwd and
 step also record their ratio to the floor over alternating pairs of calls (``paired_ratio``),
-which is what the table reports; at the large shape the step and the floor record their
-one-thread / N-thread time ratio the same way (``paired_scaling``). Quick mode skips the
+which is what the table reports; the step and the floor also record their one-thread /
+N-thread time ratio the same way (``timing.paired_scaling``), at every shape. Quick mode skips the
 large shape on one thread and the naive reference at the large shape. ``run.py`` turns the
 JSON into the table.
 """
@@ -18,8 +18,6 @@ from bench import cases, floors
 from bench.timing import QUICK, run_benchmark
 
 KINDS = ("floor", "fwd_bwd", "step", "naive_fwd_bwd", "naive_step")
-# Where the thread scaling of the step (and of its floor) is also measured in-process.
-SCALING_SHAPE = "large"
 
 PARAMS = [pytest.param(b, s, k, id=f"{b}|{s}|{k}") for b, s in cases.CASES for k in KINDS]
 
@@ -75,5 +73,5 @@ def test_block(benchmark, built, threads, block, shape, kind):
             else:
                 def fn():
                     twin.step(x, target)
-    scaling = shape == SCALING_SHAPE and kind in ("floor", "step")
+    scaling = kind in ("floor", "step")  # one-thread / N-thread pairs in this process
     run_benchmark(benchmark, fn, floor, scaling, setup, **info)

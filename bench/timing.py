@@ -205,22 +205,25 @@ def clean_median(values, reasons) -> Clean:
 
 
 # ----------------------------------------------------------------------------- measurements
-def paired_ratio(fn, ref, seconds_per_pair: float, setup=None) -> Clean:
+def paired_ratio(fn, ref, seconds_per_pair: float, setup=None, before=(None, None)) -> Clean:
     """Median over alternating pairs of time(fn) / time(ref), over the pairs no other process
     disturbed. A shared machine drifts over seconds; two calls back to back see the same
     conditions, so this ratio is steadier than one of two medians taken at different times.
     Disturbed pairs are replaced by more pairs, up to twice the planned count plus 3, while
     the process's EXTRA_S budget lasts. ``setup`` runs, untimed, before every call of
-    either."""
+    either; ``before`` = (hook of fn, hook of ref) runs, untimed, after it (e.g. switching
+    the thread count: ``paired_scaling``)."""
     clock = time.perf_counter
     p = probe()
     p.refresh()
     want = max(MIN_PAIRS, rounds_for(seconds_per_pair))
     ratios, reasons = [], []
 
-    def timed(f):
+    def timed(f, hook):
         if setup is not None:
             setup()
+        if hook is not None:
+            hook()
         t0 = clock()
         f()
         return clock() - t0
@@ -228,11 +231,11 @@ def paired_ratio(fn, ref, seconds_per_pair: float, setup=None) -> Clean:
         i = len(ratios)
         s0 = p.sample()
         if i % 2:
-            t_ref = timed(ref)
-            t_fn = timed(fn)
+            t_ref = timed(ref, before[1])
+            t_fn = timed(fn, before[0])
         else:
-            t_fn = timed(fn)
-            t_ref = timed(ref)
+            t_fn = timed(fn, before[0])
+            t_ref = timed(ref, before[1])
         ratios.append(t_fn / t_ref)
         reasons.append(p.disturbed(s0, p.sample()))
         if i >= want:  # a replacement pair
@@ -323,6 +326,19 @@ def paired_rounds(fn, ref, pairs: int) -> tuple:
     return t_fn, t_ref, reasons
 
 
+def paired_scaling(fn, threads: int, seconds_per_pair: float, setup=None) -> Clean:
+    """Median over alternating pairs of time(``fn`` at one thread) / time(``fn`` at
+    ``threads``), as ``paired_ratio``: the thread count (BLAS pools and blasnet's
+    elementwise passes) is switched before each call, outside the timed interval, and left
+    at ``threads``."""
+    one = lambda: kernels.set_num_threads(1)  # noqa: E731
+    back = lambda: kernels.set_num_threads(threads)  # noqa: E731
+    try:
+        return paired_ratio(fn, fn, seconds_per_pair, setup, before=(one, back))
+    finally:
+        back()
+
+
 def on_one_thread(fn):
     """``fn`` run with every BLAS pool limited to one thread (the limit is restored after
     each call; switching costs ~10 us)."""
@@ -383,7 +399,6 @@ def run_benchmark(benchmark, fn, floor=None, scaling=False, setup=None, **info):
         benchmark.extra_info.update(paired_ratio(fn, floor, 2 * per_call).info("paired_ratio"))
     threads = benchmark.extra_info["threads"]
     if scaling and threads > 1:
-        one = on_one_thread(fn)
-        warm_up(one, setup)
+        warm_up(on_one_thread(fn), setup)
         benchmark.extra_info.update(
-            paired_ratio(one, fn, (1 + threads) * per_call, setup).info("paired_scaling"))
+            paired_scaling(fn, threads, (1 + threads) * per_call, setup).info("paired_scaling"))

@@ -207,6 +207,29 @@ def test_paired_ratio_runs_setup_before_each_call():
     assert all(log[i - 1] == "setup" for i in calls)
 
 
+def test_paired_scaling_switches_threads_between_calls_and_restores_them():
+    # Check that paired_scaling calls fn alternately at one thread and at ``threads`` (the
+    # order flipping every pair; the BLAS pools and the elementwise setting both switched),
+    # that the switch happens before the timed call, and that the count is ``threads`` after.
+    import kernels
+    from kernels import threads as kthreads
+    before = kernels.get_num_threads()
+    seen = []
+
+    def fn():
+        seen.append((kernels.get_num_threads(), kthreads.elementwise_threads()))
+    try:
+        kernels.set_num_threads(2)
+        m = timing.paired_scaling(fn, 2, 1e-3)
+        assert kernels.get_num_threads() == 2 and kthreads.elementwise_threads() == 2
+    finally:
+        kernels.set_num_threads(before)
+    assert m.total >= timing.MIN_PAIRS and len(seen) == 2 * m.total
+    pairs = [seen[i:i + 2] for i in range(0, len(seen), 2)]
+    assert pairs[0] == [(1, 1), (2, 2)] and pairs[1] == [(2, 2), (1, 1)]
+    assert all(sorted(p) == [(1, 1), (2, 2)] for p in pairs)
+
+
 def test_replayed_floor_calls_the_kernel_not_a_recorder():
     # Check that the replay runs the real kernels.ops.gemm: a recording around it sees no
     # call (a replay bound to the recorder of its own recording would append to a finished
