@@ -35,6 +35,9 @@ WARM_MAX_S = 0.5 if QUICK else 1.0
 SETTLE_MAX_S = 2.0 if QUICK else 5.0
 # A median needs this many clean samples; with fewer it falls back to all of them (flagged).
 MIN_CLEAN = 3
+# Thread scaling pairs of calls shorter than this run each timed call after an untimed one
+# at the same thread count (timing.paired_scaling); above it the switch's cost is noise.
+SCALING_LEAD_IN_BELOW_S = 0.05
 # Seconds per process that may go to samples replacing disturbed ones (extra pairs, extra
 # rounds): a machine that stays busy cannot stretch the bench past its time limit.
 EXTRA_S = 8.0 if QUICK else 40.0
@@ -326,17 +329,26 @@ def paired_rounds(fn, ref, pairs: int) -> tuple:
     return t_fn, t_ref, reasons
 
 
-def paired_scaling(fn, threads: int, seconds_per_pair: float, setup=None) -> Clean:
+def paired_scaling(fn, threads: int, seconds_per_pair: float, setup=None,
+                   lead_in: bool = True) -> Clean:
     """Median over alternating pairs of time(``fn`` at one thread) / time(``fn`` at
     ``threads``), as ``paired_ratio``: the thread count (BLAS pools and blasnet's
-    elementwise passes) is switched before each call, outside the timed interval, and left
-    at ``threads``."""
-    one = lambda: kernels.set_num_threads(1)  # noqa: E731
-    back = lambda: kernels.set_num_threads(threads)  # noqa: E731
+    elementwise passes) is switched before each timed call, outside the timed interval, and
+    left at ``threads``. With ``lead_in``, ``fn`` also runs once untimed after each switch
+    (then ``setup`` again), so the timed call runs as in a steady loop at that count: the
+    first GEMM after a switch waits for OpenBLAS's worker (+40 µs at seed000)."""
+    def at(n):
+        def switch():
+            kernels.set_num_threads(n)
+            if lead_in:
+                fn()
+                if setup is not None:
+                    setup()
+        return switch
     try:
-        return paired_ratio(fn, fn, seconds_per_pair, setup, before=(one, back))
+        return paired_ratio(fn, fn, seconds_per_pair, setup, before=(at(1), at(threads)))
     finally:
-        back()
+        kernels.set_num_threads(threads)
 
 
 def on_one_thread(fn):
@@ -400,5 +412,7 @@ def run_benchmark(benchmark, fn, floor=None, scaling=False, setup=None, **info):
     threads = benchmark.extra_info["threads"]
     if scaling and threads > 1:
         warm_up(on_one_thread(fn), setup)
-        benchmark.extra_info.update(
-            paired_scaling(fn, threads, (1 + threads) * per_call, setup).info("paired_scaling"))
+        lead_in = per_call < SCALING_LEAD_IN_BELOW_S
+        benchmark.extra_info.update(paired_scaling(
+            fn, threads, (1 + threads) * (1 + lead_in) * per_call, setup,
+            lead_in).info("paired_scaling"))

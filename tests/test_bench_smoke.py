@@ -210,24 +210,27 @@ def test_paired_ratio_runs_setup_before_each_call():
 def test_paired_scaling_switches_threads_between_calls_and_restores_them():
     # Check that paired_scaling calls fn alternately at one thread and at ``threads`` (the
     # order flipping every pair; the BLAS pools and the elementwise setting both switched),
-    # that the switch happens before the timed call, and that the count is ``threads`` after.
+    # each timed call after an untimed one at the same count (lead-in) or right after the
+    # switch (no lead-in), and that the count is ``threads`` after.
     import kernels
     from kernels import threads as kthreads
     before = kernels.get_num_threads()
-    seen = []
+    for lead_in, per_pair in ((True, 4), (False, 2)):
+        seen = []
 
-    def fn():
-        seen.append((kernels.get_num_threads(), kthreads.elementwise_threads()))
-    try:
-        kernels.set_num_threads(2)
-        m = timing.paired_scaling(fn, 2, 1e-3)
-        assert kernels.get_num_threads() == 2 and kthreads.elementwise_threads() == 2
-    finally:
-        kernels.set_num_threads(before)
-    assert m.total >= timing.MIN_PAIRS and len(seen) == 2 * m.total
-    pairs = [seen[i:i + 2] for i in range(0, len(seen), 2)]
-    assert pairs[0] == [(1, 1), (2, 2)] and pairs[1] == [(2, 2), (1, 1)]
-    assert all(sorted(p) == [(1, 1), (2, 2)] for p in pairs)
+        def fn():
+            seen.append((kernels.get_num_threads(), kthreads.elementwise_threads()))
+        try:
+            kernels.set_num_threads(2)
+            m = timing.paired_scaling(fn, 2, 1e-3, lead_in=lead_in)
+            assert kernels.get_num_threads() == 2 and kthreads.elementwise_threads() == 2
+        finally:
+            kernels.set_num_threads(before)
+        assert m.total >= timing.MIN_PAIRS and len(seen) == per_pair * m.total
+        one, two = [(1, 1)] * (per_pair // 2), [(2, 2)] * (per_pair // 2)
+        pairs = [seen[i:i + per_pair] for i in range(0, len(seen), per_pair)]
+        assert pairs[0] == one + two and pairs[1] == two + one, lead_in
+        assert all(p in (one + two, two + one) for p in pairs)
 
 
 def test_replayed_floor_calls_the_kernel_not_a_recorder():
