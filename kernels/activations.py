@@ -356,20 +356,26 @@ def _fwd_gelu_tanh(h, z, sc, slope, h_free):
     _mul(a, 0.5, h)
 
 
-def _fwdg_gelu_tanh(h, z, g, sc, slope, h_free):
-    # h = 0.5 z (1 + T), act' = (1 + T) (0.5 + (z u'/2) (1 - T)) as in _bwd_gelu_tanh.
-    # 16 passes (8 + 14 separately).
-    a, b, c = sc[0], sc[1], sc[2]
+def _gelu_tanh_parts(z, a, b):
+    """a = z u'/2 and b = T = tanh(u), u = K (z + 0.044715 z^3), u' = K (1 + 3*0.044715 z^2):
+    the factors both the derivative passes need (8 passes)."""
     _mul(z, z, a)
     _mul(a, _KC, b)
     _add(b, _K, b)
     _mul(b, z, b)
     _tanh(b, b)                      # T
-    _add(b, 1.0, c)                  # 1 + T
-    _sub(1.0, b, b)                  # 1 - T
     _mul(a, 1.5 * _KC, a)
     _add(a, 0.5 * _K, a)
     _mul(a, z, a)                    # z u' / 2
+
+
+def _fwdg_gelu_tanh(h, z, g, sc, slope, h_free):
+    # h = 0.5 z (1 + T), act' = (1 + T) (0.5 + (z u'/2) (1 - T)) as in _bwd_gelu_tanh.
+    # 16 passes (8 + 14 separately).
+    a, b, c = sc[0], sc[1], sc[2]
+    _gelu_tanh_parts(z, a, b)
+    _add(b, 1.0, c)                  # 1 + T
+    _sub(1.0, b, b)                  # 1 - T
     _mul(a, b, a)
     _add(a, 0.5, a)
     _mul(c, z, b)
@@ -381,14 +387,7 @@ def _bwd_gelu_tanh(dz, dh, z, h, sc, slope):
     # act' = 0.5 (1 + T) + 0.5 z (1 - T^2) u' = (1 + T) (0.5 + (z u'/2) (1 - T)),
     # T = tanh(u), u' = K (1 + 3*0.044715 z^2). 14 passes.
     a, b, c = sc[0], sc[1], sc[2]
-    _mul(z, z, a)
-    _mul(a, _KC, b)
-    _add(b, _K, b)
-    _mul(b, z, b)
-    _tanh(b, b)                      # T
-    _mul(a, 1.5 * _KC, a)
-    _add(a, 0.5 * _K, a)
-    _mul(a, z, a)                    # z u' / 2
+    _gelu_tanh_parts(z, a, b)
     _sub(1.0, b, c)
     _mul(a, c, a)
     _add(a, 0.5, a)
