@@ -6,9 +6,9 @@ the block's own GEMM calls replayed on its own buffers (``floors.replay_fn``), t
 step is the block's twin from the registry (``engine.naive``); fwd+bwd and
 step also record their ratio to the floor over alternating pairs of calls (``paired_ratio``),
 which is what the table reports; the step and the floor also record their one-thread /
-N-thread time ratio the same way (``timing.paired_scaling``), at every shape. Quick mode skips the
-large shape on one thread and the naive reference at the large shape. ``run.py`` turns the
-JSON into the table.
+N-thread time ratio the same way (``timing.paired_scaling``), at every shape. Quick mode
+skips the large shape on one thread and the naive reference at the large shape. ``run.py``
+turns the JSON into the table.
 """
 from __future__ import annotations
 
