@@ -71,7 +71,7 @@ SHAPES = {
     "seed001": Shape("seed001", (4, 10), d_model=512, d_ff=2048),   # seed 001: batch 4 x 10
     "large": Shape("large", (2048,), d_model=512, d_ff=2048),
     "batch64": Shape("batch64", (64,), sizes=(784, 256, 128, 10)),  # seed 004's MLP
-    # `make run`'s model (engine/cli.py): gMLP 16 -> 128 -> 512 -> 4, 1024 samples, full batch
+    # `make run`'s model (engine/cli/app.py): gMLP 16 -> 128 -> 512 -> 4, 1024 samples, full batch
     "run": Shape("run", (1024,), note="make run's model", d_in=16, d_model=128, d_ff=512,
                  d_out=4),
 }

@@ -17,24 +17,22 @@ if _sys.argv[:1] == ["-m"] or _os.path.basename((_sys.argv or [""])[0]) in ("bla
         print(f"blasnet: error: {_e}", file=_sys.stderr)
         raise SystemExit(2) from None
 
-from .module import Module, Parameter, Workspace
+from .nn.module import Module, Parameter, Workspace
 
-# --- layers (engine/layers.py) ---
-from .layers import (GELU, MLP, Identity, LeakyReLU, Linear, ReLU, Sequential, Sigmoid, SiLU,
-                     Tanh)
-# --- blocks (engine/blocks.py) ---
-from .blocks import FFN, GMLP, AddNorm, Dropout, FFNSublayer, LayerNorm
-# --- losses (engine/losses.py) ---
-from .losses import CrossEntropyLoss, MSELoss
-# --- optim (engine/optim.py) ---
+# --- modules (engine/nn/) ---
+from .nn.layers import (GELU, MLP, Identity, LeakyReLU, Linear, ReLU, Sequential, Sigmoid, SiLU,
+                        Tanh)
+from .nn.blocks import FFN, GMLP, AddNorm, Dropout, FFNSublayer, LayerNorm
+from .nn.losses import CrossEntropyLoss, MSELoss
+# --- optimizers and schedules (engine/optim/) ---
 from .optim import SGD, AdamW, Optimizer, clip_grad_norm
-# --- training (engine/train.py, engine/checkpoint.py) ---
+from .optim import lr_scheduler
+# --- data, training, callbacks, checkpoints (engine/data.py, engine/training/) ---
 from . import data
-from .checkpoint import CheckpointError, load, save
-from .train import History, NonFiniteLossError, evaluate, fit, predict
-# --- schedules, callbacks, interop (engine/lr_scheduler.py, callbacks.py, interop.py) ---
-from . import lr_scheduler
-from .callbacks import Callback, EarlyStopping, ModelCheckpoint
+from .training.checkpoint import CheckpointError, load, save
+from .training.loop import History, NonFiniteLossError, evaluate, fit, predict
+from .training.callbacks import Callback, EarlyStopping, ModelCheckpoint
+# --- PyTorch state dicts (engine/interop.py) ---
 from .interop import load_torch_state_dict, to_torch_state_dict
 
 # --- version: the installed distribution's metadata is the one source ---
@@ -45,10 +43,33 @@ try:
 except _NotFound:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-# --- gated FFN, gMLP block, embedding, row-wise layers, the character LM (engine/gated.py,
-# gmlp_block.py, embedding.py, layers.py, lm.py) ---
-from .layers import LogSoftmax, Softmax
-from .gated import GatedFFN
-from .gmlp_block import GMLPBlock, SpatialGatingUnit
-from .embedding import Embedding
-from . import lm
+# --- gated FFN, gMLP block, embedding, row-wise layers (engine/nn/), the model zoo and the
+# character LM (engine/models/) ---
+from .nn.layers import LogSoftmax, Softmax
+from .nn.gated import GatedFFN
+from .nn.gmlp_block import GMLPBlock, SpatialGatingUnit
+from .nn.embedding import Embedding
+from . import models
+from .models import lm
+
+# --- module paths from before the sub-packages: the same module objects under their old names,
+# so `import engine.train`, `from engine import checkpoint` and monkeypatching through an old
+# path all reach the one module ---
+_MOVED = {
+    "module": "nn.module", "layers": "nn.layers", "blocks": "nn.blocks", "gated": "nn.gated",
+    "gmlp_block": "nn.gmlp_block", "embedding": "nn.embedding", "losses": "nn.losses",
+    "lr_scheduler": "optim.lr_scheduler", "train": "training.loop",
+    "callbacks": "training.callbacks", "checkpoint": "training.checkpoint",
+    "registry": "models.registry", "naive": "models.naive", "lm": "models.lm",
+}
+
+
+def _alias_moved_modules() -> None:
+    import importlib
+    for old, new in _MOVED.items():
+        mod = importlib.import_module(f"{__name__}.{new}")
+        _sys.modules[f"{__name__}.{old}"] = mod
+        globals()[old] = mod
+
+
+_alias_moved_modules()

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from .module import check_dtype, make_rng
+from .nn.module import check_dtype, make_rng
 
 __all__ = ["load", "train_val_split", "Standardizer", "infer_task", "regression",
            "regression_targets", "spiral", "xor", "sine", "TASKS", "make_task"]

@@ -25,8 +25,8 @@ from kernels import ops
 from kernels.memory import aligned_empty
 from kernels.optim import adamw_consts
 
-from .module import _GENERATION, Module, make_rng, runs
-from .optim import AdamW, clip_grad_norm
+from .nn.module import _GENERATION, Module, make_rng, runs
+from .optim.optimizers import AdamW, clip_grad_norm
 
 __all__ = ["DataParallel", "ShardedAdamW", "RankError", "mpi", "world", "launched_size",
            "rank_rng", "save", "load", "INSTALL"]
@@ -587,7 +587,7 @@ def save(path, model, optimizer=None, /, *, comm=None, scheduler=None, **metadat
     """``engine.save`` for a data-parallel run (collective: every rank calls it, and a
     ``ShardedAdamW`` gathers its state first): rank 0 writes the file (atomically); an error
     on rank 0 is raised on every rank."""
-    from . import checkpoint
+    from .training import checkpoint
     comm = _comm(comm)
     _agree(comm)
     sd = optimizer.state_dict() if optimizer is not None else None  # collective if sharded
@@ -606,7 +606,7 @@ def save(path, model, optimizer=None, /, *, comm=None, scheduler=None, **metadat
 def load(path, model, optimizer=None, scheduler=None, *, comm=None) -> dict:
     """``engine.load`` on every rank (collective: each reads ``path``); an error on any
     rank is raised on every rank (a rank whose own load failed changed nothing)."""
-    from . import checkpoint
+    from .training import checkpoint
     comm = _comm(comm)
     _agree(comm)
     error, meta = None, None

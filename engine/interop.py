@@ -34,10 +34,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .blocks import FFN, AddNorm, FFNSublayer, LayerNorm
-from .gated import GatedFFN
-from .layers import MLP, Linear, Sequential
-from .module import Module
+from .nn.blocks import FFN, AddNorm, FFNSublayer, LayerNorm
+from .nn.gated import GatedFFN
+from .nn.layers import MLP, Linear, Sequential
+from .nn.module import Module
 
 __all__ = ["to_torch_state_dict", "load_torch_state_dict", "torch_names"]
 

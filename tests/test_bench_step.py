@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import cli
+from engine.cli import app as cli
 from engine.data import make_task
 from engine.train import fit
 from kernels.instrument import record

@@ -6,7 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from engine import cli, registry
+from engine import registry
+from engine.cli import app as cli
 from engine.data import make_task
 from engine.losses import MSELoss
 from engine.optim import AdamW

@@ -20,17 +20,18 @@ import numpy as np
 
 import kernels
 
-from . import __version__, checkpoint
-from . import data as _data
-from . import lr_scheduler as _lrs
-from . import registry
-from .callbacks import EarlyStopping, check_output_path
-from .data import REGRESSION_OUTPUTS, TASKS, make_task
-from .layers import Linear, Sequential
-from .losses import CrossEntropyLoss, MSELoss
-from .optim import SGD, AdamW
-from .train import NonFiniteLossError, evaluate, fit, mean_absolute_error, predict, r2_score
-from .train import TrainingInterrupted
+from .. import __version__
+from ..training import checkpoint
+from .. import data as _data
+from ..optim import lr_scheduler as _lrs
+from ..models import registry
+from ..training.callbacks import EarlyStopping, check_output_path
+from ..data import REGRESSION_OUTPUTS, TASKS, make_task
+from ..nn.layers import Linear, Sequential
+from ..nn.losses import CrossEntropyLoss, MSELoss
+from ..optim.optimizers import SGD, AdamW
+from ..training.loop import NonFiniteLossError, evaluate, fit, mean_absolute_error, predict, r2_score
+from ..training.loop import TrainingInterrupted
 
 MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
 MODELS += ("gmlp-lm",)  # the character language model of engine/lm.py (--task text)
@@ -275,7 +276,7 @@ def _optimizer(args, model, comm=None):
     if args.optimizer == "adamw":
         wd = 1e-2 if args.weight_decay is None else args.weight_decay
         if args.shard_optimizer and comm is not None:
-            from .distributed import ShardedAdamW
+            from ..distributed import ShardedAdamW
             return ShardedAdamW(model.parameters(), comm, lr=args.lr, weight_decay=wd)
         return AdamW(model.parameters(), lr=args.lr, weight_decay=wd)
     wd = 0.0 if args.weight_decay is None else args.weight_decay
@@ -477,11 +478,11 @@ def _train(args) -> int:
     t_all = time.perf_counter()
     _check_args(args)
     if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/lm.py
-        from . import lm
+        from ..models import lm
         return lm.run_cli(args)
     if args.prompt is not None or args.sample_length is not None:
         raise _UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
-    from . import distributed
+    from .. import distributed
     comm = distributed.world()  # K > 1 ranks under mpiexec: data parallel, else None
     rank = 0 if comm is None else comm.Get_rank()
     if args.threads is not None:

@@ -22,14 +22,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .blocks import LayerNorm
-from .embedding import Embedding
-from .gmlp_block import GMLPBlock
-from .layers import Linear, Sequential
-from .losses import CrossEntropyLoss
-from .module import check_dtype, check_positive_int, make_rng
-from .optim import AdamW
-from .train import evaluate, fit
+from ..nn.blocks import LayerNorm
+from ..nn.embedding import Embedding
+from ..nn.gmlp_block import GMLPBlock
+from ..nn.layers import Linear, Sequential
+from ..nn.losses import CrossEntropyLoss
+from ..nn.module import check_dtype, check_positive_int, make_rng
+from ..optim.optimizers import AdamW
+from ..training.loop import evaluate, fit
 
 __all__ = ["LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split", "windows",
            "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train"]
@@ -231,7 +231,7 @@ class LMResult:
 
 
 def _steps_scheduler(opt, total: int, warmup: int):
-    from . import lr_scheduler as lrs
+    from ..optim import lr_scheduler as lrs
     warmup = min(warmup, max(total - 1, 0))
     rest = max(total - warmup, 1)
     cosine = lrs.CosineAnnealingLR(opt, T_max=rest)
@@ -344,7 +344,8 @@ def run_cli(args, out=None) -> int:
     from its ``argv`` (the command line) by ``cli_parser``. Returns the exit status."""
     import kernels
 
-    from . import __version__, checkpoint
+    from .. import __version__
+    from ..training import checkpoint
     out = out or sys.stdout
     if args.model not in ("gmlp", "gmlp-lm") or args.task not in (None, "text"):
         print(f"error: --model {args.model} --task {args.task}: the text task trains the "

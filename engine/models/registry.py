@@ -154,24 +154,24 @@ def _mlp_gemms(n, dims, **_):
 
 # ----------------------------------------------------------------------------- factories
 def _build_ffn(dims, *, dtype, rng, activation, dropout):
-    from .blocks import FFN
+    from ..nn.blocks import FFN
     return FFN(dims["d_model"], dims["d_ff"], activation=activation, dropout=dropout,
                dtype=dtype, rng=rng)
 
 
 def _build_gmlp(dims, *, dtype, rng):
-    from .blocks import GMLP
+    from ..nn.blocks import GMLP
     return GMLP(*_gmlp_widths(dims), dtype=dtype, rng=rng)
 
 
 def _build_sublayer(dims, *, dtype, rng, activation, dropout, norm):
-    from .blocks import FFNSublayer
+    from ..nn.blocks import FFNSublayer
     return FFNSublayer(dims["d_model"], dims["d_ff"], activation=activation, dropout=dropout,
                        norm=norm, dtype=dtype, rng=rng)
 
 
 def _build_mlp(dims, *, dtype, rng, activation):
-    from .layers import MLP
+    from ..nn.layers import MLP
     sizes = list(dims["sizes"])
     return MLP(sizes, [activation] * (len(sizes) - 2) + [None], dtype=dtype, rng=rng)
 
@@ -238,7 +238,7 @@ def _gated_gemms(n, dims, **_):
 
 
 def _build_gated(dims, *, dtype, rng, activation, bias, dropout):
-    from .gated import GatedFFN
+    from ..nn.gated import GatedFFN
     return GatedFFN(dims["d_model"], dims["d_ff"], activation=activation, bias=bias,
                     dropout=dropout, dtype=dtype, rng=rng)
 
@@ -262,7 +262,7 @@ def _gmlp_block_gemms(n, dims, causal=False, **_):
 
 
 def _build_gmlp_block(dims, *, dtype, rng, causal):
-    from .gmlp_block import GMLPBlock
+    from ..nn.gmlp_block import GMLPBlock
     return GMLPBlock(dims["d_model"], dims["d_ff"], dims["seq_len"], causal=causal, dtype=dtype,
                      rng=rng)
 

@@ -25,7 +25,7 @@ from kernels import ops
 from kernels import optim as _kopt
 from kernels.memory import aligned_empty
 
-from .module import _GENERATION, Module, Parameter, runs
+from ..nn.module import _GENERATION, Module, Parameter, runs
 
 __all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm", "defer_keyboard_interrupt",
            "check_optimizer_of"]

@@ -126,7 +126,7 @@ def _fspath(path) -> str:
 
 
 def _check_model(model) -> None:
-    from .module import Module
+    from ..nn.module import Module
     if not isinstance(model, Module):
         raise TypeError(f"model: expected an engine Module (a layer, block or model), got "
                         f"{type(model).__name__}")
@@ -136,7 +136,7 @@ def _check_optimizer(optimizer, model, saving: bool) -> None:
     """``optimizer`` must be an engine optimizer, and when saving, one of ``model``'s
     parameters (``save`` also takes any object with ``state_dict()``, e.g. a state gathered
     beforehand)."""
-    from .optim import Optimizer, check_optimizer_of
+    from ..optim.optimizers import Optimizer, check_optimizer_of
     if isinstance(optimizer, Optimizer):
         if saving:
             check_optimizer_of(optimizer, model)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .losses import CrossEntropyLoss, MSELoss
-from .module import Module, make_rng
-from .optim import Optimizer, check_optimizer_of, defer_keyboard_interrupt
-from .optim import clip_grad_norm as _clip_grad_norm
+from ..nn.losses import CrossEntropyLoss, MSELoss
+from ..nn.module import Module, make_rng
+from ..optim.optimizers import Optimizer, check_optimizer_of, defer_keyboard_interrupt
+from ..optim.optimizers import clip_grad_norm as _clip_grad_norm
 
 __all__ = ["fit", "evaluate", "predict", "History", "NonFiniteLossError", "TrainingInterrupted",
            "r2_score", "mean_absolute_error"]
@@ -502,7 +502,7 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                                validation, progress, callbacks, scheduler, scheduler_interval,
                                clip_grad_norm)
         else:  # every rank learns whether any rank rejected its arguments (none waits alone)
-            from .distributed import _agree
+            from ..distributed import _agree
             error = setup = None
             try:
                 setup = _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle,
@@ -600,7 +600,7 @@ def _fit(run, model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation
     steps_per_epoch = run.steps_per_epoch = -(-n // bs)
     try:
         if comm is not None:  # data parallel: checks the ranks agree, broadcasts parameters
-            from .distributed import fit_setup
+            from ..distributed import fit_setup
             dp = fit_setup(comm, model, optimizer, X, Y, epochs=epochs, batch_size=bs,
                            shuffle=shuffle, rng=gen)
             if dp.rank != 0:
@@ -726,7 +726,7 @@ def _fit(run, model, loss, optimizer, X, Y, epochs, bs, shuffle, gen, validation
 
 def _same_parameters(optimizer, model) -> bool:
     """Whether ``optimizer`` (an engine optimizer) updates exactly ``model``'s parameters."""
-    from .optim import Optimizer
+    from ..optim.optimizers import Optimizer
     if not isinstance(optimizer, Optimizer):
         return False
     own = {id(p) for g in optimizer.param_groups for p in g["params"]}

@@ -1,0 +1,2 @@
+"""The ``blasnet`` command line."""
+from .app import build_parser, main
