@@ -20,7 +20,7 @@ import pytest
 from kernels import ops
 from kernels.instrument import record
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

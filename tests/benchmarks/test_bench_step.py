@@ -14,7 +14,7 @@ from engine.data import make_task
 from engine.train import fit
 from kernels.instrument import record
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -11,7 +11,7 @@ import pytest
 
 from bench import cases
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load():

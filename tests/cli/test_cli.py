@@ -10,7 +10,7 @@ import pytest
 import engine
 from engine import GMLP, AdamW, load
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(*args, threads="1", check=True):

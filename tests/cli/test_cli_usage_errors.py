@@ -10,7 +10,7 @@ import pytest
 from engine import cli
 from kernels import threads
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("args, names", [

@@ -15,7 +15,7 @@ LARGE = 2 * parallel.MIN_ELEMENTS_PER_THREAD + 4097  # split over 2 threads, odd
 @pytest.fixture(autouse=True)
 def _split_work_3mi(monkeypatch):
     # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
-    # is the split, not where the threshold lies; tests/test_parallel.py checks that).
+    # is the split, not where the threshold lies; tests/kernels/test_parallel.py checks that).
     monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
 
 

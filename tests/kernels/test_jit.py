@@ -12,7 +12,7 @@ import pytest
 
 from kernels import jit as J
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_options_keep_nan_semantics_and_release_the_gil():

@@ -19,7 +19,7 @@ TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol
 @pytest.fixture(autouse=True)
 def _split_work_3mi(monkeypatch):
     # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
-    # is the split, not where the threshold lies; tests/test_parallel.py checks that).
+    # is the split, not where the threshold lies; tests/kernels/test_parallel.py checks that).
     monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
 
 

@@ -23,7 +23,7 @@ SPLIT = (2 * parallel.SPLIT_MIN // 777 + 3, 777)      # split over 2 threads (3 
 @pytest.fixture(autouse=True)
 def _split_work_3mi(monkeypatch):
     # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
-    # is the split, not where the threshold lies; tests/test_parallel.py checks that).
+    # is the split, not where the threshold lies; tests/kernels/test_parallel.py checks that).
     monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
 
 

@@ -168,7 +168,7 @@ def _make(rng, k):
 
 def test_steady_step_allocates_no_array():
     # Check that a steady training step of a checkpointed stack (inputs kept, children rerun)
-    # allocates no array over 1 KiB (tracemalloc at two sizes, as tests/test_step_alloc.py).
+    # allocates no array over 1 KiB (tracemalloc at two sizes, as tests/nn/test_step_alloc.py).
     # The Python-object allowance is doubled: the stack snapshots its dropout generators'
     # states (a small dict per child and step), the same at both sizes.
     _check_two_sizes("Sequential-checkpoint", _make, threads=1, py_objects=16 * 1024)

@@ -151,5 +151,5 @@ def _make(rng, k):
 
 def test_steady_step_allocates_no_array():
     # Check that a steady training step through an Embedding allocates no array over 1 KiB
-    # (tracemalloc at two sizes, as tests/test_step_alloc.py).
+    # (tracemalloc at two sizes, as tests/nn/test_step_alloc.py).
     _check_two_sizes("Embedding", _make, threads=1)

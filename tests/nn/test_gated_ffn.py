@@ -242,7 +242,7 @@ def _make(act, bias, dropout):
 @pytest.mark.parametrize("act,bias,dropout", [("silu", False, 0.0), ("gelu", True, 0.1)])
 def test_steady_step_allocates_no_array(act, bias, dropout):
     # Check that a steady training step allocates no array over 1 KiB (tracemalloc at two
-    # sizes, as tests/test_step_alloc.py).
+    # sizes, as tests/nn/test_step_alloc.py).
     _check_two_sizes(f"GatedFFN-{act}", _make(act, bias, dropout), threads=1)
 
 
@@ -250,7 +250,7 @@ def test_steady_step_allocates_no_array(act, bias, dropout):
 def test_steady_step_allocates_no_array_with_split_passes():
     # Check that with two threads, where the GLU passes over [G; U] (2048 x 1024 elements at
     # the base size) are split over the thread pool, a steady step still allocates nothing
-    # over the limits of tests/test_step_alloc.py's split-pass check.
+    # over the limits of tests/nn/test_step_alloc.py's split-pass check.
     from test_step_alloc import PARALLEL_LIMIT, PARALLEL_PY_OBJECTS
 
     def make(rng, k):

@@ -276,5 +276,5 @@ def _make(causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_steady_step_allocates_no_array(causal):
     # Check that a steady training step allocates no array over 1 KiB (tracemalloc at two
-    # sizes, as tests/test_step_alloc.py).
+    # sizes, as tests/nn/test_step_alloc.py).
     _check_two_sizes(f"GMLPBlock-causal={causal}", _make(causal), threads=1)

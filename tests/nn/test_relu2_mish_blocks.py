@@ -20,7 +20,7 @@ from modules_zoo import randomize
 
 F64 = np.float64
 NEW = ("relu2", "mish")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _act(z, name):

@@ -200,5 +200,5 @@ def _layers(rng, k):
 @pytest.mark.parametrize("make", [_mlp_softmax, _layers], ids=["MLP-softmax", "layers"])
 def test_steady_step_allocates_no_array(make):
     # Check that a steady training step with row-wise activations allocates no array over
-    # 1 KiB (tracemalloc at two sizes, as tests/test_step_alloc.py).
+    # 1 KiB (tracemalloc at two sizes, as tests/nn/test_step_alloc.py).
     _check_two_sizes(make.__name__, make, threads=1)

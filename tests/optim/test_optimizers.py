@@ -122,7 +122,7 @@ def test_adamw_on_gmlp_views_updates_the_combined_weight():
 @pytest.fixture(autouse=True)
 def _split_work_3mi(monkeypatch):
     # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
-    # is the split, not where the threshold lies; tests/test_parallel.py checks that).
+    # is the split, not where the threshold lies; tests/kernels/test_parallel.py checks that).
     monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
 
 

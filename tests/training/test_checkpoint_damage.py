@@ -18,7 +18,7 @@ import pytest
 
 from engine import MLP, AdamW, CheckpointError, Linear, load, lr_scheduler, save
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _trained(rng=0):
