@@ -1,0 +1,66 @@
+"""The public names and module paths from before the sub-packages keep working: every name
+``engine`` exported, and the deep module paths users were shown (with a name each)."""
+import importlib
+
+import pytest
+
+import engine
+
+# engine/__init__.py's exports before engine/ was split into sub-packages.
+EXPORTS = [
+    "AdamW", "AddNorm", "Callback", "CheckpointError", "CrossEntropyLoss", "Dropout",
+    "EarlyStopping", "Embedding", "FFN", "FFNSublayer", "GELU", "GMLP", "GMLPBlock", "GatedFFN",
+    "History", "Identity", "LayerNorm", "LeakyReLU", "Linear", "LogSoftmax", "MLP", "MSELoss",
+    "ModelCheckpoint", "Module", "NonFiniteLossError", "Optimizer", "Parameter", "ReLU", "SGD",
+    "Sequential", "SiLU", "Sigmoid", "Softmax", "SpatialGatingUnit", "Tanh", "Workspace",
+    "clip_grad_norm", "data", "evaluate", "fit", "lm", "load", "load_torch_state_dict",
+    "lr_scheduler", "predict", "save", "to_torch_state_dict",
+]
+
+# Deep paths and a name each was used for.
+DEEP = {
+    "engine.lr_scheduler": ["LambdaLR", "StepLR", "LinearLR", "CosineAnnealingLR",
+                            "SequentialLR", "LRScheduler"],
+    "engine.data": ["make_task", "load", "TASKS", "REGRESSION_OUTPUTS"],
+    "engine.distributed": ["ShardedAdamW", "fit_setup", "save", "load"],
+    "engine.callbacks": ["Callback", "EarlyStopping", "ModelCheckpoint", "check_output_path"],
+    "engine.interop": ["to_torch_state_dict", "load_torch_state_dict", "torch_names"],
+    "engine.train": ["fit", "evaluate", "predict", "History", "TrainingInterrupted",
+                     "r2_score", "mean_absolute_error"],
+    "engine.optim": ["SGD", "AdamW", "Optimizer", "clip_grad_norm", "defer_keyboard_interrupt"],
+    "engine.checkpoint": ["save", "load", "CheckpointError"],
+    "engine.module": ["Module", "Parameter", "Workspace"],
+    "engine.layers": ["Linear", "MLP", "Activation", "Sequential"],
+    "engine.blocks": ["FFN", "GMLP", "FFNSublayer", "LayerNorm"],
+    "engine.losses": ["MSELoss", "CrossEntropyLoss"],
+    "engine.registry": ["BLOCKS"],
+    "engine.naive": ["NaiveBlock"],
+    "engine.lm": ["build_model", "Vocabulary"],
+    "engine.cli": ["main", "build_parser"],
+}
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_every_old_export_is_still_there(name):
+    # Check `from engine import X` works for each name exported before the split.
+    assert getattr(engine, name) is not None
+
+
+@pytest.mark.parametrize("path", sorted(DEEP))
+def test_deep_paths_import_with_their_names(path):
+    # Check `import engine.x` and `from engine.x import Y` work, and that an old path is the
+    # same module object as the attribute (so monkeypatching through either reaches both).
+    mod = importlib.import_module(path)
+    for name in DEEP[path]:
+        assert hasattr(mod, name), f"{path}.{name}"
+    assert getattr(engine, path.split(".")[1]) is mod
+
+
+def test_old_paths_share_classes_with_new_ones():
+    # Check a class reached through an old path is the one exported, not a copy.
+    from engine.train import fit as old_fit
+    from engine.training.loop import fit as new_fit
+    assert old_fit is new_fit is engine.fit
+    from engine.lr_scheduler import StepLR
+    from engine.optim.lr_scheduler import StepLR as NewStepLR
+    assert StepLR is NewStepLR
