@@ -74,3 +74,13 @@ NAMES += ("softmax_forward", "softmax_backward", "log_softmax_forward", "log_sof
           "glu_forward", "glu_backward", "fill_by_row", "rowsum", "swap01", "sgu_gate_forward",
           "sgu_gate_backward", "causal_weight", "causal_grad_add", "embedding_forward",
           "embedding_backward")
+
+# --- multi-head attention layouts -----------------------------------------------------------
+from .attention import (causal_fill_unchecked, heads_merge_unchecked,  # noqa: E402
+                        heads_split_unchecked)
+
+heads_split = heads_split_unchecked    # (B, T, M*d) rows -> (M, B, H, T, dh) head-major
+heads_merge = heads_merge_unchecked    # (M, B, H, T, dh) head-major -> (B, T, M*d) rows
+causal_fill = causal_fill_unchecked    # s[p, i, j > i] = value
+
+NAMES += ("heads_split", "heads_merge", "causal_fill")
