@@ -1,0 +1,205 @@
+"""``MultiHeadAttention``: multi-head scaled dot-product self-attention (Vaswani et al. 2017),
+causal (GPT, Radford et al. 2018) or full, on the module protocol.
+
+Every product is a BLAS GEMM on contiguous operands: one (N, d) x (d, 3d) projection for
+q, k and v together, one pass that moves the heads into head-major buffers
+(kernels.attention), then per (batch, head) ``S = q k^T`` and ``O = P v`` on contiguous
+(T, d_head) and (T, T) matrices, one pass back to rows and the output projection, into
+which the residual is fused. The scores are materialised: memory O(B h T^2).
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from kernels import ops
+
+from .module import (INITS, Module, Parameter, check_float, check_positive_int, init_weight,
+                     make_rng)
+
+__all__ = ["MultiHeadAttention", "MAX_SCORES_BYTES"]
+
+# Default bound on the score buffers of one call (see MultiHeadAttention).
+MAX_SCORES_BYTES = 1 << 30
+
+
+def _check_bool(name, v) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {v!r}")
+    return bool(v)
+
+
+class MultiHeadAttention(Module):
+    """Self-attention over the T positions of each sequence of ``x`` (B, T, d_model)::
+
+        [q | k | v] = x W_qkv + b_qkv                         (B, T, 3 d_model)
+        head j:  P_j = softmax(q_j k_j^T / sqrt(d_head) + M)  (T, T) per sequence
+                 O_j = dropout(P_j) v_j                       (T, d_head)
+        y = [O_1 | ... | O_h] W_o + b_o                       (B, T, d_model)
+
+    with ``d_head = d_model / n_heads``, q_j the columns ``j*d_head:(j+1)*d_head`` of the q
+    third (the same layout as PyTorch's ``in_proj_weight`` and nanoGPT's ``c_attn``, both
+    W_qkv^T), and M = -inf above the diagonal when ``causal`` (position t attends to
+    positions <= t), 0 otherwise. ``dropout`` drops attention weights in training.
+    Parameters ``W_qkv`` (d_model, 3 d_model), ``b_qkv`` (3 d_model,), ``W_o`` (d_model,
+    d_model), ``b_o`` (d_model,); no biases with ``bias=False``; weights by ``init``
+    (``init_weight``), biases zero.
+
+    Memory: the scores, their gradient (and with dropout the dropped weights and the mask)
+    are kept whole, ``k * B * n_heads * T^2`` elements with k = 2 (4 with dropout). A call
+    whose score buffers would exceed ``max_scores_bytes`` (default 1 GiB) raises ValueError
+    before anything changes: use smaller batches or shorter sequences.
+    """
+
+    fuses_residual = True
+    fuses_dx_acc = True
+    acc_alias_safe = True  # dy is read only by the first two backward GEMMs
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = True, dropout: float = 0.0,
+                 bias: bool = True, init: str = "xavier", max_scores_bytes: int = MAX_SCORES_BYTES,
+                 dtype=np.float32, rng=None):
+        super().__init__(dtype)
+        self.d_model = self.in_features = check_positive_int("d_model", d_model)
+        self.n_heads = check_positive_int("n_heads", n_heads)
+        if d_model % n_heads:
+            raise ValueError(f"d_model: expected a multiple of n_heads = {n_heads} (each head "
+                             f"takes d_model / n_heads features), got d_model = {d_model}")
+        self.d_head = d_model // n_heads
+        self.causal = _check_bool("causal", causal)
+        self.p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
+        self.bias = _check_bool("bias", bias)
+        if init not in INITS:
+            raise ValueError(f"init: expected one of {INITS}, got {init!r}")
+        self.init = init
+        self.max_scores_bytes = check_positive_int("max_scores_bytes", max_scores_bytes)
+        self.scale = 1.0 / math.sqrt(self.d_head)
+        rng = make_rng(rng)
+        self._rng = rng
+        dt, d = self.dtype, self.d_model
+        self.W_qkv = Parameter(init_weight(d, 3 * d, init, dt, rng))
+        self.b_qkv = Parameter(np.zeros(3 * d, dt)) if bias else None
+        self.W_o = Parameter(init_weight(d, d, init, dt, rng))
+        self.b_o = Parameter(np.zeros(d, dt)) if bias else None
+        c = self._c
+        c.pending = None  # (B, T) of the call being checked (committed by _forward)
+        c.bt = None       # (B, T) of the last forward
+        c.x = None        # (N, d_model) the last input, by reference
+        c.dropped = False
+
+    def extra_repr(self):
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, "
+                f"dropout={self.p}, bias={self.bias}, dtype={self.dtype}")
+
+    def scores_nbytes(self, batch: int, seq_len: int) -> int:
+        """Bytes of the score buffers a (batch, seq_len) call needs."""
+        k = 4 if self.p > 0.0 else 2
+        return k * batch * self.n_heads * seq_len * seq_len * self.dtype.itemsize
+
+    def forward(self, x, *, residual=None):
+        """``attention(x)`` (``+ residual``) for ``x`` of shape (B, T, d_model)."""
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"x: expected a numpy.ndarray of shape (B, T, {self.d_model}), got "
+                            f"{type(x).__name__}")
+        if x.ndim != 3:
+            raise ValueError(f"x: expected shape (B, T, {self.d_model}) (attention mixes the T "
+                             f"positions of each sequence), got {x.shape}")
+        b, t = x.shape[0], x.shape[1]
+        need = self.scores_nbytes(b, t)
+        if need > self.max_scores_bytes:
+            raise ValueError(f"x: shape {x.shape} needs {need:,} bytes of attention scores "
+                             f"(O(B * n_heads * T^2)), above max_scores_bytes = "
+                             f"{self.max_scores_bytes:,}; use a smaller batch or shorter "
+                             f"sequences")
+        self._c.pending = (b, t)
+        return super().forward(x, residual=residual)
+
+    def _make_views(self, key):
+        b, t = key
+        ws, d, h, dh = self._ws, self.d_model, self.n_heads, self.d_head
+        n, bh = b * t, b * h
+        heads = ws.get("heads", 3 * bh * t * dh).reshape(3, b, h, t, dh)  # q, k, v head-major
+        dheads = ws.get("dheads", 3 * bh * t * dh).reshape(3, b, h, t, dh)  # dq, dk, dv
+        oh = ws.get("oh", bh * t * dh).reshape(1, b, h, t, dh)  # heads' outputs; dO in backward
+        s = ws.get("s", bh * t, t)    # (bh*T, T) scores, then P = softmax (kept for backward)
+        ds = ws.get("ds", bh * t, t)  # (bh*T, T) dP, then dS in place
+        v = SimpleNamespace(
+            qkv=ws.get("qkv", n, 3 * d),  # (N, 3d) x W_qkv + b_qkv; d[q|k|v] in backward
+            o=ws.get("o", n, d),          # (N, d) heads merged; dO rows in backward
+            y=ws.get("y", n, d),          # (N, d) output
+            dx=ws.get("dx", n, d),        # (N, d) input gradient
+            heads=heads, dheads=dheads, oh=oh, s=s, ds=ds,
+            s3=s.reshape(bh, t, t))
+        pd = s
+        if self.p > 0.0:
+            pd = v.pd = ws.get("pd", bh * t, t)      # (bh*T, T) dropout(P)
+            v.mask = ws.get("mask", bh * t, t)       # (bh*T, T) dropout mask for backward
+        q, k, vv = (heads[i].reshape(bh, t, dh) for i in range(3))
+        dq, dk, dv = (dheads[i].reshape(bh, t, dh) for i in range(3))
+        o3 = oh.reshape(bh, t, dh)
+        s3, ds3, pd3 = s.reshape(bh, t, t), ds.reshape(bh, t, t), pd.reshape(bh, t, t)
+        # One tuple of contiguous 2-D operands per (batch, head): indexing costs ~0.2 us each.
+        v.per_head = [(q[i], k[i], vv[i], s3[i], pd3[i], o3[i], ds3[i], dq[i], dk[i], dv[i])
+                      for i in range(bh)]
+        return v
+
+    def _forward(self, x2, res2):
+        b, t = self._c.bt = self._c.pending  # the base class has checked the rest of x
+        v = self._views((b, t))
+        self._c.x = x2
+        self._c.dropped = dropped = self.training and self.p > 0.0
+        if b == 0:
+            return v.y
+        gemm, scale = ops.gemm, self.scale
+        if self.b_qkv is None:
+            gemm(v.qkv, x2, self.W_qkv.data, False, False, 1.0, 0.0)
+        else:  # [q | k | v] = b_qkv, then += x W_qkv inside the GEMM
+            ops.fill_rows(v.qkv, self.b_qkv.data, None)
+            gemm(v.qkv, x2, self.W_qkv.data, False, False, 1.0, 1.0)
+        ops.heads_split(v.heads, v.qkv, self.n_heads)
+        for q, k, _, s, _, _, _, _, _, _ in v.per_head:
+            gemm(s, q, k, False, True, scale, 0.0)            # S = q k^T / sqrt(d_head)
+        if self.causal:
+            ops.causal_fill(v.s3, -np.inf)                     # exp(-inf) = 0: no future
+        ops.softmax_forward(v.s, v.s)                          # P, in place
+        if dropped:
+            ops.dropout_forward(v.pd, v.mask, v.s, self.p, self._rng)
+        for _, _, vh, _, pd, o, _, _, _, _ in v.per_head:
+            gemm(o, pd, vh, False, False, 1.0, 0.0)            # O = dropout(P) v
+        ops.heads_merge(v.o, v.oh)
+        if self.b_o is None and res2 is None:
+            gemm(v.y, v.o, self.W_o.data, False, False, 1.0, 0.0)
+        else:  # y = b_o (+ residual), then += O W_o inside the GEMM
+            ops.fill_rows(v.y, None if self.b_o is None else self.b_o.data, res2)
+            gemm(v.y, v.o, self.W_o.data, False, False, 1.0, 1.0)
+        return v.y
+
+    def _backward(self, dy2, acc2):
+        b, t = self._c.bt
+        v = self._views((b, t))
+        dx = v.dx if acc2 is None else acc2
+        if b == 0:
+            return dx
+        gemm, scale = ops.gemm, self.scale
+        if self.b_o is not None:
+            ops.colsum(self.b_o.grad, dy2, 1.0)                 # db_o += dy.sum(0)
+        gemm(self.W_o.grad, v.o, dy2, True, False, 1.0, 1.0)    # dW_o += O^T dy
+        gemm(v.o, dy2, self.W_o.data, False, True, 1.0, 0.0)    # dO = dy W_o^T (over O)
+        ops.heads_split(v.oh, v.o, self.n_heads)
+        for q, k, vh, s, pd, do, ds, dq, dk, dv in v.per_head:
+            gemm(ds, do, vh, False, True, 1.0, 0.0)             # dP = dO v^T
+            gemm(dv, pd, do, True, False, 1.0, 0.0)             # dv = dropout(P)^T dO
+        if self._c.dropped:
+            ops.dropout_backward(v.ds, v.ds, v.mask)
+        ops.softmax_backward(v.ds, v.ds, v.s)                   # dS = P (dP - sum dP P)
+        for q, k, _, _, _, _, ds, dq, dk, _ in v.per_head:
+            gemm(dq, ds, k, False, False, scale, 0.0)           # dq = dS k / sqrt(d_head)
+            gemm(dk, ds, q, True, False, scale, 0.0)            # dk = dS^T q / sqrt(d_head)
+        ops.heads_merge(v.qkv, v.dheads)                        # d[q | k | v] as rows
+        if self.b_qkv is not None:
+            ops.colsum(self.b_qkv.grad, v.qkv, 1.0)
+        gemm(self.W_qkv.grad, self._c.x, v.qkv, True, False, 1.0, 1.0)  # dW_qkv += x^T dqkv
+        gemm(dx, v.qkv, self.W_qkv.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
+        self._c.x = None
+        return dx
