@@ -97,22 +97,32 @@ class MultiHeadAttention(Module):
         k = 4 if self.p > 0.0 else 2
         return k * batch * self.n_heads * seq_len * seq_len * self.dtype.itemsize
 
-    def forward(self, x, *, residual=None):
-        """``attention(x)`` (``+ residual``) for ``x`` of shape (B, T, d_model)."""
+    def check_sequences(self, x):
+        """``(B, T)`` of an input ``x`` of shape (B, T, d_model) whose scores fit in
+        ``max_scores_bytes``; TypeError/ValueError otherwise (composites call it before any
+        child runs, so a rejected call changes nothing)."""
         if not isinstance(x, np.ndarray):
             raise TypeError(f"x: expected a numpy.ndarray of shape (B, T, {self.d_model}), got "
                             f"{type(x).__name__}")
         if x.ndim != 3:
             raise ValueError(f"x: expected shape (B, T, {self.d_model}) (attention mixes the T "
                              f"positions of each sequence), got {x.shape}")
-        b, t = x.shape[0], x.shape[1]
-        need = self.scores_nbytes(b, t)
+        return self.check_scores(x.shape[0], x.shape[1])
+
+    def check_scores(self, batch: int, seq_len: int):
+        """``(batch, seq_len)`` if their score buffers fit in ``max_scores_bytes``, else
+        ValueError."""
+        need = self.scores_nbytes(batch, seq_len)
         if need > self.max_scores_bytes:
-            raise ValueError(f"x: shape {x.shape} needs {need:,} bytes of attention scores "
-                             f"(O(B * n_heads * T^2)), above max_scores_bytes = "
-                             f"{self.max_scores_bytes:,}; use a smaller batch or shorter "
+            raise ValueError(f"x: B = {batch} sequences of T = {seq_len} need {need:,} bytes of "
+                             f"attention scores (O(B * n_heads * T^2)), above max_scores_bytes "
+                             f"= {self.max_scores_bytes:,}; use a smaller batch or shorter "
                              f"sequences")
-        self._c.pending = (b, t)
+        return batch, seq_len
+
+    def forward(self, x, *, residual=None):
+        """``attention(x)`` (``+ residual``) for ``x`` of shape (B, T, d_model)."""
+        self._c.pending = self.check_sequences(x)
         return super().forward(x, residual=residual)
 
     def _make_views(self, key):

@@ -1,0 +1,167 @@
+"""``GPT``: a decoder-only transformer language model (Radford et al. 2018, 2019), laid out as
+Karpathy's nanoGPT: token and learned position embeddings, a stack of pre-norm causal
+``TransformerBlock``s, a final LayerNorm and a language-model head, optionally tied to the
+token embedding (Press & Wolf 2017). Input: integer token ids (B, T), T <= block_size;
+output: next-token logits (B, T, vocab_size)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels import ops
+
+from ..nn.blocks import Dropout, LayerNorm
+from ..nn.embedding import Embedding
+from ..nn.layers import Linear, Sequential
+from ..nn.module import Module, check_float, check_positive_int, make_rng
+from ..nn.transformer import TransformerBlock
+
+__all__ = ["GPT"]
+
+# The residual projections of a block (scaled at init, GPT-2 / nanoGPT's c_proj).
+_RESIDUAL_PROJECTIONS = ("attn.W_o", "mlp.W_out", "mlp.W_down")
+
+
+class GPT(Module):
+    """``logits = head(ln_f(blocks(wte[ids] + wpe[0:T])))`` for token ids (B, T).
+
+    Children: ``wte`` Embedding(vocab_size, d_model), ``wpe`` Embedding(block_size,
+    d_model), ``drop`` (embedding dropout), ``h`` a Sequential of ``n_layer``
+    ``TransformerBlock(d_model, n_head, d_ff, ffn, norm="pre", dropout, causal=True)``
+    (``checkpoint=True`` recomputes each block in backward instead of storing it),
+    ``ln_f`` LayerNorm, and with ``tie_weights=False`` ``lm_head`` Linear(d_model,
+    vocab_size, bias=False). With ``tie_weights=True`` the head is the token embedding
+    itself, logits = h wte.W^T, and both uses add into the one gradient ``wte.W.grad``.
+    ``d_ff`` defaults to 4 d_model. Initialisation as nanoGPT: every weight and embedding
+    N(0, 0.02^2), the residual projections (``attn.W_o``, the FFN's output weight)
+    N(0, (0.02 / sqrt(2 n_layer))^2), biases 0, LayerNorms 1 and 0.
+
+    ``backward(dlogits)`` adds every parameter gradient and returns None (ids have no
+    gradient). Ids outside [0, vocab_size), T > block_size, or a non-integer ids array
+    raise before anything changes.
+    """
+
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int,
+                 d_model: int, d_ff: int | None = None, ffn: str = "gelu", dropout: float = 0.0,
+                 bias: bool = True, tie_weights: bool = True, checkpoint: bool = False,
+                 eps: float = 1e-5, dtype=np.float32, rng=None):
+        super().__init__(dtype)
+        self.vocab_size = check_positive_int("vocab_size", vocab_size)
+        self.block_size = check_positive_int("block_size", block_size)
+        self.n_layer = check_positive_int("n_layer", n_layer)
+        self.n_head = check_positive_int("n_head", n_head)
+        self.d_model = check_positive_int("d_model", d_model)
+        self.d_ff = 4 * d_model if d_ff is None else check_positive_int("d_ff", d_ff)
+        p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
+        if not isinstance(tie_weights, bool):
+            raise TypeError(f"tie_weights: expected True or False, got {tie_weights!r}")
+        rng = make_rng(rng)
+        self.tie_weights, self.p, self.ffn = tie_weights, p, ffn
+        dt = self.dtype
+        self.wte = Embedding(vocab_size, d_model, dt, rng)
+        self.wpe = Embedding(block_size, d_model, dt, rng)
+        self.drop = Dropout(p, dt, rng)
+        self.h = Sequential(*[TransformerBlock(d_model, n_head, self.d_ff, ffn, "pre", p, True,
+                                               bias, "normal", eps, dt, rng)
+                              for _ in range(self.n_layer)], checkpoint=checkpoint)
+        self.ln_f = LayerNorm(d_model, eps, dt)
+        if not tie_weights:
+            self.lm_head = Linear(d_model, vocab_size, bias=False, init="normal", dtype=dt,
+                                  rng=rng)
+        self._positions = np.arange(self.block_size)  # (block_size,) wpe's ids
+        self._c.bt = None
+        self._c.dropped = False
+        self._c.hf = None  # (N, d_model) ln_f's output, by reference (tied head's backward)
+        self._init_weights(rng)
+
+    def _init_weights(self, rng) -> None:
+        std = 0.02
+        proj = std / math.sqrt(2 * self.n_layer)
+        for name, prm in self.named_parameters():
+            if prm.data.ndim != 2:
+                continue  # biases stay 0, LayerNorm gains 1
+            s = proj if name.endswith(_RESIDUAL_PROJECTIONS) else std
+            prm.data = (rng.standard_normal(prm.shape) * s).astype(self.dtype)
+
+    def extra_repr(self):
+        return (f"vocab_size={self.vocab_size}, block_size={self.block_size}, n_layer="
+                f"{self.n_layer}, n_head={self.n_head}, d_model={self.d_model}, d_ff={self.d_ff}"
+                f", ffn={self.ffn!r}, dropout={self.p}, tie_weights={self.tie_weights}, "
+                f"dtype={self.dtype}")
+
+    def out_features(self, d_in: int) -> int:
+        return self.vocab_size
+
+    def _check_ids(self, ids):
+        if not isinstance(ids, np.ndarray):
+            raise TypeError(f"ids: expected a numpy.ndarray of token ids (B, T), got "
+                            f"{type(ids).__name__}")
+        if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(f"ids: expected an integer array (token ids), got dtype {ids.dtype}")
+        if ids.ndim != 2:
+            raise ValueError(f"ids: expected shape (B, T), got {ids.shape}")
+        b, t = ids.shape
+        if not 1 <= t <= self.block_size:
+            raise ValueError(f"ids: expected 1 <= T <= block_size = {self.block_size} positions, "
+                             f"got T = {t} in shape {ids.shape}")
+        if ids.size:
+            lo, hi = ids.min(), ids.max()
+            if lo < 0 or hi >= self.vocab_size:
+                bad = (ids < 0) | (ids >= self.vocab_size)
+                where = np.unravel_index(int(np.argmax(bad)), ids.shape)
+                raise ValueError(f"ids: expected ids in [0, {self.vocab_size}), got "
+                                 f"{int(ids[where])} at index {tuple(int(i) for i in where)}")
+        self.h[0].attn.check_scores(b, t)
+        return b, t
+
+    def forward(self, ids, *, residual=None):
+        """Logits (B, T, vocab_size) for token ids (B, T); a view of a work buffer."""
+        if residual is not None:
+            raise ValueError("residual: a GPT's output is logits; it takes no residual")
+        b, t = self._check_ids(ids)
+        s = self._s
+        s.ready = False
+        n, d, v = b * t, self.d_model, self.vocab_size
+        x = self.wpe(np.broadcast_to(self._positions[:t], (b, t)), residual=self.wte(ids))
+        self._c.dropped = self.p > 0.0 and self.training
+        if self._c.dropped:
+            x = self.drop(x)
+        hf = self.ln_f(self.h(x)).reshape(n, d)
+        if self.tie_weights:
+            logits = self._ws.get("logits", n, v)  # (N, vocab_size)
+            if n:
+                ops.gemm(logits, hf, self.wte.W.data, False, True, 1.0, 0.0)  # h wte.W^T
+            self._c.hf = hf
+        else:
+            logits = self.lm_head(hf)
+        self._c.bt = (b, t)
+        s.out_shape, s.ready = (b, t, v), True
+        return logits.reshape(b, t, v)
+
+    def backward(self, dy, *, dx_acc=None):
+        """Adds every parameter's gradient for dlogits ``dy`` (B, T, vocab_size); None."""
+        s = self._s
+        if not s.ready:
+            raise self._no_forward()
+        if dx_acc is not None:
+            raise ValueError("dx_acc: a GPT has no input gradient (its input is token ids)")
+        dy2 = self._dy_rows(dy, s.out_shape)
+        b, t = self._c.bt
+        n, d = b * t, self.d_model
+        if self.tie_weights:
+            dhf = self._ws.get("dhf", n, d)  # (N, d_model)
+            if n:
+                w = self.wte.W
+                ops.gemm(w.grad, dy2, self._c.hf, True, False, 1.0, 1.0)  # dW += dy^T h
+                ops.gemm(dhf, dy2, w.data, False, False, 1.0, 0.0)        # dh = dy W
+            self._c.hf = None
+        else:
+            dhf = self.lm_head.backward(dy2)
+        dx = self.h.backward(self.ln_f.backward(dhf.reshape(b, t, d)))
+        if self._c.dropped:
+            dx = self.drop.backward(dx)
+        self.wpe.backward(dx)
+        self.wte.backward(dx)  # adds into wte.W.grad after the tied head's GEMM
+        s.ready = False
+        return None

@@ -1,0 +1,104 @@
+"""``TransformerBlock``: multi-head self-attention and a feed-forward block, each inside a
+residual connection with a LayerNorm (Vaswani et al. 2017; pre-norm as GPT-2, Radford et al.
+2019). A composite: it calls its children's public ``forward``/``backward`` only, with the
+protocol's fused residual."""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import ops
+
+from .attention import MultiHeadAttention
+from .blocks import FFN, Dropout, LayerNorm
+from .gated import GatedFFN
+from .module import INITS, Module, check_float, check_positive_int, make_rng
+
+__all__ = ["TransformerBlock", "GATED_FFNS"]
+
+# ``ffn`` names that select GatedFFN (Shazeer 2020) and its gate activation.
+GATED_FFNS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
+
+
+class TransformerBlock(Module):
+    """One transformer block on (B, T, d_model) inputs; ``norm="pre"`` (GPT-2, nanoGPT's
+    ``Block``)::
+
+        h = x + drop(attn(ln_1(x)))
+        y = h + drop(mlp(ln_2(h)))
+
+    ``norm="post"`` (Vaswani et al. 2017): ``h = ln_1(x + drop(attn(x)))``, ``y = ln_2(h +
+    drop(mlp(h)))``. Children ``ln_1``, ``attn`` (MultiHeadAttention, ``causal``, attention
+    dropout ``dropout``), ``ln_2``, ``mlp``: ``FFN(d_model, d_ff, ffn)`` for a registered
+    activation name ("gelu", "relu", ...), or ``GatedFFN`` for "swiglu", "geglu", "reglu";
+    ``drop_1``/``drop_2`` drop the residual branches (both ``dropout``).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, ffn: str = "gelu",
+                 norm: str = "pre", dropout: float = 0.0, causal: bool = True,
+                 bias: bool = True, init: str = "xavier", eps: float = 1e-5, dtype=np.float32,
+                 rng=None):
+        super().__init__(dtype)
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm: expected 'pre' or 'post', got {norm!r}")
+        self.d_model = self.in_features = check_positive_int("d_model", d_model)
+        self.d_ff = check_positive_int("d_ff", d_ff)
+        p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
+        if init not in INITS:
+            raise ValueError(f"init: expected one of {INITS}, got {init!r}")
+        rng = make_rng(rng)
+        self.norm, self.ffn, self.p = norm, ffn, p
+        self.ln_1 = LayerNorm(d_model, eps, dtype)
+        self.attn = MultiHeadAttention(d_model, n_heads, causal, p, bias, init, dtype=dtype,
+                                       rng=rng)
+        self.ln_2 = LayerNorm(d_model, eps, dtype)
+        if ffn in GATED_FFNS:
+            self.mlp = GatedFFN(d_model, d_ff, GATED_FFNS[ffn], bias, 0.0, init, dtype, rng)
+        else:
+            try:
+                self.mlp = FFN(d_model, d_ff, ffn, 0.0, bias, init, dtype, rng)
+            except ValueError as e:
+                raise ValueError(f"ffn: expected an activation name for FFN or one of "
+                                 f"{tuple(GATED_FFNS)} for GatedFFN, got {ffn!r} ({e})") from None
+        self.drop_1 = Dropout(p, dtype, rng)
+        self.drop_2 = Dropout(p, dtype, rng)
+        self._c.pending = self._c.bt = None  # (B, T) of the call being checked / the last one
+        self._c.dropped = False
+
+    def extra_repr(self):
+        return (f"d_model={self.d_model}, d_ff={self.d_ff}, ffn={self.ffn!r}, "
+                f"norm={self.norm!r}, dropout={self.p}, dtype={self.dtype}")
+
+    def forward(self, x, *, residual=None):
+        """The block on ``x`` of shape (B, T, d_model) (``+ residual`` when given)."""
+        self._c.pending = self.attn.check_sequences(x)
+        return super().forward(x, residual=residual)
+
+    def _forward(self, x2, res2):
+        b, t = self._c.bt = self._c.pending
+        x = x2.reshape(b, t, self.d_model)
+        self._c.dropped = dropped = self.training and self.p > 0.0
+        attn, mlp, ln_1, ln_2 = self.attn, self.mlp, self.ln_1, self.ln_2
+        if self.norm == "pre":
+            h = self.drop_1(attn(ln_1(x)), residual=x) if dropped else attn(ln_1(x), residual=x)
+            y = self.drop_2(mlp(ln_2(h)), residual=h) if dropped else mlp(ln_2(h), residual=h)
+        else:
+            h = ln_1(self.drop_1(attn(x), residual=x) if dropped else attn(x, residual=x))
+            y = ln_2(self.drop_2(mlp(h), residual=h) if dropped else mlp(h, residual=h))
+        return y.reshape(b * t, self.d_model)
+
+    def _backward(self, dy2, acc2):
+        b, t = self._c.bt
+        dy = dy2.reshape(b, t, self.d_model)
+        dropped = self._c.dropped
+        attn, mlp, ln_1, ln_2 = self.attn, self.mlp, self.ln_1, self.ln_2
+        if self.norm == "pre":
+            dh = ln_2.backward(mlp.backward(self.drop_2.backward(dy) if dropped else dy))
+            ops.add(dh, dh, dy)                                  # the residual path
+            dx = ln_1.backward(attn.backward(self.drop_1.backward(dh) if dropped else dh))
+            ops.add(dx, dx, dh)
+        else:
+            ds = ln_2.backward(dy)                               # dh = ds + mlp'(h)^T ds
+            dh = mlp.backward(self.drop_2.backward(ds) if dropped else ds, dx_acc=ds)
+            ds = ln_1.backward(dh)
+            dx = attn.backward(self.drop_1.backward(ds) if dropped else ds, dx_acc=ds)
+        return dx.reshape(b * t, self.d_model)
