@@ -175,8 +175,8 @@ class MultiHeadAttention(Module):
         ops.softmax_forward(v.s, v.s)                          # P, in place
         if dropped:
             ops.dropout_forward(v.pd, v.mask, v.s, self.p, self._rng)
-        for _, _, vh, _, pd, o, _, _, _, _ in v.per_head:
-            gemm(o, pd, vh, False, False, 1.0, 0.0)            # O = dropout(P) v
+        for _, _, vh, s, pd, o, _, _, _, _ in v.per_head:
+            gemm(o, pd if dropped else s, vh, False, False, 1.0, 0.0)  # O = dropout(P) v
         ops.heads_merge(v.o, v.oh)
         if self.b_o is None and res2 is None:
             gemm(v.y, v.o, self.W_o.data, False, False, 1.0, 0.0)
@@ -191,7 +191,7 @@ class MultiHeadAttention(Module):
         dx = v.dx if acc2 is None else acc2
         if b == 0:
             return dx
-        gemm, scale = ops.gemm, self.scale
+        gemm, scale, dropped = ops.gemm, self.scale, self._c.dropped
         if self.b_o is not None:
             ops.colsum(self.b_o.grad, dy2, 1.0)                 # db_o += dy.sum(0)
         gemm(self.W_o.grad, v.o, dy2, True, False, 1.0, 1.0)    # dW_o += O^T dy
@@ -199,8 +199,8 @@ class MultiHeadAttention(Module):
         ops.heads_split(v.oh, v.o, self.n_heads)
         for q, k, vh, s, pd, do, ds, dq, dk, dv in v.per_head:
             gemm(ds, do, vh, False, True, 1.0, 0.0)             # dP = dO v^T
-            gemm(dv, pd, do, True, False, 1.0, 0.0)             # dv = dropout(P)^T dO
-        if self._c.dropped:
+            gemm(dv, pd if dropped else s, do, True, False, 1.0, 0.0)  # dv = dropout(P)^T dO
+        if dropped:
             ops.dropout_backward(v.ds, v.ds, v.mask)
         ops.softmax_backward(v.ds, v.ds, v.s)                   # dS = P (dP - sum dP P)
         for q, k, _, _, _, _, ds, dq, dk, _ in v.per_head:
