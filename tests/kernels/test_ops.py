@@ -101,6 +101,8 @@ def _case(name, rng):
         return (lambda: ops.sgd(x.copy(), y, None, 0.1)), x - 0.1 * y
     if name in _ROWWISE_GLU_TOKEN_MIX_EMBEDDING:
         return _ROWWISE_GLU_TOKEN_MIX_EMBEDDING[name](rng, x, y)
+    if name in _ATTENTION:
+        return _ATTENTION[name](rng)
     raise AssertionError(f"no case for ops.{name}: add one here")
 
 
@@ -170,3 +172,17 @@ def test_every_entry_computes_its_kernel(name):
     # Check that each entry is wired to the kernel its name says (float64, tiny shapes).
     run, expected = _case(name, np.random.default_rng(7))
     np.testing.assert_allclose(np.asarray(run()), expected, rtol=1e-12, atol=1e-12)
+
+
+# Multi-head attention layouts: expected values by NumPy indexing written here.
+_ATTENTION = {
+    "heads_split": lambda rng: (lambda a: (
+        lambda: ops.heads_split(np.empty((3, 2, 2, 3, 2)), a, 2),
+        a.reshape(2, 3, 3, 2, 2).transpose(2, 0, 3, 1, 4)))(rng.standard_normal((2, 3, 12))),
+    "heads_merge": lambda rng: (lambda a: (
+        lambda: ops.heads_merge(np.empty((2, 3, 4)), a),
+        a.transpose(1, 3, 0, 2, 4).reshape(2, 3, 4)))(rng.standard_normal((1, 2, 2, 3, 2))),
+    "causal_fill": lambda rng: (lambda a: (
+        lambda: ops.causal_fill(a.copy(), -5.0),
+        np.where(np.tri(3, dtype=bool), a, -5.0)))(rng.standard_normal((2, 3, 3))),
+}
