@@ -35,6 +35,7 @@ from ..training.loop import TrainingInterrupted
 
 MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
 MODELS += ("gmlp-lm",)  # the character language model of engine/lm.py (--task text)
+MODELS += ("gpt",)  # the GPT character language model of engine/models/gpt_lm.py (--task text)
 SCHEDULES = ("constant", "cosine", "linear", "step")
 HELD_OUT = 4096  # fresh samples drawn (with another seed) to measure generalisation
 
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "FFN(d_hidden, d_ff) -> Linear(d_hidden, d_out); sublayer: the same with "
                         "an FFNSublayer (residual + LayerNorm) in the middle; mlp: MLP with the "
                         "--hidden sizes; gmlp-lm: the attention-free character language model "
+                        "(--task text; docs/lm.md); gpt: a GPT character language model "
                         "(--task text; docs/lm.md)")
     g.add_argument("--d-hidden", type=_positive, default=128, metavar="N",
                    help="gMLP d_hidden (width after W_in); d_model of the ffn/sublayer models")
@@ -229,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text the generated sample starts from (default: 'The ')")
     g.add_argument("--sample-length", type=_nonnegative_int, default=None, metavar="N",
                    help="characters to generate after the prompt (default: 300)")
+    g.add_argument("--layers", type=_positive, default=None, metavar="N",
+                   help="gpt: TransformerBlocks (default: 4)")
+    g.add_argument("--heads", type=_positive, default=None, metavar="N",
+                   help="gpt: attention heads, dividing --d-hidden (default: 4)")
+    g.add_argument("--seq-len", type=_positive, default=None, metavar="N",
+                   help="gpt: block_size, characters per window (default: 64)")
     sub.add_parser("info", help="print versions, BLAS libraries and thread counts",
                    description="Print the versions of Python, numpy, scipy, threadpoolctl and "
                                "blasnet, the BLAS/OpenMP libraries loaded with their thread "
@@ -477,11 +485,16 @@ def train(args) -> int:
 def _train(args) -> int:
     t_all = time.perf_counter()
     _check_args(args)
+    if args.model == "gpt":  # the GPT character LM: engine/models/gpt_lm.py
+        from ..models import gpt_lm
+        return gpt_lm.run_cli(args)
     if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/lm.py
         from ..models import lm
         return lm.run_cli(args)
     if args.prompt is not None or args.sample_length is not None:
         raise _UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
+    if args.layers is not None or args.heads is not None or args.seq_len is not None:
+        raise _UsageError("--layers, --heads, --seq-len: only with --model gpt --task text")
     from .. import distributed
     comm = distributed.world()  # K > 1 ranks under mpiexec: data parallel, else None
     rank = 0 if comm is None else comm.Get_rank()
