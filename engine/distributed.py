@@ -25,6 +25,7 @@ from kernels import ops
 from kernels.memory import aligned_empty
 from kernels.optim import adamw_consts
 
+from ._checks import check_int
 from .nn.module import _GENERATION, Module, make_rng, runs
 from .optim.optimizers import AdamW, clip_grad_norm
 
@@ -133,8 +134,7 @@ def rank_rng(seed: int, comm=None, out=None) -> np.random.Generator:
     ranks and are reproducible. With ``out`` (the Generator a model was built with) that
     Generator is switched to the stream in place, so the model's dropout layers draw from
     it; ``out`` is returned."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
+    check_int("seed", seed, 0)
     rank = _comm(comm).Get_rank()
     seq = np.random.SeedSequence(int(seed), spawn_key=(rank,))
     if out is None:

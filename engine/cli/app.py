@@ -21,6 +21,7 @@ import numpy as np
 import kernels
 
 from .. import __version__
+from .._checks import argparse_int, argparse_real
 from ..training import checkpoint
 from .. import data as _data
 from ..optim import lr_scheduler as _lrs
@@ -49,37 +50,10 @@ def _prog() -> str:
 
 
 # ----------------------------------------------------------------------------- parser
-def _int_at_least(low: int, what: str):
-    """An argparse type: an int >= ``low``, else an error saying ``expected <what>``."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            v = low - 1
-        if v < low:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-    return parse
-
-
-_positive = _int_at_least(1, "a positive integer")
-_nonnegative_int = _int_at_least(0, "an integer >= 0")
-
-
-def _float_in(low: float, high: float | None, what: str, low_open: bool = False,
-              high_open: bool = False):
-    """An argparse type: a finite float in the range, else an error saying ``expected <what>``."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            v = float("nan")
-        ok = (v == v and abs(v) != float("inf") and (v > low if low_open else v >= low)
-              and (high is None or (v < high if high_open else v <= high)))
-        if not ok:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-    return parse
+_int_at_least = argparse_int
+_positive = argparse_int(1, "a positive integer")
+_nonnegative_int = argparse_int(0, "an integer >= 0")
+_float_in = argparse_real
 
 
 def _sizes(text: str) -> list:

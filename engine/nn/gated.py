@@ -14,6 +14,7 @@ import numpy as np
 
 from kernels import ops
 
+from .._checks import check_bool
 from .layers import check_activation
 from .module import INITS, Module, Parameter, check_float, check_positive_int, init_weight, make_rng
 
@@ -45,8 +46,7 @@ class GatedFFN(Module):
         self.activation = check_activation("activation", activation)
         self.negative_slope = check_float("negative_slope", negative_slope)
         self.p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias: expected True or False, got {bias!r}")
+        check_bool("bias", bias)
         if init not in INITS:
             raise ValueError(f"init: expected one of {INITS}, got {init!r}")
         self.init = init

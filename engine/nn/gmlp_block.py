@@ -15,16 +15,14 @@ import numpy as np
 
 from kernels import ops
 
+from .._checks import check_bool
 from .blocks import LayerNorm
 from .module import Module, Parameter, check_float, check_positive_int, init_weight, make_rng
 
 __all__ = ["GMLPBlock", "SpatialGatingUnit"]
 
 
-def _check_bool(name, v) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {v!r}")
-    return bool(v)
+_check_bool = check_bool
 
 
 def _check_sequences(x, seq_len: int, causal: bool, d: int, what: str):

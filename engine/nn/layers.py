@@ -13,6 +13,7 @@ import numpy as np
 from kernels import ops
 from kernels.activations import ACTIVATIONS, REGISTRY
 
+from .._checks import check_bool
 from .module import (INITS, Module, Parameter, Workspace, _rows_of, check_float,
                      check_positive_int, init_weight, make_rng)
 
@@ -350,8 +351,7 @@ class Sequential(Module):
                 seen[id(sub)] = i
         for i, m in enumerate(modules):
             setattr(self, str(i), m)
-        if not isinstance(checkpoint, bool):
-            raise TypeError(f"checkpoint: expected True or False, got {checkpoint!r}")
+        check_bool("checkpoint", checkpoint)
         self._seq = tuple(modules)
         self._rev = tuple(reversed(modules))
         self.checkpoint = checkpoint

@@ -23,50 +23,16 @@ import numpy as np
 from kernels import ops
 from kernels.memory import aligned_empty
 
+from .._checks import check_dtype, check_positive_int
+from .._checks import check_real as check_float
+
 __all__ = ["Parameter", "Arena", "Module", "Workspace", "make_rng", "check_dtype",
            "check_positive_int", "check_float", "as_rows", "INITS", "init_weight", "runs"]
 
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
 
 # ----------------------------------------------------------------------------- checks
-def check_dtype(dtype) -> np.dtype:
-    """Return ``dtype`` as a numpy dtype, float32 or float64, else raise TypeError."""
-    if dtype is None:  # np.dtype(None) is float64: a silent choice the caller did not make
-        raise TypeError("dtype: expected float32 or float64, got None")
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype: expected float32 or float64, got {dtype!r}") from None
-    if dt not in _FLOAT_DTYPES:
-        raise TypeError(f"dtype: expected float32 or float64, got {dt}")
-    return dt
-
-
-def check_positive_int(name: str, v) -> int:
-    """``v`` as an int >= 1: TypeError naming ``name`` for a non-int (bool and float included,
-    as NumPy and PyTorch do for sizes), ValueError for one below 1."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name}: expected a positive int, got {v!r} ({type(v).__name__})")
-    if v < 1:
-        raise ValueError(f"{name}: expected a positive int, got {v}")
-    return int(v)
-
-
-def check_float(name: str, v, low: float = -math.inf, high: float = math.inf,
-                low_open: bool = False, high_open: bool = False) -> float:
-    """``v`` as a finite Python float in the interval: TypeError naming ``name`` for a
-    non-number (bool included), ValueError outside the interval, NaN or infinite."""
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a number, got {v!r} ({type(v).__name__})")
-    f = float(v)
-    ok = math.isfinite(f) and (f > low if low_open else f >= low) and \
-        (f < high if high_open else f <= high)
-    if not ok:
-        lo = ("(" if low_open else "[") + str(low)
-        hi = str(high) + (")" if high_open else "]")
-        raise ValueError(f"{name}: expected a finite number in {lo}, {hi}, got {v!r}")
-    return f
+# check_dtype, check_positive_int and check_float (a finite number in an interval) are the
+# engine's shared checks, re-exported here for the modules.
 
 
 def make_rng(rng) -> np.random.Generator:

@@ -14,6 +14,8 @@ import math
 import numbers
 import weakref
 
+from .._checks import check_int, check_real
+
 __all__ = ["LRScheduler", "LambdaLR", "StepLR", "LinearLR", "CosineAnnealingLR", "SequentialLR"]
 
 # Each optimizer's initial rates, recorded by the first scheduler built on it (PyTorch keeps
@@ -24,23 +26,11 @@ _INITIAL_LRS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _int(where: str, v, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise TypeError(f"{where}: expected an integer >= {low}, got {v!r} ({type(v).__name__})")
-    if v < low:
-        raise ValueError(f"{where}: expected an integer >= {low}, got {v!r}")
-    return int(v)
+    return check_int(where, v, low)
 
 
 def _real(where: str, v, low: float, high: float | None = None, low_open: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{where}: expected a real number, got {v!r} ({type(v).__name__})")
-    x = float(v)
-    bad = math.isnan(x) or (x <= low if low_open else x < low) or (high is not None and x > high)
-    if bad or math.isinf(x):
-        lo = "(" if low_open else "["
-        want = f"in {lo}{low}, {high}]" if high is not None else f"{'>' if low_open else '>='} {low}"
-        raise ValueError(f"{where}: expected a finite number {want}, got {v!r}")
-    return x
+    return check_real(where, v, low, math.inf if high is None else high, low_open)
 
 
 def _groups(optimizer) -> list:

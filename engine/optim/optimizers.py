@@ -25,6 +25,7 @@ from kernels import ops
 from kernels import optim as _kopt
 from kernels.memory import aligned_empty
 
+from .._checks import check_bool, check_int, check_real
 from ..nn.module import _GENERATION, Module, Parameter, runs
 
 __all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm", "defer_keyboard_interrupt",
@@ -82,21 +83,8 @@ class defer_keyboard_interrupt:
 # ----------------------------------------------------------------------------- validation
 def _number(where: str, value, low: float = 0.0, high: float | None = None,
             high_open: bool = False, low_open: bool = False) -> float:
-    """``value`` as a float in [low, high] (open ends with ``low_open``/``high_open``), else
-    raise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: expected a real number, got {value!r} ({type(value).__name__})")
-    v = float(value)
-    if (math.isnan(v) or (v <= low if low_open else v < low)
-            or (high is not None and (v >= high if high_open else v > high))):
-        if high is None:
-            want = f"{'>' if low_open else '>='} {low}"
-        else:
-            want = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{where}: expected a number {want}, got {value!r}")
-    if math.isinf(v):
-        raise ValueError(f"{where}: expected a finite number, got {value!r}")
-    return v
+    """``value`` as a finite float in [low, high] (open ends with ``low_open``/``high_open``)."""
+    return check_real(where, value, low, math.inf if high is None else high, low_open, high_open)
 
 
 def _collect_params(where: str, params) -> list:
@@ -289,8 +277,7 @@ class Optimizer:
         if sd["type"] != name:
             raise ValueError(f"{name}.load_state_dict: the state is of a {sd['type']} optimizer")
         steps = sd["steps"]
-        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
-            raise ValueError(f"{name}.load_state_dict: steps: expected an integer >= 0, got {steps!r}")
+        check_int(f"{name}.load_state_dict: steps", steps, 0)
         groups = sd["param_groups"]
         if not isinstance(groups, (list, tuple)) or len(groups) != len(self.param_groups):
             got = len(groups) if isinstance(groups, (list, tuple)) else type(groups).__name__
@@ -463,10 +450,7 @@ class SGD(Optimizer):
         group["momentum"] = _number(pre + "momentum", group["momentum"])
         group["weight_decay"] = _number(pre + "weight_decay", group["weight_decay"])
         group["dampening"] = _number(pre + "dampening", group["dampening"])
-        nesterov = group["nesterov"]
-        if not isinstance(nesterov, (bool, np.bool_)):
-            raise TypeError(f"{pre}nesterov: expected a bool, got {nesterov!r}")
-        group["nesterov"] = bool(nesterov)
+        group["nesterov"] = check_bool(pre + "nesterov", group["nesterov"])
         if group["nesterov"] and (group["momentum"] <= 0.0 or group["dampening"] != 0.0):
             raise ValueError(f"{pre}nesterov: Nesterov momentum needs momentum > 0 and "
                              f"dampening == 0, got momentum={group['momentum']}, "

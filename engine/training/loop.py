@@ -12,7 +12,6 @@ import contextlib
 import csv
 import json
 import math
-import numbers
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._checks import check_bool, check_int, check_real
 from ..nn.losses import CrossEntropyLoss, MSELoss
 from ..nn.module import Module, make_rng
 from ..optim.optimizers import Optimizer, check_optimizer_of, defer_keyboard_interrupt
@@ -173,10 +173,7 @@ def _check_xy(X, Y, what: str = ""):
         raise ValueError(f"{what}X: expected at least one sample, got shape {X.shape}")
 
 
-def _check_int(name: str, v, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
-        raise ValueError(f"{name}: expected an integer >= {low}, got {v!r}")
-    return int(v)
+_check_int = check_int
 
 
 def _batch_size(batch_size, n: int) -> int:
@@ -565,8 +562,7 @@ def _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng, v
     _check_data(model, loss, X, Y)
     epochs = _check_int("epochs", epochs, 0)
     bs = _batch_size(batch_size, X.shape[0])
-    if not isinstance(shuffle, (bool, np.bool_)):
-        raise TypeError(f"shuffle: expected a bool, got {shuffle!r}")
+    check_bool("shuffle", shuffle)
     if validation is not None:
         if not isinstance(validation, (tuple, list)) or len(validation) != 2:
             raise TypeError("validation: expected a pair (X_val, Y_val)")
@@ -578,10 +574,7 @@ def _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng, v
     callbacks = _check_callbacks(callbacks, classify, validation is not None)
     _check_scheduler(scheduler, scheduler_interval, optimizer)
     if clip_grad_norm is not None:
-        if (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, numbers.Real)
-                or not clip_grad_norm > 0):
-            raise ValueError(f"clip_grad_norm: expected a max norm > 0 (or None), got "
-                             f"{clip_grad_norm!r}")
+        check_real("clip_grad_norm", clip_grad_norm, 0.0, low_open=True, finite=False)
     gen = make_rng(rng)
     bar = _Progress(progress, epochs)
     return epochs, bs, val_bs, gen, bar, callbacks
