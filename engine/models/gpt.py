@@ -14,7 +14,8 @@ from kernels import ops
 from ..nn.blocks import Dropout, LayerNorm
 from ..nn.embedding import Embedding
 from ..nn.layers import Linear, Sequential
-from ..nn.module import Module, check_float, check_positive_int, make_rng
+from .._checks import check_bool, check_positive_int, check_real
+from ..nn.module import Module, make_rng
 from ..nn.transformer import TransformerBlock
 
 __all__ = ["GPT"]
@@ -53,9 +54,8 @@ class GPT(Module):
         self.n_head = check_positive_int("n_head", n_head)
         self.d_model = check_positive_int("d_model", d_model)
         self.d_ff = 4 * d_model if d_ff is None else check_positive_int("d_ff", d_ff)
-        p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
-        if not isinstance(tie_weights, bool):
-            raise TypeError(f"tie_weights: expected True or False, got {tie_weights!r}")
+        p = check_real("dropout", dropout, 0.0, 1.0, high_open=True)
+        check_bool("tie_weights", tie_weights)
         rng = make_rng(rng)
         self.tie_weights, self.p, self.ffn = tie_weights, p, ffn
         dt = self.dtype

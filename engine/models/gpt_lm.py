@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .._checks import argparse_int, argparse_real, check_dtype
 from ..nn.losses import CrossEntropyLoss
-from ..nn.module import check_dtype
 from ..optim import lr_scheduler as lrs
 from ..optim.optimizers import AdamW
 from ..training.loop import fit
@@ -108,15 +108,7 @@ def train(config: GPTConfig | None = None, progress=True, text: str | None = Non
 
 # ----------------------------------------------------------------------------- CLI
 def _number(kind, low, what):
-    def parse(text):
-        try:
-            v = kind(text)
-        except ValueError:
-            v = None
-        if v is None or not v == v or v in (float("inf"),) or v < low:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-    return parse
+    return argparse_int(low, what) if kind is int else argparse_real(low, None, what)
 
 
 def cli_parser() -> argparse.ArgumentParser:

@@ -16,19 +16,13 @@ import numpy as np
 
 from kernels import ops
 
-from .module import (INITS, Module, Parameter, check_float, check_positive_int, init_weight,
-                     make_rng)
+from .._checks import check_bool, check_positive_int, check_real
+from .module import INITS, Module, Parameter, init_weight, make_rng
 
 __all__ = ["MultiHeadAttention", "MAX_SCORES_BYTES"]
 
 # Default bound on the score buffers of one call (see MultiHeadAttention).
 MAX_SCORES_BYTES = 1 << 30
-
-
-def _check_bool(name, v) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {v!r}")
-    return bool(v)
 
 
 class MultiHeadAttention(Module):
@@ -67,9 +61,9 @@ class MultiHeadAttention(Module):
             raise ValueError(f"d_model: expected a multiple of n_heads = {n_heads} (each head "
                              f"takes d_model / n_heads features), got d_model = {d_model}")
         self.d_head = d_model // n_heads
-        self.causal = _check_bool("causal", causal)
-        self.p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
-        self.bias = _check_bool("bias", bias)
+        self.causal = check_bool("causal", causal)
+        self.p = check_real("dropout", dropout, 0.0, 1.0, high_open=True)
+        self.bias = check_bool("bias", bias)
         if init not in INITS:
             raise ValueError(f"init: expected one of {INITS}, got {init!r}")
         self.init = init

@@ -11,7 +11,8 @@ from kernels import ops
 from .attention import MultiHeadAttention
 from .blocks import FFN, Dropout, LayerNorm
 from .gated import GatedFFN
-from .module import INITS, Module, check_float, check_positive_int, make_rng
+from .._checks import check_choice, check_positive_int, check_real
+from .module import INITS, Module, make_rng
 
 __all__ = ["TransformerBlock", "GATED_FFNS"]
 
@@ -38,11 +39,10 @@ class TransformerBlock(Module):
                  bias: bool = True, init: str = "xavier", eps: float = 1e-5, dtype=np.float32,
                  rng=None):
         super().__init__(dtype)
-        if norm not in ("pre", "post"):
-            raise ValueError(f"norm: expected 'pre' or 'post', got {norm!r}")
+        check_choice("norm", norm, ("pre", "post"))
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
         self.d_ff = check_positive_int("d_ff", d_ff)
-        p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
+        p = check_real("dropout", dropout, 0.0, 1.0, high_open=True)
         if init not in INITS:
             raise ValueError(f"init: expected one of {INITS}, got {init!r}")
         rng = make_rng(rng)
