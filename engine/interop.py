@@ -18,6 +18,16 @@ and layouts (``nn.Linear.weight`` is (out, in), blasnet's ``W`` is (in, out): tr
                                  nn.Linear(f, d); forward                  down_proj.weight
                                  down_proj(act(gate_proj(x)) * up_proj(x)) (.bias with bias=True)
     Sequential(m0, m1, ...)      nn.Sequential of the children's modules   <i>.<child's keys>
+    MultiHeadAttention(d, h)     nn.MultiheadAttention(d, h,               in_proj_weight,
+                                 batch_first=True)                         in_proj_bias,
+                                                                           out_proj.weight, .bias
+    TransformerBlock(d, h, f)    nanoGPT's Block: ln_1, attn.c_attn,       ln_1.weight, ...,
+                                 attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj   mlp.c_proj.bias
+                                 (a GatedFFN mlp: LLaMA's names under mlp.)
+    GPT                          nanoGPT's GPT: transformer.wte, .wpe,     transformer.h.<i>.*,
+                                 .h.<i> (Blocks), .ln_f, lm_head           lm_head.weight
+                                 (tied: lm_head.weight is wte's weight; both keys are written,
+                                 and on load both must be present and equal)
 
 Activations, ``Dropout`` and ``Identity`` have no parameters (PyTorch's ``nn.GELU()``,
 ``nn.GELU(approximate="tanh")``, ``nn.ReLU()``, ``nn.SiLU()``, ... in the same slots). The
@@ -34,7 +44,10 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .models.gpt import GPT
+from .nn.attention import MultiHeadAttention
 from .nn.blocks import FFN, AddNorm, FFNSublayer, LayerNorm
+from .nn.transformer import TransformerBlock
 from .nn.gated import GatedFFN
 from .nn.layers import MLP, Linear, Sequential
 from .nn.module import Module
@@ -42,7 +55,7 @@ from .nn.module import Module
 __all__ = ["to_torch_state_dict", "load_torch_state_dict", "torch_names"]
 
 SUPPORTED = ("Linear", "FFN", "MLP", "LayerNorm", "AddNorm", "FFNSublayer", "GatedFFN",
-             "Sequential")
+             "Sequential", "MultiHeadAttention", "TransformerBlock", "GPT")
 
 
 def _linear(prefix: str, w: str, b: str | None):
@@ -77,6 +90,24 @@ def _map(module: Module, tprefix: str, bprefix: str) -> list:
     elif isinstance(module, FFNSublayer):
         out = (_map(module.ffn, tprefix + "ffn.", bprefix + "ffn.")
                + _map(module.norm, tprefix + "norm.", bprefix + "norm."))
+    elif isinstance(module, MultiHeadAttention):
+        out = [(tprefix + "in_proj_weight", bprefix + "W_qkv", True),
+               (tprefix + "out_proj.weight", bprefix + "W_o", True)]
+        if module.bias:
+            out[1:1] = [(tprefix + "in_proj_bias", bprefix + "b_qkv", False)]
+            out.append((tprefix + "out_proj.bias", bprefix + "b_o", False))
+    elif isinstance(module, TransformerBlock):
+        out = _nanogpt_block(module, tprefix, bprefix)
+    elif isinstance(module, GPT):
+        t, out = tprefix + "transformer.", []
+        out += [(t + "wte.weight", bprefix + "wte.W", False),
+                (t + "wpe.weight", bprefix + "wpe.W", False)]
+        for i, block in enumerate(module.h):
+            out += _nanogpt_block(block, f"{t}h.{i}.", f"{bprefix}h.{i}.")
+        out += _map(module.ln_f, t + "ln_f.", bprefix + "ln_f.")
+        out.append((tprefix + "lm_head.weight", bprefix + ("wte.W" if module.tie_weights
+                                                           else "lm_head.W"),
+                    not module.tie_weights))
     elif isinstance(module, Sequential):
         out = []
         for i, child in enumerate(module):
@@ -87,10 +118,31 @@ def _map(module: Module, tprefix: str, bprefix: str) -> list:
         raise TypeError(f"no PyTorch reference module for {type(module).__name__} (it has "
                         f"parameters {sorted(own)}); supported: {', '.join(SUPPORTED)}")
     # Every parameter of the module must be mapped exactly once (catches renamed parameters).
-    mapped = sorted(b[len(bprefix):] for _, b, _ in out)
+    mapped = sorted({b[len(bprefix):] for _, b, _ in out})  # a tied weight has two keys
     if mapped != sorted(own):
         raise TypeError(f"{type(module).__name__}: its parameters {sorted(own)} do not match the "
                         f"PyTorch mapping, which covers {mapped}")
+    return out
+
+
+def _nanogpt_block(block, tprefix: str, bprefix: str) -> list:
+    """nanoGPT's ``Block`` names for a TransformerBlock (its FFN as ``mlp.c_fc`` /
+    ``mlp.c_proj``; a GatedFFN keeps LLaMA's names under ``mlp.``)."""
+    bias = block.attn.bias
+    out = _map(block.ln_1, tprefix + "ln_1.", bprefix + "ln_1.")
+    out += _linear(tprefix + "attn.c_attn.", bprefix + "attn.W_qkv",
+                   bprefix + "attn.b_qkv" if bias else None)
+    out += _linear(tprefix + "attn.c_proj.", bprefix + "attn.W_o",
+                   bprefix + "attn.b_o" if bias else None)
+    out += _map(block.ln_2, tprefix + "ln_2.", bprefix + "ln_2.")
+    mlp = block.mlp
+    if isinstance(mlp, FFN):
+        has = mlp.b1 is not None
+        out += _linear(tprefix + "mlp.c_fc.", bprefix + "mlp.W_in", bprefix + "mlp.b1" if has else None)
+        out += _linear(tprefix + "mlp.c_proj.", bprefix + "mlp.W_out",
+                       bprefix + "mlp.b2" if has else None)
+    else:
+        out += _map(mlp, tprefix + "mlp.", bprefix + "mlp.")
     return out
 
 
@@ -137,7 +189,7 @@ def load_torch_state_dict(model: Module, state) -> None:
         raise KeyError(f"load_torch_state_dict: the state does not fit {type(model).__name__}: "
                        f"missing keys {missing}, unexpected keys {unexpected}")
     params = dict(model.named_parameters())
-    converted = OrderedDict()
+    converted, source = OrderedDict(), {}
     for tkey, bname, transposed in names:
         v = _as_numpy(tkey, state[tkey])
         p = params[bname].data
@@ -148,5 +200,10 @@ def load_torch_state_dict(model: Module, state) -> None:
         if v.dtype != p.dtype:
             raise TypeError(f"load_torch_state_dict: {tkey}: expected dtype {p.dtype}, got "
                             f"{v.dtype} (no silent casts)")
-        converted[bname] = np.ascontiguousarray(v.T if transposed else v)
+        a = np.ascontiguousarray(v.T if transposed else v)
+        if bname in converted and not np.array_equal(converted[bname], a):
+            raise ValueError(f"load_torch_state_dict: {tkey} and {source[bname]} are one tied "
+                             f"weight ({bname}) in {type(model).__name__} but differ in the "
+                             f"state")
+        converted[bname], source[bname] = a, tkey
     model.load_state_dict(converted)
