@@ -52,6 +52,11 @@ from .nn.embedding import Embedding
 from . import models
 from .models import lm
 
+# --- attention, the transformer block and the GPT (engine/nn/, engine/models/) ---
+from .nn.attention import MultiHeadAttention
+from .nn.transformer import TransformerBlock
+from .models.gpt import GPT
+
 # --- module paths from before the sub-packages: the same module objects under their old names,
 # so `import engine.train`, `from engine import checkpoint` and monkeypatching through an old
 # path all reach the one module ---

@@ -8,3 +8,5 @@ from .gated import GatedFFN
 from .gmlp_block import GMLPBlock, SpatialGatingUnit
 from .embedding import Embedding
 from .losses import CrossEntropyLoss, MSELoss
+from .attention import MultiHeadAttention
+from .transformer import TransformerBlock
