@@ -279,3 +279,61 @@ register(_d_model_wide(
     "b_out, Z = GELU(LN(x) W_in + b_in), s the spatial gating unit mixing the tokens",
     _build_gmlp_block, naive.NaiveGMLPBlock, _gmlp_block_gemms, {"causal": False},
     ({"causal": False}, {"causal": True}), dims=("d_model", "d_ff", "seq_len")))
+
+
+# ----------------------------------------------------------------------------- attention
+def _attention_gemms(n, dims, n_heads=4, **_):
+    """2 + 2 B h forward, 4 + 4 B h backward: the [q | k | v] and output projections over all
+    n = B * seq_len rows, and per (sequence, head) S = q k^T, O = P v; backward dP = dO v^T,
+    dv = P^T dO, dq = dS k, dk = dS^T q."""
+    d, t = dims["d_model"], dims["seq_len"]
+    dh, bh = d // n_heads, (n // t) * n_heads
+    fwd = ([(n, 3 * d, d, False, False, 0.0)]                      # [q | k | v] = x W_qkv
+           + [(t, t, dh, False, True, 0.0), (t, dh, t, False, False, 0.0)] * bh
+           + [(n, d, d, False, False, 0.0)])                       # y = O W_o
+    bwd = ([(d, d, n, True, False, 1.0),                           # dW_o += O^T dy
+            (n, d, d, False, True, 0.0)]                           # dO = dy W_o^T
+           + [(t, t, dh, False, True, 0.0), (t, dh, t, True, False, 0.0)] * bh
+           + [(t, dh, t, False, False, 0.0), (t, dh, t, True, False, 0.0)] * bh
+           + [(d, 3 * d, n, True, False, 1.0),                     # dW_qkv += x^T d[q|k|v]
+              (n, d, 3 * d, False, True, 0.0)])                    # dx = d[q|k|v] W_qkv^T
+    return fwd + bwd
+
+
+def _transformer_gemms(n, dims, n_heads=4, **_):
+    """The attention's GEMMs, then the FFN's (LayerNorms add none)."""
+    return _attention_gemms(n, dims, n_heads) + _ffn_gemms(n, dims)
+
+
+def _build_attention(dims, *, dtype, rng, n_heads, causal, dropout, bias):
+    from ..nn.attention import MultiHeadAttention
+    return MultiHeadAttention(dims["d_model"], n_heads, causal=causal, dropout=dropout,
+                              bias=bias, dtype=dtype, rng=rng)
+
+
+def _build_transformer(dims, *, dtype, rng, n_heads, ffn, norm, causal, dropout):
+    from ..nn.transformer import TransformerBlock
+    return TransformerBlock(dims["d_model"], n_heads, dims["d_ff"], ffn=ffn, norm=norm,
+                            causal=causal, dropout=dropout, dtype=dtype, rng=rng)
+
+
+def _naive(name):
+    from . import naive_attention
+    return getattr(naive_attention, name)
+
+
+register(_d_model_wide(
+    "MultiHeadAttention", "multi-head self-attention (Vaswani et al. 2017) on (B, seq_len, "
+    "d_model), causal or full: per head softmax(q k^T / sqrt(d_head)) v, then W_o",
+    _build_attention, _naive("NaiveMultiHeadAttention"), _attention_gemms,
+    {"n_heads": 4, "causal": True, "dropout": 0.0, "bias": True},
+    ({"n_heads": 3, "causal": True}, {"n_heads": 2, "causal": False, "bias": False}),
+    dims=("d_model", "seq_len")))
+
+register(_d_model_wide(
+    "TransformerBlock", "transformer block: h = x + attn(ln_1(x)), y = h + ffn(ln_2(h)) "
+    "(pre-norm, GPT-2) or the post-norm order (Vaswani et al. 2017)",
+    _build_transformer, _naive("NaiveTransformerBlock"), _transformer_gemms,
+    {"n_heads": 4, "ffn": "gelu", "norm": "pre", "causal": True, "dropout": 0.0},
+    ({"n_heads": 3, "norm": "pre"}, {"n_heads": 2, "norm": "post", "ffn": "relu"}),
+    dims=("d_model", "d_ff", "seq_len")))
