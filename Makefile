@@ -27,6 +27,7 @@ bench: install
 	$(PY) bench/run.py $(if $(QUICK),--quick,)
 	$(PY) bench/spread.py $(if $(QUICK),--quick,)
 	$(PY) bench/distributed.py $(if $(QUICK),--quick,)
+	$(PY) bench/attention.py $(if $(QUICK),--quick,)
 	$(PY) -m bench.checkpoint_memory $(if $(QUICK),--quick,) --out bench/results/checkpoint_memory.json >/dev/null
 
 clean:
