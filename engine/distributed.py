@@ -618,3 +618,28 @@ def load(path, model, optimizer=None, scheduler=None, *, comm=None) -> dict:
     if error is not None:
         raise error
     return meta
+
+
+class FitRanks:
+    """The ranks of ``comm`` as ``fit`` sees them (the interface of
+    ``engine.training.parallel.SingleProcess``): the argument checks run on every rank and
+    every rank learns whether any rejected its arguments (none waits alone); ``start`` is
+    ``fit_setup``."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def checked(self, check):
+        error = result = None
+        try:
+            result = check()
+        except (TypeError, ValueError) as e:
+            error = e
+        _agree(self.comm, error)
+        if error is not None:
+            raise error
+        return result
+
+    def start(self, model, optimizer, X, Y, plan) -> DataParallel:
+        return fit_setup(self.comm, model, optimizer, X, Y, epochs=plan.epochs,
+                         batch_size=plan.batch_size, shuffle=plan.shuffle, rng=plan.rng)

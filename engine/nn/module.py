@@ -10,6 +10,7 @@ flat vectors. Numerics live in ``kernels``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import operator
@@ -608,6 +609,20 @@ class Module(metaclass=_ModuleMeta):
 
     def eval(self):
         return self.train(False)
+
+    @contextlib.contextmanager
+    def exclusive(self, what: str):
+        """Hold this module's lock for a whole run of calls (fit, evaluate, predict): a
+        concurrent call from another thread raises RuntimeError naming ``what`` before it
+        switches the mode under the running loop."""
+        lock = self._lock
+        if not lock.acquire(False):
+            raise RuntimeError(f"{what}: the model is in use by another thread; a model is used "
+                               f"by one thread at a time (build one model per thread)")
+        try:
+            yield
+        finally:
+            lock.release()
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
