@@ -520,12 +520,12 @@ class ShardedAdamW(AdamW):
         sd["type"], sd["state"] = "AdamW", state
         return sd
 
-    def _check_state_dict(self, sd):
+    def validate_state_dict(self, sd):
         if isinstance(sd, dict) and sd.get("type") == "AdamW":
             sd = dict(sd, type=type(self).__name__)  # AdamW checkpoints load as they are
-        return super()._check_state_dict(sd)
+        return super().validate_state_dict(sd)
 
-    def _apply_state(self, checked) -> None:
+    def apply_state(self, checked) -> None:
         steps, options, state = checked
         for group, opts in zip(self.param_groups, options):
             group.update(opts)

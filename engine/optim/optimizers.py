@@ -264,10 +264,10 @@ class Optimizer:
         """Restore options, buffers and step count from ``state_dict``. Strict: the optimizer
         type, the group structure, every buffer's name, shape and dtype must match, and the
         options must be valid; if any check fails nothing is changed."""
-        self._apply_state(self._check_state_dict(state_dict))
+        self.apply_state(self.validate_state_dict(state_dict))
 
-    def _check_state_dict(self, sd):
-        """Validate ``sd`` against this optimizer; return what ``_apply_state`` needs."""
+    def validate_state_dict(self, sd):
+        """Validate ``sd`` against this optimizer; return what ``apply_state`` needs."""
         name = type(self).__name__
         if not isinstance(sd, dict):
             raise TypeError(f"state_dict: expected a dict, got {type(sd).__name__}")
@@ -335,8 +335,8 @@ class Optimizer:
             new_state.append(st)
         return int(steps), new_options, new_state
 
-    def _apply_state(self, checked) -> None:
-        """Install a state validated by ``_check_state_dict`` (cannot fail)."""
+    def apply_state(self, checked) -> None:
+        """Install a state validated by ``validate_state_dict`` (cannot fail)."""
         steps, options, state = checked
         for group, opts in zip(self.param_groups, options):
             group.update(opts)

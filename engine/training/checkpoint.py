@@ -473,7 +473,7 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     _check_model(model)
     if optimizer is not None:
         _check_optimizer(optimizer, model, saving=False)
-    if scheduler is not None and getattr(scheduler, "_check_state_dict", None) is None:
+    if scheduler is not None and getattr(scheduler, "validate_state_dict", None) is None:
         raise TypeError(f"scheduler: expected a scheduler of engine.lr_scheduler, got "
                         f"{type(scheduler).__name__}")
     header, arrays = _read(path)
@@ -509,7 +509,7 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
                     raise CheckpointError(f"{path}: corrupt optimizer entry {k!r}")
                 state.setdefault(int(idx), {})[key] = v
         try:
-            checked = optimizer._check_state_dict({**optim, "state": state})
+            checked = optimizer.validate_state_dict({**optim, "state": state})
         except Exception as e:  # whatever an edited header holds, it is the file's fault
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             raise CheckpointError(f"{path}: the optimizer state does not fit "
@@ -518,7 +518,7 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     sched_checked = None
     if scheduler is not None:
         sd = _saved_part(path, header, "scheduler")
-        check = scheduler._check_state_dict
+        check = scheduler.validate_state_dict
         try:
             sched_checked = check(sd)
         except Exception as e:
@@ -528,7 +528,7 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
 
     model.load_state_dict(params)  # checked above: cannot fail any more
     if checked is not None:
-        optimizer._apply_state(checked)
+        optimizer.apply_state(checked)
     if sched_checked is not None:
-        scheduler._apply(sched_checked)  # after the optimizer: it writes the groups' lr
+        scheduler.apply_state(sched_checked)  # after the optimizer: it writes the groups' lr
     return header.get("metadata", {})
