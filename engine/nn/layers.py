@@ -14,7 +14,7 @@ from kernels import ops
 from kernels.activations import ACTIVATIONS, REGISTRY
 
 from .._checks import check_bool
-from .module import (INITS, Module, Parameter, Workspace, _rows_of, check_float,
+from .module import (INITS, Module, Parameter, Workspace, rows_of, check_float,
                      check_positive_int, init_weight, make_rng)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
@@ -378,7 +378,7 @@ class Sequential(Module):
             if not seq:
                 raise ValueError("residual: an empty Sequential has no layer to add it in")
             if isinstance(x, np.ndarray) and x.ndim:
-                _rows_of(residual, (*x.shape[:-1], self.out_features(x.shape[-1])),
+                rows_of(residual, (*x.shape[:-1], self.out_features(x.shape[-1])),
                          self.dtype, "residual")
             if isinstance(residual, np.ndarray):
                 self._no_overlap("residual", residual)
@@ -410,7 +410,7 @@ class Sequential(Module):
         if dx_acc is not None:
             if not self._seq:
                 raise ValueError("dx_acc: an empty Sequential has no layer to add it in")
-            _rows_of(dx_acc, (*s.lead, s.in_dim), self.dtype, "dx_acc")
+            rows_of(dx_acc, (*s.lead, s.in_dim), self.dtype, "dx_acc")
             self._no_overlap("dx_acc", dx_acc)
         if self.checkpoint and self._seq:
             return self._backward_checkpointed(dy, dx_acc)

@@ -27,7 +27,8 @@ from kernels.memory import aligned_empty
 from .._checks import check_dtype, check_positive_int
 from .._checks import check_real as check_float
 
-__all__ = ["Parameter", "Arena", "Module", "Workspace", "make_rng", "check_dtype",
+__all__ = ["Parameter", "Arena", "adjacent_views", "arena_layout_version", "rows_of", "shaped",
+           "shaped_like", "Module", "Workspace", "make_rng", "check_dtype",
            "check_positive_int", "check_float", "as_rows", "INITS", "init_weight", "runs"]
 
 
@@ -97,7 +98,7 @@ def as_rows(x, d, dtype, name: str = "x"):
     return x, x.shape[:-1]
 
 
-def _rows_of(a, shape, dtype, name):
+def rows_of(a, shape, dtype, name):
     """Check ``a`` against an expected full ``shape``; return its 2-D row view (no copy)."""
     if (not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dtype
             or not a.flags.c_contiguous):
@@ -109,13 +110,21 @@ def _rows_of(a, shape, dtype, name):
     return a.reshape(-1, shape[-1]) if a.ndim == 3 else a
 
 
-def _shaped(a2, lead):
+def shaped(a2, lead):
     """A 2-D row buffer back in the caller's leading shape."""
     return a2 if len(lead) == 1 else a2.reshape(*lead, a2.shape[-1])
 
 
 # ----------------------------------------------------------------------------- arena
-_GENERATION = [0]  # bumped whenever parameters move to another arena
+# The arena layout's version: bumped whenever parameters move to another arena (or work
+# buffers are reassigned), so a cache of arena ranges built at one version is stale at another.
+_LAYOUT_VERSION = [0]
+
+
+def arena_layout_version() -> int:
+    """The current arena layout's version: caches of arena ranges (optimizer runs, a
+    module's range) compare the version they were built at with this one."""
+    return _LAYOUT_VERSION[0]
 
 
 class Arena:
@@ -134,19 +143,32 @@ class Arena:
         for p in params:
             n = p.size
             d, g = self.data[off:off + n], self.grad[off:off + n]
-            np.copyto(_like(d, p), p._data)
-            np.copyto(_like(g, p), p._grad)
-            p._data, p._grad = _like(d, p), _like(g, p)
+            np.copyto(shaped_like(d, p), p._data)
+            np.copyto(shaped_like(g, p), p._grad)
+            p._data, p._grad = shaped_like(d, p), shaped_like(g, p)
             p._arena, p._offset = self, off
             off += n
-        _GENERATION[0] += 1
+        _LAYOUT_VERSION[0] += 1
 
     @property
     def dtype(self):
         return self.data.dtype
 
 
-def _like(flat, p):
+def adjacent_views(params, what: str) -> tuple:
+    """``(data, grad)``: flat views of the arena range that ``params`` fill back to back, in
+    this order (a fused GEMM reads them as one matrix, its gradient as one matrix, with no
+    copy); RuntimeError "<what> must be adjacent in the arena" if they are not."""
+    arena, lo = params[0]._arena, params[0]._offset
+    end = lo
+    for p in params:
+        if p._arena is not arena or p._offset != end:
+            raise RuntimeError(f"{what} must be adjacent in the arena")
+        end += p.size
+    return arena.data[lo:end], arena.grad[lo:end]
+
+
+def shaped_like(flat, p):
     """``flat`` shaped as ``p``, in ``p``'s memory order (a Fortran-ordered parameter is a
     transposed view, as a weight kept transposed for its GEMM)."""
     if p._forder:
@@ -265,7 +287,7 @@ class Workspace:
                 _RAW_OWNER.pop(id(buf.base), None)
             buf = self._bufs[key] = aligned_empty((max(n, 1), *cols), self.dtype)
             _RAW_OWNER[id(buf.base)] = (weakref.ref(buf.base), weakref.ref(self))
-            _GENERATION[0] += 1
+            _LAYOUT_VERSION[0] += 1
         return buf[:n]
 
     def buffers(self) -> list:
@@ -378,7 +400,7 @@ class Module(metaclass=_ModuleMeta):
             self._modules.pop(name, None)
         object.__setattr__(self, name, value)
         if self._built and isinstance(value, (Parameter, Module)):
-            _GENERATION[0] += 1
+            _LAYOUT_VERSION[0] += 1
             self._pack()
 
     # -- the protocol ---------------------------------------------------------------------
@@ -396,7 +418,7 @@ class Module(metaclass=_ModuleMeta):
         if residual is None:
             y2 = self._forward(x2, None)
         else:
-            res2 = _rows_of(residual, (*lead, self.out_features(x2.shape[1])), self.dtype,
+            res2 = rows_of(residual, (*lead, self.out_features(x2.shape[1])), self.dtype,
                             "residual")
             self._no_overlap("residual", residual)
             if self.fuses_residual:
@@ -406,7 +428,7 @@ class Module(metaclass=_ModuleMeta):
                 y2 = self._ws.get("residual_out", *y.shape)  # (N, d_out) f(x) + residual
                 ops.add(y2, y, res2)
         s.lead, s.out_shape, s.in_dim, s.ready = lead, (*lead, y2.shape[1]), x2.shape[1], True
-        return x if y2 is x2 else _shaped(y2, lead)
+        return x if y2 is x2 else shaped(y2, lead)
 
     def backward(self, dy, *, dx_acc=None):
         """The input gradient for output gradient ``dy`` (the last forward's output shape);
@@ -420,7 +442,7 @@ class Module(metaclass=_ModuleMeta):
         if dx_acc is None:
             dx2 = self._backward(dy2, None)
         else:
-            acc2 = _rows_of(dx_acc, (*lead, s.in_dim), self.dtype, "dx_acc")
+            acc2 = rows_of(dx_acc, (*lead, s.in_dim), self.dtype, "dx_acc")
             self._no_overlap("dx_acc", dx_acc)
             if self.fuses_dx_acc and (self.acc_alias_safe or not np.may_share_memory(acc2, dy2)):
                 dx2 = self._backward(dy2, acc2)
@@ -430,7 +452,7 @@ class Module(metaclass=_ModuleMeta):
         s.ready = False
         if dx_acc is not None:
             return dx_acc
-        return dy if dx2 is dy2 else _shaped(dx2, lead)
+        return dy if dx2 is dy2 else shaped(dx2, lead)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -474,7 +496,7 @@ class Module(metaclass=_ModuleMeta):
     def _workspace_ids(self):
         s = self._s
         s.ws_ids = frozenset(id(w) for _, m in self.named_modules() for w in m._workspaces())
-        s.ws_gen = _GENERATION[0]
+        s.ws_gen = _LAYOUT_VERSION[0]
         return s.ws_ids
 
     def _workspaces(self) -> list:
@@ -489,7 +511,7 @@ class Module(metaclass=_ModuleMeta):
             raise TypeError(f"ws: expected a Workspace of dtype {self.dtype}, got {ws!r}")
         object.__setattr__(self, "_ws", ws)
         self._vc[0] = None
-        _GENERATION[0] += 1  # overlap checks re-read which buffers belong to whom
+        _LAYOUT_VERSION[0] += 1  # overlap checks re-read which buffers belong to whom
 
     def _no_overlap(self, name: str, a) -> None:
         """Reject ``a`` if it shares memory with a work buffer of this module or a child:
@@ -501,7 +523,7 @@ class Module(metaclass=_ModuleMeta):
         hit = _RAW_OWNER.get(id(base))
         if hit is not None and hit[0]() is base:
             s = self._s
-            ids = s.ws_ids if s.ws_gen == _GENERATION[0] else self._workspace_ids()
+            ids = s.ws_ids if s.ws_gen == _LAYOUT_VERSION[0] else self._workspace_ids()
             if id(hit[1]()) not in ids:
                 return
         elif isinstance(base, np.ndarray) and base.flags.owndata:
@@ -563,7 +585,7 @@ class Module(metaclass=_ModuleMeta):
         """``(arena, lo, hi)``: this module's parameters, one contiguous range of one arena
         (packed anew if they are not: e.g. after a child was given to another parent)."""
         s = self._s
-        if s.range_gen != _GENERATION[0]:
+        if s.range_gen != _LAYOUT_VERSION[0]:
             params = self.parameters()
             if not params:
                 s.range = None
@@ -576,7 +598,7 @@ class Module(metaclass=_ModuleMeta):
                     self._pack()
                     r = runs(params)
                 s.range = r[0][:3]
-            s.range_gen = _GENERATION[0]
+            s.range_gen = _LAYOUT_VERSION[0]
         return s.range
 
     def flat_params(self) -> np.ndarray:
