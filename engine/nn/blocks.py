@@ -18,7 +18,7 @@ from .layers import check_activation, sign_from_output
 from .module import (INITS, Module, Parameter, adjacent_views, rows_of, shaped, as_rows,
                      check_float, check_positive_int, init_weight, make_rng)
 
-__all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "AddNorm", "FFNSublayer", "INITS"]
+__all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "ChannelGatedMLP", "AddNorm", "FFNSublayer", "INITS"]
 
 
 def _check_p(name, p) -> float:
@@ -313,6 +313,11 @@ class GMLP(Module):
         self._c.x = None
         return dx
 
+
+
+# The name that says what GMLP does: gating across the channels of each token (no mixing
+# across tokens), unlike SpatialGMLPBlock (Liu et al.'s block, which gates across tokens).
+ChannelGatedMLP = GMLP
 
 # ----------------------------------------------------------------------------- AddNorm
 class AddNorm(Module):

@@ -19,7 +19,7 @@ from .._checks import check_bool
 from .blocks import LayerNorm
 from .module import Module, Parameter, check_float, check_positive_int, init_weight, make_rng
 
-__all__ = ["GMLPBlock", "SpatialGatingUnit"]
+__all__ = ["GMLPBlock", "SpatialGMLPBlock", "SpatialGatingUnit"]
 
 
 _check_bool = check_bool
@@ -257,3 +257,8 @@ class GMLPBlock(_TokenMixing):
         ops.add(dx, dx, dy2)                                                 # the residual path
         self._c.xn = self._c.a = None
         return dx
+
+
+# The name that says what GMLPBlock does: Liu et al.'s gMLP block, whose spatial gating unit
+# mixes tokens, unlike ChannelGatedMLP (GMLP), which gates channels within each token.
+SpatialGMLPBlock = GMLPBlock
