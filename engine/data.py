@@ -217,6 +217,8 @@ def _load_csv(path, xs, ys, dt):
             raise ValueError(f"x: {path} has no input column left besides the targets {ys}")
         cols = [header.index(c) for c in xs + ys]
         rows, is_int = [], [True] * len(cols)
+        label_col = len(xs) if len(ys) == 1 else -1  # one target column: maybe labels
+        labels = []  # (line, text) of the target column while it reads as integers
         for rec in reader:
             if not rec or (len(rec) == 1 and not rec[0].strip()):
                 continue  # blank line
@@ -236,6 +238,8 @@ def _load_csv(path, xs, ys, dt):
                                      f"expected a finite number, got {rec[c]!r}")
                 if is_int[k] and not _INT.fullmatch(text):
                     is_int[k] = False
+                if k == label_col and is_int[k]:
+                    labels.append((line, text))
                 row.append(v)
             rows.append(row)
     if not rows:
@@ -243,9 +247,24 @@ def _load_csv(path, xs, ys, dt):
     data = np.array(rows, dtype=np.float64)  # (N, len(x) + len(y))
     nx = len(xs)
     X = np.ascontiguousarray(data[:, :nx], dtype=dt)
-    if len(ys) == 1 and is_int[nx]:
-        return X, np.ascontiguousarray(data[:, nx], dtype=np.int64)
+    if len(ys) == 1 and is_int[nx]:  # labels: the exact integers, not their float64 values
+        c = cols[nx]
+        return X, np.array([_label(path, line, c, header[c], text) for line, text in labels],
+                           dtype=np.int64)
     return X, np.ascontiguousarray(data[:, nx:], dtype=dt)
+
+
+_INT64 = np.iinfo(np.int64)
+
+
+def _label(path, line: int, c: int, name: str, text: str) -> int:
+    """The integer ``text`` of a target column, if int64 holds it; else ValueError naming the
+    place (a label must round-trip exactly, never wrap or round)."""
+    v = int(text)
+    if not _INT64.min <= v <= _INT64.max:
+        raise ValueError(f"{path}: line {line}, column {c + 1} ({name!r}): the integer label "
+                         f"{text} does not fit int64 ([{_INT64.min}, {_INT64.max}])")
+    return v
 
 
 def infer_task(Y) -> str:
@@ -280,10 +299,22 @@ def train_val_split(X, Y, val_fraction: float, rng=0):
            (np.take(X, val, axis=0), np.take(Y, val, axis=0))
 
 
+# A standard deviation below this fraction of the column's largest magnitude is rounding
+# noise of the mean (float64 gives ~1e-17 * |x| for a constant column), not a spread.
+_CONSTANT_RTOL = 1e-12
+
+
+def _constant_columns(rows: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Mask of the columns of ``rows`` (N, d) whose ``std`` is zero or rounding noise."""
+    magnitude = np.max(np.abs(rows), axis=0)
+    return std <= _CONSTANT_RTOL * magnitude
+
+
 class Standardizer:
     """Per-feature standardisation ``(x - mean) / scale`` (the last axis), fit on the training
     set and applied unchanged to validation and new data. ``scale`` is the standard deviation
-    (1 for a constant feature). ``state_dict()`` is JSON-serialisable, so it can ride in a
+    (1 for a constant feature: one whose standard deviation is below 1e-12 of its largest
+    magnitude, the rounding noise of a float64 mean). ``state_dict()`` is JSON-serialisable, so it can ride in a
     checkpoint's metadata: ``save(path, model, standardizer=s.state_dict())``, then
     ``Standardizer.from_state_dict(load(path, model)["standardizer"])``."""
 
@@ -300,7 +331,7 @@ class Standardizer:
         std = rows.std(axis=0)
         if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
             raise ValueError("X: holds non-finite values")
-        std[std == 0.0] = 1.0  # a constant feature maps to 0, not to NaN
+        std[_constant_columns(rows, std)] = 1.0  # a constant feature maps to 0, not to NaN
         self.mean, self.scale = mean, std
         return self
 

@@ -1,0 +1,61 @@
+"""Reliability of the newer features (data files, the LM, safetensors metadata, data-parallel
+runs, callbacks): each test is one class of defect, tried as a hostile user would; a call
+does the right thing or raises a named error before it changes anything."""
+import math
+import os
+
+import numpy as np
+import pytest
+
+from engine import data as D
+
+
+# ----------------------------------------------------------------------------- silently wrong
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("value", [0.1, 1e6 + 0.3, -3.7e-5])
+def test_standardizer_treats_rounding_noise_as_a_constant_column(dtype, value):
+    # Check that a constant column (whose float64 std comes out as ~1e-17 * |value|, not 0)
+    # gets scale 1, so a new value is shifted, not blown up by ~1e17.
+    X = np.empty((1000, 2), dtype)
+    X[:, 0] = value
+    X[:, 1] = np.linspace(-1, 1, 1000)
+    s = D.Standardizer().fit(X)
+    assert s.scale[0] == 1.0
+    new = np.array([[2 * value, 0.0]], dtype)
+    z = s.transform(new)
+    assert abs(z[0, 0] - dtype(value)) <= 1e-6 * abs(value)
+    assert 0.5 < s.scale[1] < 0.7  # a real spread keeps its standard deviation
+
+
+def _csv(tmp_path, text, name="d.csv", mode="w"):
+    p = tmp_path / name
+    if mode == "wb":
+        p.write_bytes(text)
+    else:
+        p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("label", [2 ** 53 + 1, 2 ** 62 + 1, -(2 ** 63)])
+def test_csv_integer_labels_round_trip_exactly(tmp_path, label):
+    # Check that integer labels inside int64 are read exactly (not through a float64).
+    path = _csv(tmp_path, f"a,y\n1.5,{label}\n2.5,3\n")
+    X, Y = D.load(path, y="y")
+    assert Y.dtype == np.int64 and int(Y[0]) == label and int(Y[1]) == 3
+
+
+@pytest.mark.parametrize("label", [2 ** 63, -(2 ** 63) - 1, 10 ** 30])
+def test_csv_integer_labels_outside_int64_are_refused_naming_line_and_column(tmp_path, label):
+    # Check that a label that int64 cannot hold is a ValueError naming the file, line and
+    # column (not a wrap-around with a NumPy warning).
+    path = _csv(tmp_path, f"a,y\n1.5,3\n2.5,{label}\n")
+    with pytest.raises(ValueError, match=r"d\.csv: line 3, column 2 \('y'\)"):
+        D.load(path, y="y")
+
+
+def test_csv_big_integer_in_a_float_target_column_is_a_number(tmp_path):
+    # Check that a huge integer in a column that also holds decimals is a float target
+    # (regression), not a refused label.
+    path = _csv(tmp_path, f"a,y\n1.5,{10 ** 30}\n2.5,0.5\n")
+    X, Y = D.load(path, y="y")
+    assert Y.dtype == np.float32 and Y.shape == (2, 1) and Y[0, 0] == np.float32(1e30)
