@@ -59,3 +59,57 @@ def test_csv_big_integer_in_a_float_target_column_is_a_number(tmp_path):
     path = _csv(tmp_path, f"a,y\n1.5,{10 ** 30}\n2.5,0.5\n")
     X, Y = D.load(path, y="y")
     assert Y.dtype == np.float32 and Y.shape == (2, 1) and Y[0, 0] == np.float32(1e30)
+
+
+@pytest.fixture
+def small_safetensors(tmp_path):
+    pytest.importorskip("safetensors")
+    from engine import checkpoint
+    from engine.layers import Linear
+    model = Linear(3, 2, rng=0)
+    path = str(tmp_path / "m.safetensors")
+    checkpoint.save(path, model, scale=2.0, epoch=7)
+    return path, model
+
+
+def test_safetensors_every_bit_of_a_blasnet_file_is_checked(small_safetensors, tmp_path):
+    # Check that flipping any single bit of a blasnet-written .safetensors file (length
+    # prefix, header with the metadata and the "format" key, tensor bytes) is refused
+    # with a CheckpointError: nothing loads silently changed, no check is switched off.
+    from engine import checkpoint
+    from engine.layers import Linear
+    path, model = small_safetensors
+    good = open(path, "rb").read()
+    bad = str(tmp_path / "bad.safetensors")
+    target = Linear(3, 2, rng=1)
+    before = target.state_dict()
+    accepted = []
+    for i in range(len(good)):
+        for bit in range(8):
+            b = bytearray(good)
+            b[i] ^= 1 << bit
+            with open(bad, "wb") as f:
+                f.write(b)
+            try:
+                checkpoint.load(bad, target)
+            except checkpoint.CheckpointError:
+                continue
+            accepted.append((i, bit))
+    assert accepted == []
+    after = target.state_dict()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    assert checkpoint.load(path, target) == {"scale": 2.0, "epoch": 7}
+
+
+def test_safetensors_foreign_file_without_checksums_loads(tmp_path):
+    # Check that a file written by another tool (no blasnet metadata) loads as before.
+    st = pytest.importorskip("safetensors.numpy")
+    from engine import checkpoint
+    from engine.layers import Linear
+    model = Linear(3, 2, rng=0)
+    path = str(tmp_path / "other.safetensors")
+    st.save_file({k: v for k, v in model.state_dict().items()}, path,
+                 metadata={"producer": "someone else"})
+    target = Linear(3, 2, rng=1)
+    assert checkpoint.load(path, target) == {}
+    assert np.array_equal(target.state_dict()["W"], model.state_dict()["W"])
