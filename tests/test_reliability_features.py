@@ -113,3 +113,79 @@ def test_safetensors_foreign_file_without_checksums_loads(tmp_path):
     target = Linear(3, 2, rng=1)
     assert checkpoint.load(path, target) == {}
     assert np.array_equal(target.state_dict()["W"], model.state_dict()["W"])
+
+
+# ----------------------------------------------------------------------------- data parallel
+def _mpi():
+    pytest.importorskip("mpi4py")
+    from engine import distributed
+    return distributed
+
+
+def test_data_parallel_refuses_an_optimizer_over_other_parameters():
+    # Check that DataParallel(model, AdamW(other.parameters())) is a ValueError (as
+    # fit(comm=...) is), not a wrapper whose step never updates the model.
+    dist = _mpi()
+    from engine.layers import Linear
+    from engine.optim import AdamW
+    model, other = Linear(3, 2, rng=0), Linear(3, 2, rng=1)
+    before = model.W.data.copy()
+    with pytest.raises(ValueError, match="optimizer"):
+        dist.DataParallel(model, AdamW(other.parameters()))
+    assert np.array_equal(model.W.data, before)
+
+
+@pytest.mark.parametrize("make", ["DataParallel", "ShardedAdamW"])
+def test_a_communicator_that_is_not_one_is_a_type_error(make):
+    # Check that comm=42 is a TypeError naming comm, not an AttributeError.
+    dist = _mpi()
+    from engine.layers import Linear
+    from engine.optim import AdamW
+    model = Linear(3, 2, rng=0)
+    with pytest.raises(TypeError, match="comm: expected an MPI communicator"):
+        if make == "DataParallel":
+            dist.DataParallel(model, AdamW(model.parameters()), comm=42)
+        else:
+            dist.ShardedAdamW(model.parameters(), comm=42)
+
+
+def test_sharded_adamw_checks_its_options_at_step_time():
+    # Check that a learning rate made invalid between steps is refused at step() naming
+    # it, before the gradients or parameters change (as AdamW.step does).
+    dist = _mpi()
+    from engine.layers import Linear
+    model = Linear(3, 2, rng=0)
+    opt = dist.ShardedAdamW(model.parameters())
+    model.W.grad[...] = 1.0
+    opt.param_groups[0]["lr"] = float("nan")
+    before, grad = model.W.data.copy(), model.W.grad.copy()
+    with pytest.raises(ValueError, match="lr"):
+        opt.step()
+    assert np.array_equal(model.W.data, before) and np.array_equal(model.W.grad, grad)
+    assert opt.steps == 0
+
+
+def test_sharded_adamw_step_defers_ctrl_c_to_its_end():
+    # Check that a SIGINT arriving inside ShardedAdamW.step is delivered after the whole
+    # update (parameters gathered, gradients zeroed, step counted), never half way.
+    import signal
+    dist = _mpi()
+    from engine.layers import Linear
+
+    class Interrupted(dist.ShardedAdamW):
+        def update_shard(self):
+            super().update_shard()
+            signal.raise_signal(signal.SIGINT)
+
+    model = Linear(3, 2, rng=0)
+    opt = Interrupted(model.parameters())
+    model.W.grad[...] = 1.0
+    before = model.W.data.copy()
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            opt.step(zero_grad=True)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert opt.steps == 1 and not np.array_equal(model.W.data, before)
+    assert not model.W.grad.any()
