@@ -392,10 +392,10 @@ def _own_data(args, dt):
 
 def _scheduler(args, opt, total: int):
     """``(scheduler or None, description)`` for --schedule and --warmup over ``total`` steps."""
-    w = args.warmup
-    if args.schedule != "constant" and w >= total:
-        raise _UsageError(f"--warmup {w}: the run has {total} optimizer steps; the warmup must "
-                          f"leave at least one for the {args.schedule} schedule")
+    try:
+        w = _lrs.check_warmup(args.warmup, total, "--warmup")
+    except ValueError as e:
+        raise _UsageError(str(e)) from None
     rest = total - w
     if args.schedule == "constant":
         main, text = None, "constant lr"

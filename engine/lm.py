@@ -232,7 +232,7 @@ class LMResult:
 
 def _steps_scheduler(opt, total: int, warmup: int):
     from . import lr_scheduler as lrs
-    warmup = min(warmup, max(total - 1, 0))
+    warmup = lrs.check_warmup(warmup, total)  # refused, never shortened: the banner tells
     rest = max(total - warmup, 1)
     cosine = lrs.CosineAnnealingLR(opt, T_max=rest)
     if warmup == 0:

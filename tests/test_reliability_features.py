@@ -189,3 +189,35 @@ def test_sharded_adamw_step_defers_ctrl_c_to_its_end():
         signal.signal(signal.SIGINT, old)
     assert opt.steps == 1 and not np.array_equal(model.W.data, before)
     assert not model.W.grad.any()
+
+
+# ----------------------------------------------------------------------------- warmup
+def _cli(capsys, *argv):
+    from engine import cli
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine", "linear", "step"])
+def test_warmup_longer_than_the_run_is_refused_for_every_schedule(capsys, schedule):
+    # Check one rule for all schedules: a warmup that leaves no step at the full rate is a
+    # usage error naming --warmup before training (constant used to train at ~1e-6).
+    code, out, err = _cli(capsys, "train", "--task", "sine", "--samples", "8", "--model", "mlp",
+                          "--hidden", "4", "--epochs", "2", "--schedule", schedule,
+                          "--warmup", "1000")
+    assert code == 2 and "--warmup 1000" in err and "Traceback" not in err
+    assert "epoch" not in out
+
+
+def test_lm_warmup_longer_than_the_run_is_refused_not_clamped():
+    # Check that the language model's warmup is refused when the run is too short for it
+    # (it used to be clamped while the banner printed the value given).
+    from engine import lm
+    cfg = lm.LMConfig(seq_len=16, d_model=8, d_ffn=16, blocks=1, batch_size=16, epochs=1,
+                      block=512, warmup=100000, prompt="ab")
+    with pytest.raises(ValueError, match="warmup 100000"):
+        lm.setup(cfg, text="abcdefgh" * 2000)
