@@ -361,6 +361,8 @@ class Sequential(Module):
             self._states = [None] * (len(modules) + 1)  # generator states before child i
             self._keys = [f"in{i}" for i in range(len(modules))]
             self._inputs = [None] * len(modules)  # each child's input: x by reference, copies
+            self._moded = [m for _, m in self.named_modules()]  # whose train/eval flag counts
+            self._modes = None  # their flags at the forward, which the reruns must repeat
 
     def extra_repr(self) -> str:
         return "checkpoint=True" if self.checkpoint else ""
@@ -445,6 +447,7 @@ class Sequential(Module):
         s, seq = self._s, self._seq
         last = len(seq) - 1
         inputs = self._inputs
+        modes = [m.training for m in self._moded]
         self._snap(0)
         # The first child checks x before it changes anything: a rejected x changes nothing.
         y = seq[0].forward(x, residual=residual if last == 0 else None)
@@ -455,10 +458,17 @@ class Sequential(Module):
             self._snap(i)
             y = seq[i].forward(xi, residual=residual if i == last else None)
         self._snap(last + 1)
+        self._modes = modes
         return y
 
     def _backward_checkpointed(self, dy, dx_acc):
         s, seq, inputs = self._s, self._seq, self._inputs
+        if [m.training for m in self._moded] != self._modes:
+            # The reruns would recompute in the other mode (dropout on/off): wrong gradients.
+            raise RuntimeError("Sequential(checkpoint=True).backward: the train/eval mode "
+                               "changed since forward; the recomputed activations would not "
+                               "be the forward's. Restore the mode of the forward, or run "
+                               "forward again")
         for i in range(len(seq) - 1, 0, -1):
             d = seq[i].backward(dy)
             # Child i's input is dead now: its buffer keeps the gradient safe from the rerun

@@ -221,3 +221,29 @@ def test_lm_warmup_longer_than_the_run_is_refused_not_clamped():
                       block=512, warmup=100000, prompt="ab")
     with pytest.raises(ValueError, match="warmup 100000"):
         lm.setup(cfg, text="abcdefgh" * 2000)
+
+
+# ----------------------------------------------------------------------------- checkpointing
+def test_checkpointed_sequential_refuses_backward_after_a_mode_change():
+    # Check that eval() between forward and backward of Sequential(checkpoint=True) is a
+    # RuntimeError naming the mode change (not eval-mode gradients), that nothing changed,
+    # and that restoring the mode gives the gradients of the plain Sequential.
+    from engine.blocks import Dropout
+    from engine.layers import Linear, Sequential
+    def make(checkpoint):
+        g = np.random.default_rng(3)
+        return Sequential(Linear(4, 8, dtype=np.float64, rng=0), Dropout(0.5, dtype=np.float64, rng=g),
+                          Linear(8, 3, dtype=np.float64, rng=1), checkpoint=checkpoint)
+    ck, plain = make(True), make(False)
+    x = np.random.default_rng(0).standard_normal((5, 4))
+    dy = np.ones((5, 3))
+    ck.forward(x)
+    plain.forward(x)
+    ck.eval()
+    with pytest.raises(RuntimeError, match="mode changed since forward"):
+        ck.backward(dy)
+    assert not ck.flat_grads().any()
+    ck.train()
+    ck.backward(dy)
+    plain.backward(dy)
+    assert np.array_equal(ck.flat_grads(), plain.flat_grads())
