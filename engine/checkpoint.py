@@ -62,7 +62,7 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
     appears under ``path`` only once it is complete; a failure part-way leaves any previous
     file there untouched.
     """
-    path = _fspath(path)
+    path = _file_path(path)
     _check_model(model)
     if optimizer is not None:
         _check_optimizer(optimizer, model, saving=True)
@@ -166,6 +166,17 @@ def _fspath(path) -> str:
         return os.fspath(path)
     except TypeError:
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+
+
+def _file_path(path) -> str:
+    """``path`` as a str naming a file: an empty path or one ending in a separator (a
+    directory's name) is a ValueError naming it, not a file written under another name."""
+    p = _fspath(path)
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if not p or p.endswith(("/", os.sep)) or os.path.basename(p) in (".", ".."):
+        raise ValueError(f"path: expected a file name, got {p!r} (a directory's name or empty)")
+    return p
 
 
 def _check_model(model) -> None:

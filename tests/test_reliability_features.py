@@ -247,3 +247,18 @@ def test_checkpointed_sequential_refuses_backward_after_a_mode_change():
     ck.backward(dy)
     plain.backward(dy)
     assert np.array_equal(ck.flat_grads(), plain.flat_grads())
+
+
+# ----------------------------------------------------------------------------- save paths
+@pytest.mark.parametrize("name", ["newdir/", "", "sub/.", "sub/.."])
+def test_save_to_a_directory_name_or_empty_is_a_value_error(tmp_path, monkeypatch, name):
+    # Check that save("newdir/") and save("") are ValueErrors naming the path, and nothing
+    # is written (it used to write a file named newdir, or raise IsADirectoryError).
+    from engine import checkpoint
+    from engine.layers import Linear
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ValueError, match=r"path: expected a file name, got " + repr(name)):
+        checkpoint.save(name, Linear(2, 2, rng=0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
+    assert list((tmp_path / "sub").iterdir()) == []
