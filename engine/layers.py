@@ -14,7 +14,7 @@ from kernels import ops
 from kernels.activations import ACTIVATIONS, REGISTRY
 
 from .module import (INITS, Module, Parameter, Workspace, _rows_of, check_float,
-                     check_positive_int, init_weight, make_rng)
+                     check_positive_int, init_weight, input_spec, make_rng)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
            "Tanh", "Identity", "Softmax", "LogSoftmax", "Sequential", "MLP", "check_activation",
@@ -366,6 +366,17 @@ class Sequential(Module):
 
     def extra_repr(self) -> str:
         return "checkpoint=True" if self.checkpoint else ""
+
+    def check_input(self, x, name: str = "x") -> tuple:
+        """Each child's ``check_input`` in turn, on the shape the one before gives."""
+        if not self._seq:
+            return super().check_input(x, name)
+        shape = self._seq[0].check_input(x, name)
+        for i in range(1, len(self._seq)):
+            prev, m = self._seq[i - 1], self._seq[i]
+            shape = m.check_input(input_spec(shape, prev.dtype),
+                                  f"{name} (as child {i}, {type(m).__name__}, gets it)")
+        return shape
 
     def out_features(self, d_in: int) -> int:
         for m in self._seq:

@@ -415,6 +415,23 @@ class Module(metaclass=_ModuleMeta):
             self._pack()
 
     # -- the protocol ---------------------------------------------------------------------
+    def check_input(self, x, name: str = "x") -> tuple:
+        """The output shape for input ``x``, or the TypeError/ValueError ``forward`` would
+        raise for it, without running anything (``fit`` checks a whole data set with it
+        before the first step). This default: float rows (N, d) or (B, T, d) of the module's
+        dtype with d == ``in_features``. A module whose ``forward`` takes other input says so
+        by overriding this too."""
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"{name}: expected dtype {self.dtype} (the model's), got {x.dtype} "
+                            f"(convert with .astype(np.{self.dtype}))")
+        d = self.in_features
+        if x.ndim not in (2, 3) or (d is not None and x.shape[-1] != d):
+            want = "(N, d) or (B, T, d)" if d is None else f"(N, {d}) or (B, T, {d})"
+            raise ValueError(f"{name}: expected shape {want}, got {x.shape}")
+        return (*x.shape[:-1], self.out_features(x.shape[-1]))
+
     def out_features(self, d_in: int) -> int:
         """The last output dimension for inputs of last dimension ``d_in``."""
         return d_in
@@ -691,3 +708,21 @@ class Module(metaclass=_ModuleMeta):
             child = repr(m).replace("\n", "\n  ")
             lines.append(f"  ({name}): {child}")
         return "\n".join(lines) + "\n)" + f"  # {self.num_parameters():,} parameters"
+
+
+def _defined_by(cls, name: str):
+    return next(c for c in cls.__mro__ if name in c.__dict__)
+
+
+def describes_input(model) -> bool:
+    """Whether ``check_input`` of every module in ``model`` describes what its ``forward``
+    takes: true unless a class overrides ``forward`` below the class that defines its
+    ``check_input`` (a user's subclass with its own forward and no check_input of its own)."""
+    return all(issubclass(_defined_by(type(m), "check_input"), _defined_by(type(m), "forward"))
+               for _, m in model.named_modules())
+
+
+def input_spec(shape: tuple, dtype) -> np.ndarray:
+    """A read-only array of ``shape`` and ``dtype`` backed by one element: what a composite
+    passes to its next child's ``check_input`` (the values are never read)."""
+    return np.broadcast_to(np.zeros((), dtype), shape)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .losses import CrossEntropyLoss, MSELoss
-from .module import Module, make_rng
+from .module import Module, describes_input, make_rng
 from .optim import Optimizer, check_optimizer_of, defer_keyboard_interrupt
 from .optim import clip_grad_norm as _clip_grad_norm
 
@@ -197,31 +197,6 @@ def _check_loss(loss) -> None:
                         f"(MSELoss, CrossEntropyLoss), got {type(loss).__name__}")
 
 
-def _known(model) -> bool:
-    """Whether ``model`` and all its children are engine classes, whose ``dtype``,
-    ``in_features`` and ``out_features`` describe what they compute (a user's subclass
-    may override ``forward`` without them: its data is checked by the model and the loss)."""
-    return all(type(m).__module__.startswith("engine.") for _, m in model.named_modules())
-
-
-def _takes_rows(model) -> bool:
-    """Whether the model's first layer takes float rows through the protocol's own forward,
-    so that X must have the model's dtype and ``in_features`` (not, e.g., an Embedding's
-    integer ids, or a block with its own input rules)."""
-    m = model
-    while getattr(m, "_seq", None):  # Sequential, MLP: their first layer
-        m = m._seq[0]
-    return type(m).forward is Module.forward
-
-
-def _in_features(model):
-    """The last input dimension ``model`` takes (None: any), for an engine model."""
-    f = model.in_features
-    if f is None and model.children() and getattr(model, "_seq", None):
-        return _in_features(model._seq[0])  # Sequential, MLP: the first layer's
-    return f
-
-
 def _check_c(name: str, a) -> None:
     if not a.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} for "
@@ -237,33 +212,24 @@ def _check_finite(name: str, a) -> None:
 
 
 def _check_x(model, X, name: str, finite: bool):
-    """Check ``X`` for ``model``; return the output width for it (None: unknown)."""
+    """Check ``X`` for ``model`` through the module protocol (``check_input``); return the
+    model's output shape for it (None: the model does not describe its input)."""
     _check_c(name, X)
-    if not (_known(model) and _takes_rows(model)):
-        if finite and np.issubdtype(X.dtype, np.floating):
-            _check_finite(name, X)
-        return None
-    if X.dtype != model.dtype:
-        raise TypeError(f"{name}: expected dtype {model.dtype} (the model's), got {X.dtype} "
-                        f"(convert with .astype(np.{model.dtype}))")
-    d = _in_features(model)
-    if X.ndim not in (2, 3) or (d is not None and X.shape[-1] != d):
-        want = "(N, d) or (B, T, d)" if d is None else f"(N, {d}) or (B, T, {d})"
-        raise ValueError(f"{name}: expected shape {want}, got {X.shape}")
-    if finite:
+    out = model.check_input(X, name) if describes_input(model) else None
+    if finite and np.issubdtype(X.dtype, np.floating):
         _check_finite(name, X)
-    return model.out_features(X.shape[-1])
+    return out
 
 
-def _check_target(model, loss, X, Y, width, name: str, finite: bool) -> None:
-    """Check ``Y`` for ``loss`` on ``model``'s outputs for ``X`` (``width`` wide, or None)."""
+def _check_target(model, loss, X, Y, out, name: str, finite: bool) -> None:
+    """Check ``Y`` for ``loss`` on ``model``'s outputs for ``X`` (of shape ``out``, or None)."""
     _check_c(name, Y)
-    lead = X.shape[:-1]
-    known = width is not None
+    known = out is not None
+    lead, width = (out[:-1], out[-1]) if known else (X.shape[:-1], None)
     if isinstance(loss, CrossEntropyLoss) and np.issubdtype(Y.dtype, np.integer):
         if known and Y.shape != lead:
-            raise ValueError(f"{name}: expected integer labels of shape {lead} (X's without "
-                             f"the feature axis), got {Y.shape}")
+            raise ValueError(f"{name}: expected integer labels of shape {lead} (the model's "
+                             f"output for X without its class axis), got {Y.shape}")
         lo, hi = (int(np.min(Y)), int(np.max(Y))) if Y.size else (0, -1)
         if lo < 0 or (known and hi >= width):
             classes = f"[0, {width})" if known else "[0, classes)"
@@ -288,8 +254,8 @@ def _check_target(model, loss, X, Y, width, name: str, finite: bool) -> None:
 
 def _check_data(model, loss, X, Y, what: str = "", finite: bool = True) -> None:
     _check_xy(X, Y, what)
-    width = _check_x(model, X, what + "X", finite)
-    _check_target(model, loss, X, Y, width, what + "Y", finite)
+    out = _check_x(model, X, what + "X", finite)
+    _check_target(model, loss, X, Y, out, what + "Y", finite)
 
 
 @contextlib.contextmanager

@@ -262,3 +262,110 @@ def test_save_to_a_directory_name_or_empty_is_a_value_error(tmp_path, monkeypatc
         checkpoint.save(name, Linear(2, 2, rng=0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
     assert list((tmp_path / "sub").iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- fit up front
+def _lm_stack(seq_len=8, vocab=11):
+    from engine import lm
+    return lm.build_model(vocab, seq_len=seq_len, d_model=8, d_ffn=16, blocks=1,
+                          dtype=np.float64, rng=0)
+
+
+def _lm_data(n=12, seq_len=8, vocab=11):
+    g = np.random.default_rng(0)
+    return g.integers(0, vocab, (n, seq_len)), g.integers(0, vocab, (n, seq_len))
+
+
+def _unchanged_fit(model, *args, match, error=ValueError, **kw):
+    """fit(model, ...) raises ``error`` matching ``match`` and leaves the parameters, the
+    gradients, the mode and the optimizer as they were."""
+    from engine.losses import CrossEntropyLoss
+    from engine.optim import AdamW
+    from engine.train import fit
+    opt = AdamW(model.parameters(), lr=0.1)
+    model.eval()
+    model.flat_grads()[...] = 0.5
+    params, grads = model.flat_params().copy(), model.flat_grads().copy()
+    kw.setdefault("loss", CrossEntropyLoss())
+    loss = kw.pop("loss")
+    with pytest.raises(error, match=match):
+        fit(model, loss, opt, *args, **kw)
+    assert np.array_equal(model.flat_params(), params)
+    assert np.array_equal(model.flat_grads(), grads)
+    assert not model.training and opt.steps == 0
+
+
+def test_fit_checks_lm_ids_of_every_batch_before_the_first_step():
+    # Check that an id out of range in the last batch is found before any step.
+    X, Y = _lm_data()
+    X[-1, 3] = 11
+    _unchanged_fit(_lm_stack(), X, Y, 1, batch_size=4, match=r"X: expected ids in \[0, 11\)")
+
+
+def test_fit_checks_the_validation_ids_before_the_first_step():
+    X, Y = _lm_data()
+    Xv, Yv = _lm_data(4)
+    Xv[2, 0] = -1
+    _unchanged_fit(_lm_stack(), X, Y, 1, batch_size=4, validation=(Xv, Yv),
+                   match=r"validation X: expected ids in \[0, 11\)")
+
+
+def test_fit_checks_the_sequence_length_through_every_child():
+    # Check that T > seq_len (which only the GMLPBlock after the Embedding rejects) is
+    # found up front.
+    X, Y = _lm_data(seq_len=9)
+    _unchanged_fit(_lm_stack(seq_len=8), X, Y, 1, match=r"T <= seq_len = 8")
+
+
+def test_fit_checks_the_width_of_a_first_gmlp_block():
+    from engine.gmlp_block import GMLPBlock
+    model = GMLPBlock(8, 16, 4, dtype=np.float64, rng=0)
+    X = np.zeros((3, 4, 7))
+    Y = np.zeros((3, 4, 8))
+    from engine.losses import MSELoss
+    _unchanged_fit(model, X, Y, 1, loss=MSELoss(), match=r"X: expected shape \(N, 8\)")
+
+
+def test_fit_checks_the_lm_target_shape():
+    X, Y = _lm_data()
+    _unchanged_fit(_lm_stack(), X, Y[:, :-1].copy(), 1, match=r"Y: expected integer labels of "
+                   r"shape \(12, 8\)")
+
+
+def test_fit_asks_a_users_module_through_the_protocol():
+    # Check that a user's module with its own forward and check_input is asked (its check
+    # runs up front), and one without check_input is not judged by the default rules.
+    from engine.layers import Linear
+    from engine.module import Module
+
+    class Picky(Linear):
+        def check_input(self, x, name="x"):
+            if x.shape[0] % 2:
+                raise ValueError(f"{name}: expected an even number of rows")
+            return super().check_input(x, name)
+
+        def forward(self, x, *, residual=None):
+            return super().forward(x, residual=residual)
+
+    from engine.losses import MSELoss
+    X, Y = np.zeros((3, 2)), np.zeros((3, 2))
+    _unchanged_fit(Picky(2, 2, dtype=np.float64, rng=0), X, Y, 1, loss=MSELoss(),
+                   match="even number of rows")
+
+
+@pytest.mark.parametrize("name", __import__("modules_zoo").SINGLE)
+@pytest.mark.parametrize("shape_kind", ["2d", "3d"])
+def test_check_input_predicts_forward(name, shape_kind):
+    # Check, for every single-input module kind, that check_input gives the shape forward
+    # returns, and refuses a wrong width as forward does.
+    import modules_zoo as Z
+    case = Z.CASES[name]
+    m = case.build(0)
+    x = Z.array(np.random.default_rng(0), Z.lead(shape_kind), case.d_in)
+    assert m.check_input(x) == m.forward(x).shape
+    bad = Z.array(np.random.default_rng(0), Z.lead(shape_kind), case.d_in + 1)
+    try:
+        m.forward(bad)
+    except (TypeError, ValueError) as e:
+        with pytest.raises(type(e)):
+            m.check_input(bad)
