@@ -191,7 +191,16 @@ def _check_model(model) -> None:
                         f"{type(model).__name__}")
 
 
+def _instance(what: str, v) -> None:
+    """A class where an object is expected (``loss=MSELoss``) passes duck-typing checks (its
+    methods are attributes) and fails mid-run: TypeError naming ``what`` first."""
+    if isinstance(v, type):
+        raise TypeError(f"{what}: expected an instance, got the class {v.__name__} (write "
+                        f"{v.__name__}(...))")
+
+
 def _check_loss(loss) -> None:
+    _instance("loss", loss)
     if not (callable(getattr(loss, "forward", None)) and callable(getattr(loss, "backward", None))):
         raise TypeError(f"loss: expected a loss with forward(pred, target) and backward() "
                         f"(MSELoss, CrossEntropyLoss), got {type(loss).__name__}")
@@ -522,6 +531,7 @@ def _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng, v
     """Every check of ``fit``'s arguments; changes nothing."""
     _check_model(model)
     _check_loss(loss)
+    _instance("optimizer", optimizer)
     for name in ("step", "zero_grad"):
         if not callable(getattr(optimizer, name, None)):
             raise TypeError(f"optimizer: expected an optimizer with step() and zero_grad(), "
@@ -710,6 +720,7 @@ def _check_callbacks(callbacks, classify: bool, validation: bool) -> list:
     if validation:
         recorded += ["val_loss"] + (["val_accuracy"] if classify else [])
     for i, cb in enumerate(callbacks):
+        _instance(f"callbacks[{i}]", cb)
         if not callable(getattr(cb, "on_epoch_end", None)):
             raise TypeError(f"callbacks[{i}]: expected an object with on_epoch_end(epoch, "
                             f"history), got {type(cb).__name__}")
@@ -727,6 +738,7 @@ def _check_scheduler(scheduler, interval, optimizer) -> None:
         raise ValueError(f"scheduler_interval: expected 'step' or 'epoch', got {interval!r}")
     if scheduler is None:
         return
+    _instance("scheduler", scheduler)
     if not callable(getattr(scheduler, "step", None)):
         raise TypeError(f"scheduler: expected a learning-rate scheduler with step(), got "
                         f"{type(scheduler).__name__}")

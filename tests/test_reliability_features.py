@@ -369,3 +369,36 @@ def test_check_input_predicts_forward(name, shape_kind):
     except (TypeError, ValueError) as e:
         with pytest.raises(type(e)):
             m.check_input(bad)
+
+
+@pytest.mark.parametrize("what", ["loss", "scheduler", "optimizer", "callback"])
+def test_fit_refuses_a_class_where_an_instance_is_expected(what):
+    # Check that fit(loss=MSELoss) (the class), scheduler=StepLR, optimizer=AdamW or
+    # callbacks=[EarlyStopping] is a TypeError naming the argument before anything changes.
+    from engine.callbacks import EarlyStopping
+    from engine.layers import Linear
+    from engine.losses import MSELoss
+    from engine.lr_scheduler import StepLR
+    from engine.optim import AdamW
+    from engine.train import fit
+    model = Linear(2, 2, dtype=np.float64, rng=0)
+    opt = AdamW(model.parameters())
+    model.eval()
+    model.flat_grads()[...] = 0.5
+    params, grads = model.flat_params().copy(), model.flat_grads().copy()
+    kw = dict(loss=MSELoss(), optimizer=opt)
+    extra = {}
+    if what == "loss":
+        kw["loss"] = MSELoss
+    elif what == "optimizer":
+        kw["optimizer"] = AdamW
+    elif what == "scheduler":
+        extra["scheduler"] = StepLR
+    else:
+        extra["callbacks"] = [EarlyStopping]
+    X = np.ones((4, 2))
+    with pytest.raises(TypeError, match=r"(loss|optimizer|scheduler|callbacks\[0\]): expected "
+                                        r"an instance, got the class"):
+        fit(model, kw["loss"], kw["optimizer"], X, X, 1, **extra)
+    assert np.array_equal(model.flat_params(), params)
+    assert np.array_equal(model.flat_grads(), grads) and not model.training
