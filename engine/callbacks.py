@@ -7,7 +7,9 @@ after that epoch if any callback returns True. Optional hooks: ``on_train_begin(
 optimizer, scheduler)`` before the first step and ``on_train_end(model, optimizer,
 scheduler)`` after the last epoch (also after an early stop, not after an exception). A
 callback with a ``monitor`` attribute must name a figure the run records ("loss",
-"accuracy", "val_loss", "val_accuracy"); ``fit`` checks that before the first step.
+"accuracy", "val_loss", "val_accuracy"), and so must each name in its ``figures`` (a tuple
+of the figures it reads, e.g. those a ModelCheckpoint path names); ``fit`` checks that
+before the first step.
 
     class StopAtLoss:                      # stop once the training loss is below a target
         def __init__(self, target):
@@ -20,6 +22,8 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
+import string
 import tempfile
 
 from . import checkpoint as _checkpoint
@@ -88,6 +92,26 @@ def check_output_path(path, what: str = "path", suffixes=None) -> str:
     os.close(fd)
     os.unlink(probe)
     return p
+
+
+def _template_fields(path: str) -> tuple:
+    """The figures (of ``MONITORS``) the path template ``path`` names; ValueError for a
+    field that is neither one of them nor ``epoch``, or a template that does not parse."""
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(path) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"path: cannot parse the template {path!r} ({e})") from None
+    fields = []
+    for f in names:
+        base = re.split(r"[.\[]", f, maxsplit=1)[0]
+        if base == "epoch":
+            continue
+        if base not in MONITORS:
+            raise ValueError(f"path: the template {path!r} names {{{f}}}; it may use {{epoch}} "
+                             f"and {list(MONITORS)}")
+        if base not in fields:
+            fields.append(base)
+    return tuple(fields)
 
 
 class Callback:
@@ -190,6 +214,7 @@ class ModelCheckpoint(Callback):
             raise TypeError(f"path: expected a path, got {type(path).__name__}") from None
         if not isinstance(save_best_only, bool):
             raise TypeError(f"save_best_only: expected a bool, got {save_best_only!r}")
+        self.figures = _template_fields(self.path)
         self.monitor, self.mode, self.save_best_only = monitor, mode, save_best_only
         self.best = math.inf if self._mode == "min" else -math.inf
         self.saved: list = []

@@ -724,13 +724,19 @@ def _check_callbacks(callbacks, classify: bool, validation: bool) -> list:
         if not callable(getattr(cb, "on_epoch_end", None)):
             raise TypeError(f"callbacks[{i}]: expected an object with on_epoch_end(epoch, "
                             f"history), got {type(cb).__name__}")
-        monitor = getattr(cb, "monitor", None)
-        if monitor is not None and monitor not in recorded:
-            hint = (" (pass validation=(X_val, Y_val))" if str(monitor).startswith("val_")
-                    and not validation else "")
-            raise ValueError(f"callbacks[{i}]: {type(cb).__name__} monitors {monitor!r}, which "
-                             f"this run does not record; it records {recorded}{hint}")
+        for monitor in (getattr(cb, "monitor", None), *getattr(cb, "figures", ())):
+            _check_monitor(i, cb, monitor, recorded, validation)
     return list(callbacks)
+
+
+def _check_monitor(i: int, cb, monitor, recorded: list, validation: bool) -> None:
+    """A figure callback ``i`` reads (its monitor, or one of its ``figures``) must be one the
+    run records."""
+    if monitor is not None and monitor not in recorded:
+        hint = (" (pass validation=(X_val, Y_val))" if str(monitor).startswith("val_")
+                and not validation else "")
+        raise ValueError(f"callbacks[{i}]: {type(cb).__name__} reads {monitor!r}, which this "
+                         f"run does not record; it records {recorded}{hint}")
 
 
 def _check_scheduler(scheduler, interval, optimizer) -> None:

@@ -402,3 +402,39 @@ def test_fit_refuses_a_class_where_an_instance_is_expected(what):
         fit(model, kw["loss"], kw["optimizer"], X, X, 1, **extra)
     assert np.array_equal(model.flat_params(), params)
     assert np.array_equal(model.flat_grads(), grads) and not model.training
+
+
+# ----------------------------------------------------------------------------- callbacks
+@pytest.mark.parametrize("template, kind, validation", [
+    ("ck-{val_loss:.3f}.npz", "regression", False),
+    ("ck-{accuracy:.2f}.npz", "regression", True),
+    ("ck-{epoch}-{val_accuracy}.npz", "classification", False),
+])
+def test_model_checkpoint_template_naming_an_unrecorded_figure_is_refused_up_front(
+        tmp_path, template, kind, validation):
+    # Check that a path template naming a figure this run does not record is a ValueError
+    # naming it before the first step (it used to fail after epoch 1), nothing written.
+    from engine.callbacks import ModelCheckpoint
+    from engine.layers import Linear
+    from engine.losses import CrossEntropyLoss, MSELoss
+    from engine.optim import AdamW
+    from engine.train import fit
+    model = Linear(2, 3, dtype=np.float64, rng=0)
+    X = np.ones((4, 2))
+    Y = np.zeros((4, 3)) if kind == "regression" else np.array([0, 1, 2, 0])
+    loss = MSELoss() if kind == "regression" else CrossEntropyLoss()
+    opt = AdamW(model.parameters())
+    before = model.flat_params().copy()
+    cb = ModelCheckpoint(str(tmp_path / template), monitor="loss")
+    with pytest.raises(ValueError, match=r"callbacks\[0\]: ModelCheckpoint reads '(val_loss|"
+                                         r"accuracy|val_accuracy)'"):
+        fit(model, loss, opt, X, Y, 2, callbacks=[cb],
+            validation=(X, Y) if validation else None)
+    assert np.array_equal(model.flat_params(), before) and opt.steps == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_checkpoint_template_with_an_unknown_field_is_refused_at_construction(tmp_path):
+    from engine.callbacks import ModelCheckpoint
+    with pytest.raises(ValueError, match=r"path: the template .* names \{lr\}"):
+        ModelCheckpoint(str(tmp_path / "ck-{lr}.npz"))
