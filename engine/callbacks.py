@@ -24,7 +24,6 @@ import numbers
 import os
 import re
 import string
-import tempfile
 
 from . import checkpoint as _checkpoint
 
@@ -54,9 +53,10 @@ def _latest(history, monitor: str, who: str) -> float:
 
 def check_output_path(path, what: str = "path", suffixes=None) -> str:
     """``path`` as a str if a file can be written there, else ValueError naming ``what``: the
-    directory exists and is writable, ``path`` is not a directory, the file name (and the
-    temporary name an atomic write uses next to it) fits the file system, and the suffix is
-    one of ``suffixes`` (if given). A probe file is created next to it and removed."""
+    directory exists and is writable, ``path`` is not a directory, the file name fits the file
+    system, an existing file is not read-only (by its mode bits, also for root), and the
+    suffix is one of ``suffixes`` (if given). As ``checkpoint.save`` would, a file with its
+    short temporary name is created next to it and removed."""
     try:
         p = os.fspath(path)
     except TypeError:
@@ -67,30 +67,21 @@ def check_output_path(path, what: str = "path", suffixes=None) -> str:
         raise ValueError(f"{what}: expected a file name ending in {' or '.join(suffixes)}, got {p!r}")
     full = os.path.abspath(p)
     directory, name = os.path.split(full)
-    if not name:
+    if not name or p.endswith(("/", os.sep)):
         raise ValueError(f"{what}: {p!r} names a directory, not a file")
     if not os.path.isdir(directory):
         raise ValueError(f"{what}: the directory {directory!r} does not exist")
     if os.path.isdir(full):
         raise ValueError(f"{what}: {p!r} is a directory, not a file")
-    if os.path.exists(full) and not os.access(full, os.W_OK):
-        raise ValueError(f"{what}: {p!r} exists and is not writable")
     try:
         name_max = os.pathconf(directory, "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):
         name_max = 255
-    # Atomic writes go through "." + name + "." + 8 random characters + ".tmp" (mkstemp).
-    if len(name.encode()) + 14 > name_max:
+    if len(name.encode()) > name_max:
         raise ValueError(f"{what}: the file name is {len(name.encode())} bytes long; at most "
-                         f"{name_max - 14} fit here (with the temporary name used to write it)")
-    # The one sure test of writability (root passes os.access almost everywhere): create and
-    # remove a file with the temporary name an atomic write would use.
-    try:
-        fd, probe = tempfile.mkstemp(dir=directory, prefix="." + name + ".", suffix=".tmp")
-    except OSError as e:
-        raise ValueError(f"{what}: cannot write in {directory!r} ({e.strerror or e})") from None
-    os.close(fd)
-    os.unlink(probe)
+                         f"{name_max} fit here")
+    # What save checks and does (read-only files refused, a probe with its temporary name).
+    _checkpoint.check_target(p, what)
     return p
 
 

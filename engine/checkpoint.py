@@ -27,7 +27,7 @@ import zlib
 
 import numpy as np
 
-__all__ = ["save", "load", "CheckpointError", "FORMAT_VERSION"]
+__all__ = ["save", "load", "check_target", "save_or_rescue", "SaveError", "CheckpointError", "FORMAT_VERSION"]
 
 FORMAT = "blasnet-checkpoint"
 FORMAT_VERSION = 1
@@ -101,6 +101,38 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
         header["scheduler"] = sched
     arrays[_HEADER] = np.array(json.dumps(header))
     _atomic_write(target, lambda f: np.savez(f, **arrays))
+
+
+class SaveError(OSError):
+    """``save_or_rescue`` could not write the file asked for; ``rescued`` is where the model
+    went instead (None if that failed too)."""
+
+    def __init__(self, message: str, rescued):
+        super().__init__(message)
+        self.rescued = rescued
+
+
+def save_or_rescue(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
+    """``save``; if writing fails (a full disk, a directory made read-only during the run),
+    save the same checkpoint to a new file in the temporary directory instead and raise
+    ``SaveError`` naming both: a run's end never loses the trained model."""
+    try:
+        save(path, model, optimizer, scheduler=scheduler, **metadata)
+        return
+    except OSError as e:
+        reason = e.strerror or str(e)
+    suffix = SAFETENSORS if _fspath(path).lower().endswith(SAFETENSORS) else ".npz"
+    rescued = None
+    try:
+        fd, rescued = tempfile.mkstemp(prefix="blasnet-rescued-", suffix=suffix)
+        os.close(fd)
+        save(rescued, model, optimizer, scheduler=scheduler, **metadata)
+        where = f"the model was saved to {rescued} instead"
+    except OSError as e2:
+        where = f"saving it to {rescued} failed too ({e2.strerror or e2})"
+        rescued = None
+    raise SaveError(f"{_fspath(path)}: could not save the checkpoint ({reason}); {where}",
+                    rescued)
 
 
 def _save_safetensors(path: str, model, meta_json: str) -> None:
@@ -217,30 +249,22 @@ def _writable_target(path: str) -> str:
 
 # ----------------------------------------------------------------------------- writing
 _TMP_END = ".tmp"
+_TMP_START = ".blasnet-"
 
 
-def _temp_prefix(directory: str, base: str) -> str:
-    """``.<name>.<crc>.<pid>.``: mkstemp appends 8 random characters and ``.tmp``. The name
-    is cut to fit the file system's name limit; the CRC-32 of the whole name keeps two long
-    names with one beginning apart."""
-    try:
-        limit = os.pathconf(directory, "PC_NAME_MAX")
-    except (AttributeError, OSError, ValueError):
-        limit = 255
-    raw = os.fsencode(base)
-    tag = f"{zlib.crc32(raw):08x}"
-    tail = f".{tag}.{os.getpid()}."
-    room = max(0, limit - 1 - len(tail) - 8 - len(_TMP_END))
-    short = os.fsdecode(raw[:room]) if len(raw) > room else base
-    return "." + short + tail
+def _temp_prefix(base: str) -> str:
+    """``.blasnet-<crc>-<pid>-``: mkstemp appends 8 random characters and ``.tmp``. A short
+    hidden name of fixed length (38 characters) fits beside any file name the file system
+    takes; the CRC-32 of the target's name tells whose temporary file it is."""
+    return f"{_TMP_START}{zlib.crc32(os.fsencode(base)):08x}-{os.getpid()}-"
 
 
 def _remove_stale_temps(directory: str, prefix: str) -> None:
     """Remove the temporary files that earlier saves of the same target left behind when
-    their process was killed: names ``prefix`` (without its pid) + ``<pid>.<8 chars>.tmp``
+    their process was killed: names ``prefix`` (without its pid) + ``<pid>-<8 chars>.tmp``
     whose process no longer runs on this machine. Others' and our own are left alone."""
-    stem = prefix[:prefix.rstrip(".").rfind(".") + 1]  # ".<name>.<crc>."
-    pattern = re.compile(re.escape(stem) + r"(\d+)\.[A-Za-z0-9_]{8}" + re.escape(_TMP_END) + "$")
+    stem = prefix[:prefix.rstrip("-").rfind("-") + 1]  # ".blasnet-<crc>-"
+    pattern = re.compile(re.escape(stem) + r"(\d+)-[A-Za-z0-9_]{8}" + re.escape(_TMP_END) + "$")
     try:
         names = os.listdir(directory)
     except OSError:
@@ -253,6 +277,33 @@ def _remove_stale_temps(directory: str, prefix: str) -> None:
             os.unlink(os.path.join(directory, name))
         except OSError:
             pass
+
+
+def check_target(path, what: str = "path") -> str:
+    """``path`` if ``save`` can write it, else ValueError naming ``what``: the checks ``save``
+    makes (a file name, not a directory; an existing file is writable, by its mode bits too,
+    since ``save`` does not replace a read-only file even for root), then a probe file with
+    the temporary name ``save`` writes first, created and removed in the directory (the one
+    sure test of writability: root passes ``os.access`` almost everywhere)."""
+    try:
+        p = _file_path(path)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+    try:
+        real = _writable_target(p)
+    except OSError as e:
+        raise ValueError(f"{what}: {e.strerror}") from None
+    directory = os.path.dirname(os.path.abspath(real))
+    if not os.path.isdir(directory):
+        raise ValueError(f"{what}: the directory {directory!r} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=_temp_prefix(os.path.basename(real)),
+                                     suffix=_TMP_END)
+    except OSError as e:
+        raise ValueError(f"{what}: cannot write in {directory!r} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return p
 
 
 def _alive(pid: int) -> bool:
@@ -269,7 +320,7 @@ def _atomic_write(path: str, write) -> None:
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``
     (after removing stale temporary files of killed saves of the same ``path``)."""
     directory = os.path.dirname(os.path.abspath(path))
-    prefix = _temp_prefix(directory, os.path.basename(path))
+    prefix = _temp_prefix(os.path.basename(path))
     _remove_stale_temps(directory, prefix)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=_TMP_END)
     try:

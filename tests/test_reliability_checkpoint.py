@@ -347,12 +347,12 @@ def test_temporary_files_of_killed_saves_are_removed_by_the_next_save(tmp_path):
         assert r.returncode == -signal.SIGKILL, r.stderr
         assert path.read_bytes() == raw
         stale = sorted(set(os.listdir(tmp_path)) - {"ck.npz"})
-        assert len(stale) == 1 and stale[0].startswith(".ck.npz.") and stale[0] not in seen
+        assert len(stale) == 1 and stale[0].startswith(".blasnet-") and stale[0] not in seen
         seen.add(stale[0])
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        keep = [f"{stale[0].rsplit('.', 3)[0]}.{live.pid}.abcdefgh.tmp",  # a live save
-                ".other.npz.00000000.1.abcdefgh.tmp", "notes.txt"]
+        keep = [f"{stale[0].rsplit('-', 2)[0]}-{live.pid}-abcdefgh.tmp",  # a live save
+                ".blasnet-00000000-999999999-abcdefgh.tmp", "notes.txt"]  # another target
         for name in keep:
             (tmp_path / name).write_bytes(b"keep")
         new, _, _ = _trained(rng=4)
