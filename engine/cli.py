@@ -471,6 +471,9 @@ def train(args) -> int:
     except _UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except checkpoint.SaveError as e:  # the run is done; where its model went is the message
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def _train(args) -> int:
@@ -663,9 +666,9 @@ def _train(args) -> int:
             if rank:
                 return 0
         elif tensors:
-            checkpoint.save(path, model, **meta)
+            checkpoint.save_or_rescue(path, model, **meta)
         else:
-            checkpoint.save(path, model, opt, scheduler=sched, **meta)
+            checkpoint.save_or_rescue(path, model, opt, scheduler=sched, **meta)
         fresh = build_model(args, d_in, d_out, args.seed + 1)
         checkpoint.load(path, fresh)
         reloaded, _ = evaluate(fresh, loss, X, Y, bs)

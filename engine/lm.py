@@ -399,10 +399,14 @@ def run_cli(args, out=None) -> int:
     try:
         meta = dict(model="gmlp-lm", vocab=s.vocab.chars, held_bits=r.held_bits,
                     config=asdict(c))
-        if path.lower().endswith(".safetensors"):
-            checkpoint.save(path, s.model, **meta)
-        else:
-            checkpoint.save(path, s.model, s.optimizer, **meta)
+        try:
+            if path.lower().endswith(".safetensors"):
+                checkpoint.save_or_rescue(path, s.model, **meta)
+            else:
+                checkpoint.save_or_rescue(path, s.model, s.optimizer, **meta)
+        except checkpoint.SaveError as e:  # the trained model is in e.rescued
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         fresh = build_model(v, c.seq_len, c.d_model, c.d_ffn, c.blocks, check_dtype(c.dtype),
                             c.seed + 1)
         checkpoint.load(path, fresh)

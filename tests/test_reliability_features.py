@@ -438,3 +438,81 @@ def test_model_checkpoint_template_with_an_unknown_field_is_refused_at_construct
     from engine.callbacks import ModelCheckpoint
     with pytest.raises(ValueError, match=r"path: the template .* names \{lr\}"):
         ModelCheckpoint(str(tmp_path / "ck-{lr}.npz"))
+
+
+# ----------------------------------------------------------------------------- output files
+@pytest.fixture
+def read_only_file(tmp_path):
+    p = tmp_path / "ro.npz"
+    p.write_bytes(b"old")
+    os.chmod(p, 0o444)
+    yield p
+    os.chmod(p, 0o644)
+
+
+def test_model_checkpoint_onto_a_read_only_file_is_refused_before_the_first_step(
+        read_only_file):
+    # Check that the start-of-run check predicts what save does with a read-only file (it
+    # refuses it, even for root, whom os.access lets through): ValueError before any step.
+    from engine.callbacks import ModelCheckpoint
+    from engine.layers import Linear
+    from engine.losses import MSELoss
+    from engine.optim import AdamW
+    from engine.train import fit
+    model = Linear(2, 2, dtype=np.float64, rng=0)
+    opt = AdamW(model.parameters())
+    before = model.flat_params().copy()
+    X = np.ones((4, 2))
+    with pytest.raises(ValueError, match="ModelCheckpoint path: .*read-only"):
+        fit(model, MSELoss(), opt, X, X, 2,
+            callbacks=[ModelCheckpoint(str(read_only_file), monitor="loss")])
+    assert np.array_equal(model.flat_params(), before) and opt.steps == 0
+    assert read_only_file.read_bytes() == b"old"
+
+
+def test_cli_save_onto_a_read_only_file_is_a_usage_error_before_training(capsys, read_only_file):
+    code, out, err = _cli(capsys, "train", "--task", "sine", "--samples", "8", "--model", "mlp",
+                          "--hidden", "4", "--epochs", "2", "--save", str(read_only_file))
+    assert code == 2 and "--save: " in err and "read-only" in err and "Traceback" not in err
+    assert "epoch" not in out and read_only_file.read_bytes() == b"old"
+
+
+def test_a_254_byte_file_name_saves_through_save_and_the_cli(tmp_path, capsys):
+    # Check one temporary-name scheme: a name as long as the file system allows (minus the
+    # suffix) is accepted by save() and by the CLI's up-front check alike.
+    from engine import checkpoint
+    from engine.layers import Linear
+    name = "s" * 250 + ".npz"  # 254 bytes
+    checkpoint.save(str(tmp_path / name), Linear(2, 2, rng=0))
+    (tmp_path / name).unlink()
+    code, out, err = _cli(capsys, "train", "--task", "sine", "--samples", "8", "--model", "mlp",
+                          "--hidden", "4", "--epochs", "1", "--save", str(tmp_path / name))
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_cli_save_failing_at_the_end_keeps_the_model(tmp_path, capsys, monkeypatch):
+    # Check that a save that fails after training (here: the disk fills up) writes the
+    # checkpoint to a temporary file, says where, exits 1 with no traceback, and that file
+    # holds the trained model.
+    import errno
+    from engine import checkpoint
+    target = str(tmp_path / "m.npz")
+    real_save = checkpoint.save
+
+    def full_disk(path, *args, **kw):
+        if os.fspath(path) == target:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(path, *args, **kw)
+    monkeypatch.setattr(checkpoint, "save", full_disk)
+    code, out, err = _cli(capsys, "train", "--task", "sine", "--samples", "8", "--model", "mlp",
+                          "--hidden", "4", "--epochs", "2", "--save", target)
+    assert code == 1 and "Traceback" not in err
+    assert "No space left on device" in err and "saved to " in err
+    rescued = err.split("saved to ")[1].split(" instead")[0]
+    try:
+        from engine.layers import MLP
+        meta = checkpoint.load(rescued, MLP([1, 4, 1], rng=5))
+        assert meta["epochs"] == 2
+    finally:
+        os.unlink(rescued)
