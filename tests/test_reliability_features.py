@@ -516,3 +516,87 @@ def test_cli_save_failing_at_the_end_keeps_the_model(tmp_path, capsys, monkeypat
         assert meta["epochs"] == 2
     finally:
         os.unlink(rescued)
+
+
+# ----------------------------------------------------------------------------- the LM
+_TINY_LM = dict(seq_len=16, d_model=8, d_ffn=16, blocks=1, batch_size=16, epochs=1, block=512,
+                warmup=0, prompt="ab")
+_TEXT = "abcdefgh " * 1000
+
+
+@pytest.mark.parametrize("field, value, kind", [
+    ("prompt", "", ValueError), ("temperature", 0, ValueError),
+    ("sample_length", -2, ValueError), ("temperature", "hot", TypeError),
+    ("batch_size", 0, ValueError), ("seq_len", 0, ValueError), ("block", 0, ValueError),
+    ("epochs", 1.5, TypeError),
+])
+def test_lm_train_checks_its_config_before_training(field, value, kind):
+    # Check that a config sampling would reject (or one that divides by zero) is refused,
+    # naming the field, before any step: by setup, and by train on a prepared setup whose
+    # config was edited afterwards.
+    from engine import lm
+    with pytest.raises(kind, match=f"{field}"):
+        lm.setup(lm.LMConfig(**{**_TINY_LM, field: value}), text=_TEXT)
+    s = lm.setup(lm.LMConfig(**_TINY_LM), text=_TEXT)
+    before = s.model.flat_params().copy()
+    setattr(s.config, field, value)
+    with pytest.raises(kind, match=f"{field}"):
+        lm.train(prepared=s, progress=False)
+    assert np.array_equal(s.model.flat_params(), before) and s.optimizer.steps == 0
+
+
+def test_cli_lm_with_an_empty_prompt_is_a_usage_error_before_training(capsys):
+    code, out, err = _cli(capsys, "train", "--model", "gmlp-lm", "--task", "text", "--d-hidden",
+                          "4", "--d-ff", "4", "--epochs", "1", "--prompt", "")
+    assert code == 2 and "prompt" in err and "Traceback" not in err
+    assert "epoch" not in out and "time " not in out
+
+
+@pytest.mark.parametrize("call, kind, match", [
+    (lambda lm, v, ids: lm.windows(ids, 0), ValueError, "seq_len"),
+    (lambda lm, v, ids: lm.windows(ids, 4, 0), ValueError, "stride"),
+    (lambda lm, v, ids: lm.windows(ids, "4"), TypeError, "seq_len"),
+    (lambda lm, v, ids: lm.windows(ids.astype(float), 4), TypeError, "ids"),
+    (lambda lm, v, ids: lm.split(ids, 0.1, 0), ValueError, "block"),
+    (lambda lm, v, ids: lm.split(ids, 0.1, -5), ValueError, "block"),
+    (lambda lm, v, ids: lm.split(ids, "0.1"), TypeError, "held_out"),
+    (lambda lm, v, ids: v.decode([len(v)]), ValueError, r"ids\[0\]: expected an id in"),
+    (lambda lm, v, ids: v.decode([-1]), ValueError, r"ids\[0\]: expected an id in"),
+    (lambda lm, v, ids: v.decode([1.7]), TypeError, r"ids\[0\]: expected an integer"),
+    (lambda lm, v, ids: v.decode(5), TypeError, "ids: expected a sequence"),
+    (lambda lm, v, ids: lm.unigram_bits(ids, ids, 2), ValueError, r"train_ids: expected ids "
+                                                                  r"in \[0, 2\)"),
+    (lambda lm, v, ids: lm.unigram_bits(ids, ids[:0], len(v)), ValueError, "eval_ids"),
+    (lambda lm, v, ids: lm.unigram_bits(ids, ids, 0), ValueError, "vocab_size"),
+])
+def test_lm_functions_validate_their_arguments(call, kind, match):
+    # Check that each public function of engine.lm names a bad argument (no
+    # ZeroDivisionError, IndexError, wrap-around, truncation or silent no-op).
+    from engine import lm
+    v = lm.Vocabulary("abcdef")
+    ids = v.encode("abcdefabcdef" * 10)
+    with pytest.raises(kind, match=match):
+        call(lm, v, ids)
+
+
+@pytest.mark.parametrize("kw, kind, match", [
+    (dict(temperature="hot"), TypeError, "temperature"),
+    (dict(temperature=0.0), ValueError, "temperature"),
+    (dict(length="5"), TypeError, "length"),
+    (dict(length=-2), ValueError, "length"),
+    (dict(prompt=""), ValueError, "prompt"),
+    (dict(seq_len=0), ValueError, "seq_len"),
+    (dict(vocab="other"), ValueError, "vocab: 5 characters, the model predicts 6"),
+    (dict(vocab="abcdefgh"), ValueError, "vocab: 8 characters do not fit"),
+])
+def test_lm_sample_validates_its_arguments(kw, kind, match):
+    from engine import lm
+    model = lm.build_model(6, seq_len=8, d_model=8, d_ffn=16, blocks=1, rng=0)
+    args = dict(vocab=lm.Vocabulary("abcdef"), prompt="ab", length=3, seq_len=8,
+                temperature=0.8)
+    if "vocab" in kw:  # another text's vocabulary: 5 or 8 characters for a 6-id model
+        kw = dict(kw, vocab=lm.Vocabulary(kw["vocab"]))
+    args.update(kw)
+    with pytest.raises(kind, match=match):
+        lm.sample(model, args.pop("vocab"), args.pop("prompt"), args.pop("length"),
+                  args.pop("seq_len"), **args)
