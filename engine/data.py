@@ -7,10 +7,12 @@ classification targets are int64 labels. Same ``rng`` seed, same data.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import numbers
 import os
 import re
+import zipfile
 
 import numpy as np
 
@@ -134,12 +136,16 @@ def load(path, x=None, y=None, dtype=np.float32):
 
     - ``.npz``: the arrays named ``x`` and ``y`` (default "x" and "y"). ``X`` has a sample
       axis first ((N, d), or (N,) for one feature); integer targets of shape (N,) are labels.
-    - ``.csv``: a header row, then one sample per line, numbers only. ``y`` names the target
+    - ``.csv``: UTF-8 text (a byte-order mark, as Excel's "CSV UTF-8" writes, is fine): a
+      header row, then one sample per line, numbers only. ``y`` names the target
       column(s) (required); ``x`` the input columns (default: all the others). A target
       column whose values are all integers ("0", "2", "-1") is read as labels.
 
-    Errors name the file and, for a CSV, the line and column of the first bad value; a
-    missing column or array is a ValueError listing the ones the file has.
+    Every problem with the file is a ValueError naming it and, for a CSV, the line (and
+    column) of the first bad value: a damaged .npz (truncated, encrypted, a CRC mismatch, a
+    member that is not .npy data, a declared shape larger than the bytes stored), text that
+    is not UTF-8, a malformed CSV record, no samples, no features or no target columns; a
+    missing column or array lists the ones the file has.
     """
     dt = check_dtype(dtype)
     path = os.fspath(path)
@@ -158,20 +164,7 @@ def _load_npz(path, xs, ys, dt):
             raise ValueError(f"{what}: an .npz file holds one array per name; got {names}")
     xname = xs[0] if xs else "x"
     yname = ys[0] if ys else "y"
-    try:
-        z = np.load(path, allow_pickle=False)
-    except ValueError as e:
-        raise ValueError(f"{path}: not a readable .npz file ({e})") from None
-    if not hasattr(z, "files"):
-        raise ValueError(f"{path}: expected an .npz archive of named arrays, got a single array")
-    with z:
-        for what, name in (("x", xname), ("y", yname)):
-            if name not in z.files:
-                raise ValueError(f"{what}: {path} has no array {name!r}; it has {sorted(z.files)}")
-        try:
-            X, Y = z[xname], z[yname]
-        except ValueError as e:  # object arrays need pickle
-            raise ValueError(f"{path}: arrays must be numeric ({e})") from None
+    X, Y = _read_npz(path, {"x": xname, "y": yname})
     for name, a in ((xname, X), (yname, Y)):
         if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
             raise ValueError(f"{path}: array {name!r}: expected numbers, got dtype {a.dtype}")
@@ -182,6 +175,11 @@ def _load_npz(path, xs, ys, dt):
             raise ValueError(f"{path}: array {name!r}: non-finite value {a[bad]} at index {bad}")
     if X.shape[0] != Y.shape[0]:
         raise ValueError(f"{path}: {xname!r} has {X.shape[0]} samples, {yname!r} has {Y.shape[0]}")
+    if X.shape[0] == 0:
+        raise ValueError(f"{path}: array {xname!r} holds no samples (shape {X.shape})")
+    for name, a, what in ((xname, X, "features"), (yname, Y, "target columns")):
+        if a.ndim > 1 and 0 in a.shape[1:]:
+            raise ValueError(f"{path}: array {name!r} has no {what} (shape {a.shape})")
     if np.iscomplexobj(X) or np.iscomplexobj(Y):
         raise ValueError(f"{path}: complex arrays are not supported")
     X = np.ascontiguousarray(X.reshape(-1, 1) if X.ndim == 1 else X, dtype=dt)
@@ -191,12 +189,103 @@ def _load_npz(path, xs, ys, dt):
     return X, Y
 
 
+# Largest uncompressed/compressed ratio deflate can reach: a member declaring more lies.
+_DEFLATE_MAX_RATIO = 1032
+
+
+def _read_npz(path: str, names: dict) -> tuple:
+    """The arrays ``names`` ({"x": member name, "y": member name}) of the .npz at ``path``.
+    Everything a damaged or hostile file can do is a ValueError naming the file: not a zip,
+    truncated, encrypted, an unknown compression, a member that is not .npy data, a header
+    declaring more bytes than stored (checked before allocating), a CRC-32 mismatch."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            with zipfile.ZipFile(f) as z:
+                members = {i.filename: i for i in z.infolist()}
+                files = sorted(n[:-4] for n in members if n.endswith(".npy"))
+                out = []
+                for what, name in names.items():
+                    info = members.get(name + ".npy")
+                    if info is None:
+                        raise ValueError(f"{what}: {path} has no array {name!r}; it has {files}")
+                    out.append(_read_member(path, z, info, size))
+                return tuple(out)
+    except ValueError:
+        raise
+    except Exception as e:  # zipfile, zlib and numpy raise a dozen types on damaged input
+        raise ValueError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from None
+
+
+def _read_member(path: str, z, info, size: int) -> np.ndarray:
+    name = info.filename[:-4]
+    if info.flag_bits & 0x1:
+        raise ValueError(f"{path}: array {name!r} is encrypted")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise ValueError(f"{path}: array {name!r}: unknown compression {info.compress_type}")
+    ratio = 1 if info.compress_type == zipfile.ZIP_STORED else _DEFLATE_MAX_RATIO
+    if (info.header_offset + info.compress_size > size
+            or info.file_size > ratio * info.compress_size + 64):
+        raise ValueError(f"{path}: array {name!r} is truncated or corrupt (it declares "
+                         f"{info.file_size} bytes in {info.compress_size}; the file has {size})")
+    with z.open(info) as m:
+        try:
+            version = np.lib.format.read_magic(m)
+            read = {(1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read is None:
+                raise ValueError(f".npy version {version}")
+            shape, fortran, dtype = read(m)
+        except Exception as e:
+            raise ValueError(f"{path}: array {name!r} is not .npy data ({e})") from None
+        if dtype.hasobject:
+            raise ValueError(f"{path}: array {name!r}: arrays must be numeric, got dtype "
+                             f"{dtype}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes != info.file_size - m.tell():
+            raise ValueError(f"{path}: array {name!r} declares shape {shape} of {dtype} "
+                             f"({nbytes} bytes) and holds {info.file_size - m.tell()}")
+        data = m.read(nbytes)
+        if len(data) != nbytes or m.read(1):  # reading to the end checks the CRC-32
+            raise ValueError(f"{path}: array {name!r} is truncated")
+    a = np.frombuffer(data, dtype).copy()  # writable, owned
+    return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
+
+
+def _csv_text(path: str) -> str:
+    """The file's text: UTF-8, with or without a byte-order mark (Excel's "CSV UTF-8");
+    other bytes are a ValueError naming the line and byte, not a bare UnicodeDecodeError."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(f"{path}: line {line}, byte {col}: not UTF-8 text (byte "
+                         f"0x{raw[e.start]:02x}); save the file as UTF-8 CSV") from None
+
+
+def _records(path: str, reader):
+    """The reader's records; a malformed one (a field over the csv module's limit, a NUL
+    byte) is a ValueError naming the file and line."""
+    while True:
+        try:
+            rec = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise ValueError(f"{path}: line {reader.line_num}: {e}") from None
+        yield rec
+
+
 def _load_csv(path, xs, ys, dt):
     if ys is None:
         raise ValueError("y: name the target column(s) of a CSV file")
-    with open(path, newline="") as f:
+    with io.StringIO(_csv_text(path), newline="") as f:
         reader = csv.reader(f)
-        header = next(reader, None)
+        records = _records(path, reader)
+        header = next(records, None)
         if header is None or not any(h.strip() for h in header):
             raise ValueError(f"{path}: line 1: expected a header row of column names")
         header = [h.strip() for h in header]
@@ -219,7 +308,7 @@ def _load_csv(path, xs, ys, dt):
         rows, is_int = [], [True] * len(cols)
         label_col = len(xs) if len(ys) == 1 else -1  # one target column: maybe labels
         labels = []  # (line, text) of the target column while it reads as integers
-        for rec in reader:
+        for rec in records:
             if not rec or (len(rec) == 1 and not rec[0].strip()):
                 continue  # blank line
             line = reader.line_num

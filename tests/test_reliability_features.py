@@ -600,3 +600,109 @@ def test_lm_sample_validates_its_arguments(kw, kind, match):
     with pytest.raises(kind, match=match):
         lm.sample(model, args.pop("vocab"), args.pop("prompt"), args.pop("length"),
                   args.pop("seq_len"), **args)
+
+
+# ----------------------------------------------------------------------------- broken data files
+def _npz_bytes(**arrays):
+    import io
+    b = io.BytesIO()
+    np.savez(b, **arrays)
+    return b.getvalue()
+
+
+def _broken_files():
+    """name -> (file bytes, what the message must say besides the file name)."""
+    good = _npz_bytes(x=np.ones((4, 2)), y=np.arange(4))
+    crc = bytearray(good)
+    at = crc.find(b"\x00\x00\xf0?")  # inside x's data (1.0 in float64)
+    crc[at + 3] ^= 0x01
+    encrypted = bytearray(good)
+    encrypted[6] |= 0x01  # the first local header's flag bits: "encrypted"
+    cd = encrypted.find(b"PK\x01\x02")
+    encrypted[cd + 8] |= 0x01  # and the central directory's
+    import zipfile, io
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w") as z:
+        z.writestr("x.npy", b"this is not an npy file at all")
+        z.writestr("y.npy", b"neither")
+    not_npy = b.getvalue()
+    return {
+        "truncated.npz": (good[:len(good) // 2], ""),
+        "empty.npz": (b"", ""),
+        "crc.npz": (bytes(crc), ""),
+        "encrypted.npz": (bytes(encrypted), "encrypted"),
+        "notnpy.npz": (not_npy, "not .npy data"),
+        "nosamples.npz": (_npz_bytes(x=np.ones((0, 2)), y=np.arange(0)), "no samples"),
+        "nofeatures.npz": (_npz_bytes(x=np.ones((4, 0)), y=np.arange(4)), "no features"),
+        "notargets.npz": (_npz_bytes(x=np.ones((4, 2)), y=np.ones((4, 0))), "no target"),
+        "field.csv": (b"a,y\n" + b"1" * (200 * 1024) + b",0\n", "line 2"),
+        "latin1.csv": ("a,y\n1,0\n2,caf\u00e9\n".encode("latin-1"), "line 3"),
+        "binary.csv": (bytes(range(256)) * 4, "line 2, byte 118"),  # 0x80 after the 0x0a
+        "nul.csv": (b"a,y\n1,\x000\n", "line 2"),
+        "header.csv": (b"a,y\n", "no data rows"),
+    }
+
+
+def _huge_shape_npz():
+    # An .npz whose x header declares 2**40 elements (8 TiB of float64) over 64 stored bytes.
+    import io, zipfile
+    x = np.ones((4, 2))
+    h = io.BytesIO()
+    np.lib.format.write_array_header_1_0(h, {"descr": "<f8", "fortran_order": False,
+                                             "shape": (2 ** 40,)})
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w") as z:
+        z.writestr("x.npy", h.getvalue() + x.tobytes())
+        z.writestr("y.npy", _npy(np.arange(4)))
+    return b.getvalue()
+
+
+def _npy(a):
+    import io
+    b = io.BytesIO()
+    np.save(b, a)
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("name", sorted(_broken_files()) + ["huge.npz"])
+def test_broken_data_files_are_value_errors_naming_the_file(tmp_path, name):
+    # Check that engine.data.load names the file (and line or array) for each broken file,
+    # as a ValueError (no MemoryError, UnicodeDecodeError, csv.Error, zipfile error).
+    raw, says = (_huge_shape_npz(), "declares shape") if name == "huge.npz" \
+        else _broken_files()[name]
+    p = tmp_path / name
+    p.write_bytes(raw)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")) as e:
+        D.load(str(p), y="y")
+    assert says in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["truncated.npz", "latin1.csv", "field.csv", "huge.npz"])
+def test_cli_turns_a_broken_data_file_into_a_usage_error(tmp_path, capsys, name):
+    raw = _huge_shape_npz() if name == "huge.npz" else _broken_files()[name][0]
+    p = tmp_path / name
+    p.write_bytes(raw)
+    code, out, err = _cli(capsys, "train", "--data", str(p), "--y-cols", "y", "--epochs", "1")
+    assert code == 2 and err.startswith("error: --data: ") and name in err
+    assert "Traceback" not in err and "epoch" not in out
+
+
+def test_a_csv_with_a_utf8_byte_order_mark_is_read(tmp_path, capsys):
+    # Check that Excel's "CSV UTF-8" (a BOM before the header) loads, first column named
+    # without the BOM, through load and the CLI.
+    p = tmp_path / "bom.csv"
+    p.write_bytes("\ufeffa,b,y\n".encode("utf-8") + b"".join(
+        f"{i % 3},{i % 5 - 2},{i % 2}\n".encode() for i in range(20)))
+    X, Y = D.load(str(p), x=["a", "b"], y="y")
+    assert X.shape == (20, 2) and X[4, 0] == 1.0 and Y[3] == 1
+    code, out, err = _cli(capsys, "train", "--data", str(p), "--y-cols", "y", "--epochs", "1",
+                          "--model", "mlp", "--hidden", "4")
+    assert code == 0, err
+
+
+def test_cli_refuses_labels_that_would_build_a_trillion_classes(tmp_path, capsys):
+    p = tmp_path / "big.csv"
+    p.write_text("a,y\n1,0\n2,1000000000000\n3,1\n4,0\n5,1\n")
+    code, out, err = _cli(capsys, "train", "--data", str(p), "--y-cols", "y", "--epochs", "1")
+    assert code == 2 and "1000000000000" in err and "classes" in err
+    assert "Traceback" not in err
