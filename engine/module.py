@@ -126,7 +126,7 @@ def as_rows(x, d, dtype, name: str = "x"):
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {x.strides} "
                          f"for shape {x.shape} (use np.ascontiguousarray)")
     if x.ndim == 3:
-        return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+        return _flat3(x), x.shape[:-1]
     return x, x.shape[:-1]
 
 
@@ -139,7 +139,14 @@ def _rows_of(a, shape, dtype, name):
             raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} "
                          f"for shape {a.shape} (use np.ascontiguousarray)")
-    return a.reshape(-1, shape[-1]) if a.ndim == 3 else a
+    return _flat3(a) if a.ndim == 3 else a
+
+
+def _flat3(a):
+    """(B, T, d) as (B*T, d) without a copy; explicit sizes, since reshape(-1, 0) of an
+    empty feature axis is ambiguous to NumPy."""
+    b, t, d = a.shape
+    return a.reshape(b * t, d)
 
 
 def _shaped(a2, lead):
@@ -519,7 +526,7 @@ class Module(metaclass=_ModuleMeta):
                                  f"forward), got {dy.shape}")
             raise ValueError(f"{name}: expected a C-contiguous array, got strides {dy.strides}")
         self._no_overlap(name, dy)
-        return dy.reshape(-1, shape[-1]) if dy.ndim == 3 else dy
+        return _flat3(dy) if dy.ndim == 3 else dy
 
     def _workspace_ids(self):
         s = self._s

@@ -706,3 +706,57 @@ def test_cli_refuses_labels_that_would_build_a_trillion_classes(tmp_path, capsys
     code, out, err = _cli(capsys, "train", "--data", str(p), "--y-cols", "y", "--epochs", "1")
     assert code == 2 and "1000000000000" in err and "classes" in err
     assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- smaller ones
+@pytest.mark.parametrize("kind", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("shape", [(2, 3, 0), (2, 0)])
+def test_rowwise_activations_take_an_empty_feature_axis(kind, shape):
+    # Check that Softmax/LogSoftmax on rows of zero features return empty arrays of the
+    # input's shape, forward and backward (NumPy cannot reshape (2, 3, 0) to (-1, 0)).
+    from engine import layers
+    m = getattr(layers, kind)()
+    x = np.zeros(shape, np.float32)
+    assert m.forward(x).shape == shape
+    assert m.backward(np.zeros(shape, np.float32)).shape == shape
+
+
+@pytest.mark.parametrize("state, name", [
+    ({"mean": ["a"], "scale": ["b"]}, "mean"), ({"mean": "12", "scale": "34"}, "mean"),
+    ({"mean": [1.0], "scale": "2"}, "scale"), ({"mean": [True], "scale": [1.0]}, "mean"),
+])
+def test_standardizer_from_state_dict_names_a_field_of_strings(state, name):
+    with pytest.raises(TypeError, match=rf"state\['{name}'\]: expected a list of numbers"):
+        D.Standardizer.from_state_dict(state)
+
+
+def test_history_plot_honours_the_suffix(tmp_path):
+    # Check that plot("loss.pdf") writes a PDF (not PNG bytes), ".svg" an SVG, and an
+    # unknown suffix is a ValueError naming the path before anything is written.
+    pytest.importorskip("matplotlib")
+    from engine.train import History
+    h = History(loss=[1.0, 0.5], steps=2)
+    h.plot(tmp_path / "loss.pdf")
+    h.plot(tmp_path / "loss.svg")
+    h.plot(tmp_path / "loss.png")
+    assert (tmp_path / "loss.pdf").read_bytes().startswith(b"%PDF")
+    assert b"<svg" in (tmp_path / "loss.svg").read_bytes()[:1000]
+    assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(ValueError, match=r"path: expected a file name ending in .*loss\.xyz"):
+        h.plot(tmp_path / "loss.xyz")
+    assert not (tmp_path / "loss.xyz").exists()
+
+
+@pytest.mark.parametrize("identity", ["identity", "module"])
+def test_to_torch_state_dict_keeps_the_identity_slot(identity):
+    # Check the documented layout: an MLP layer with an "identity" activation maps to
+    # nn.Sequential(nn.Linear, nn.Identity(), nn.Linear), so the second Linear is slot 2.
+    from engine.interop import load_torch_state_dict, to_torch_state_dict
+    from engine.layers import MLP, Identity
+    act = "identity" if identity == "identity" else Identity()
+    m = MLP([2, 3, 2], activations=[act, None], rng=0)
+    sd = to_torch_state_dict(m)
+    assert list(sd) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    twin = MLP([2, 3, 2], activations=[act, None], rng=1)
+    load_torch_state_dict(twin, sd)
+    assert np.array_equal(twin.flat_params(), m.flat_params())
