@@ -388,6 +388,17 @@ def train_val_split(X, Y, val_fraction: float, rng=0):
            (np.take(X, val, axis=0), np.take(Y, val, axis=0))
 
 
+def _numbers(name: str, v) -> np.ndarray:
+    """``v``, a list (or tuple or 1-D array) of real numbers, as float64; else TypeError
+    naming ``name`` (a string, nested lists or bools are not a saved mean or scale)."""
+    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "fiu":
+        return v.astype(np.float64)
+    if not isinstance(v, (list, tuple)) or not all(
+            isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) for x in v):
+        raise TypeError(f"{name}: expected a list of numbers, got {v!r:.60}")
+    return np.array(v, np.float64)
+
+
 # A standard deviation below this fraction of the column's largest magnitude is rounding
 # noise of the mean (float64 gives ~1e-17 * |x| for a constant column), not a spread.
 _CONSTANT_RTOL = 1e-12
@@ -412,8 +423,8 @@ class Standardizer:
         self.scale = None  # (d,) float64
 
     def fit(self, X) -> "Standardizer":
-        if not isinstance(X, np.ndarray) or X.ndim < 2 or X.shape[0] == 0:
-            raise ValueError(f"X: expected an array (N, d) with N >= 1, got "
+        if not isinstance(X, np.ndarray) or X.ndim < 2 or X.shape[0] == 0 or X.shape[-1] == 0:
+            raise ValueError(f"X: expected an array (N, d) with N, d >= 1, got "
                              f"{getattr(X, 'shape', type(X).__name__)}")
         rows = np.asarray(X, np.float64).reshape(-1, X.shape[-1])
         mean = rows.mean(axis=0)
@@ -457,8 +468,7 @@ class Standardizer:
     def from_state_dict(cls, state) -> "Standardizer":
         if not isinstance(state, dict) or set(state) != {"mean", "scale"}:
             raise ValueError(f"state: expected a dict with 'mean' and 'scale', got {state!r:.80}")
-        mean = np.asarray(state["mean"], np.float64)
-        scale = np.asarray(state["scale"], np.float64)
+        mean, scale = (_numbers(f"state[{k!r}]", state[k]) for k in ("mean", "scale"))
         if mean.ndim != 1 or mean.shape != scale.shape or mean.size == 0:
             raise ValueError(f"state: 'mean' and 'scale' must be lists of one length, got "
                              f"{mean.shape} and {scale.shape}")
