@@ -106,13 +106,16 @@ class History:
             f.write("\n")
 
     def plot(self, path, title: str | None = None):
-        """Save a PNG (640x400 pixels) of the training loss (and validation loss) per epoch to
-        ``path`` and return the matplotlib ``Figure``; the y axis is logarithmic when the
-        plotted losses are positive and span more than a decade. Needs matplotlib (the
-        optional extra ``plot``: ``pip install 'blasnet[plot]'``)."""
+        """Save a plot (6.4x4 inches; 640x400 pixels as PNG) of the training loss (and
+        validation loss) per epoch to ``path``, in the format its suffix names (``.png``,
+        ``.pdf``, ``.svg``, ...; another suffix is a ValueError before anything is drawn), and
+        return the matplotlib ``Figure``; the y axis is logarithmic when the plotted losses
+        are positive and span more than a decade. Needs matplotlib (the optional extra
+        ``plot``: ``pip install 'blasnet[plot]'``)."""
         if not self.loss:
             raise ValueError("History.plot: the history is empty (no epoch to plot)")
         Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
+        fmt = _plot_format(path, FigureCanvasAgg)
         epochs = np.arange(1, len(self.loss) + 1)
         fig = Figure(figsize=(6.4, 4.0), dpi=100)
         FigureCanvasAgg(fig)  # render without pyplot: no GUI backend, no global state
@@ -132,7 +135,7 @@ class History:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(os.fspath(path), format="png")
+        fig.savefig(os.fspath(path), format=fmt)
         return fig
 
     @property
@@ -143,6 +146,21 @@ class History:
     def samples_per_second(self) -> float:
         s = self.seconds
         return self.samples / s if s > 0 else float("nan")
+
+
+# Formats matplotlib writes by itself (pgf needs LaTeX; raw/rgba have no header).
+_PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff",
+                 "webp")
+
+
+def _plot_format(path, canvas) -> str:
+    """The format ``path``'s suffix names, if matplotlib writes it; else ValueError."""
+    ext = os.path.splitext(os.fspath(path))[1][1:].lower()
+    known = [f for f in _PLOT_FORMATS if f in canvas.get_supported_filetypes()]
+    if ext not in known:
+        raise ValueError(f"path: expected a file name ending in one of "
+                         f"{', '.join('.' + f for f in known)}, got {os.fspath(path)!r}")
+    return ext
 
 
 def _matplotlib():
