@@ -540,7 +540,9 @@ class MLP(Sequential):
       module's settings are read; the MLP builds its own fused layer.
     ``negative_slope`` is one float for every layer named "leaky_relu", or a list with one
     entry per layer; a ``LeakyReLU(slope)`` module entry carries its own slope instead.
-    ``activations`` (the attribute) lists the resolved names.
+    ``activations`` (the attribute) lists the resolved names (None for "identity", which
+    computes nothing); ``reference_activations`` the layers of the PyTorch reference
+    ``nn.Sequential``, where "identity" is an ``nn.Identity()`` in its own slot.
     """
 
     def __init__(self, sizes, activations=None, init: str = "he", bias: bool = True,
@@ -575,6 +577,11 @@ class MLP(Sequential):
                                   names[i], slopes[i]) for i in range(n_layers)])
         self.sizes = sizes
         self.activations = names
+        # The activation layer after each Linear in the PyTorch reference (nn.Sequential):
+        # "identity" keeps its nn.Identity() slot although no kernel runs for it.
+        self.reference_activations = [
+            "identity" if (a == "identity" or isinstance(a, Identity)) else n
+            for a, n in zip(activations, names)]
         self.negative_slope = negative_slope
         self.slopes = slopes
 
