@@ -99,6 +99,8 @@ class Vocabulary:
     """The distinct characters of a text, sorted, each with its id (its index)."""
 
     def __init__(self, chars):
+        if not isinstance(chars, str):
+            raise TypeError(f"chars: expected a str (a text), got {type(chars).__name__}")
         chars = "".join(sorted(set(chars)))
         if not chars:
             raise ValueError("chars: expected at least one character")
