@@ -13,7 +13,7 @@ import numpy as np
 from kernels import ops
 from kernels.activations import ACTIVATIONS, REGISTRY
 
-from .module import (INITS, Module, Parameter, Workspace, _rows_of, check_float,
+from .module import (_MODE_GEN, INITS, Module, Parameter, Workspace, _rows_of, check_float,
                      check_positive_int, init_weight, input_spec, make_rng)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
@@ -362,7 +362,8 @@ class Sequential(Module):
             self._keys = [f"in{i}" for i in range(len(modules))]
             self._inputs = [None] * len(modules)  # each child's input: x by reference, copies
             self._moded = [m for _, m in self.named_modules()]  # whose train/eval flag counts
-            self._modes = None  # their flags at the forward, which the reruns must repeat
+            self._c.modes = None     # their flags at the last forward: the reruns repeat them
+            self._c.modes_gen = -1   # _MODE_GEN when they were read
 
     def extra_repr(self) -> str:
         return "checkpoint=True" if self.checkpoint else ""
@@ -458,7 +459,11 @@ class Sequential(Module):
         s, seq = self._s, self._seq
         last = len(seq) - 1
         inputs = self._inputs
-        modes = [m.training for m in self._moded]
+        c, gen = self._c, _MODE_GEN[0]
+        if c.modes_gen != gen:  # a train()/eval() somewhere since they were read
+            modes = [m.training for m in self._moded]
+        else:
+            modes = c.modes
         self._snap(0)
         # The first child checks x before it changes anything: a rejected x changes nothing.
         y = seq[0].forward(x, residual=residual if last == 0 else None)
@@ -469,12 +474,13 @@ class Sequential(Module):
             self._snap(i)
             y = seq[i].forward(xi, residual=residual if i == last else None)
         self._snap(last + 1)
-        self._modes = modes
+        c.modes, c.modes_gen = modes, gen
         return y
 
     def _backward_checkpointed(self, dy, dx_acc):
         s, seq, inputs = self._s, self._seq, self._inputs
-        if [m.training for m in self._moded] != self._modes:
+        c = self._c
+        if c.modes_gen != _MODE_GEN[0] and [m.training for m in self._moded] != c.modes:
             # The reruns would recompute in the other mode (dropout on/off): wrong gradients.
             raise RuntimeError("Sequential(checkpoint=True).backward: the train/eval mode "
                                "changed since forward; the recomputed activations would not "

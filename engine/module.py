@@ -156,6 +156,7 @@ def _shaped(a2, lead):
 
 # ----------------------------------------------------------------------------- arena
 _GENERATION = [0]  # bumped whenever parameters move to another arena
+_MODE_GEN = [0]    # bumped by every train()/eval() call
 
 
 class Arena:
@@ -659,6 +660,7 @@ class Module(metaclass=_ModuleMeta):
 
     # -- modes ------------------------------------------------------------------------------
     def train(self, mode: bool = True):
+        _MODE_GEN[0] += 1  # lets a checkpointed Sequential skip re-reading unchanged modes
         object.__setattr__(self, "training", bool(mode))
         for m in self._modules.values():
             m.train(mode)

@@ -760,3 +760,21 @@ def test_to_torch_state_dict_keeps_the_identity_slot(identity):
     twin = MLP([2, 3, 2], activations=[act, None], rng=1)
     load_torch_state_dict(twin, sd)
     assert np.array_equal(twin.flat_params(), m.flat_params())
+
+
+def test_checkpointed_sequential_accepts_a_mode_restored_or_changed_elsewhere():
+    # Check that only an actual difference from the forward's modes is refused: eval() then
+    # train() on the model, or eval() of another model, between forward and backward pass.
+    from engine.layers import Linear, Sequential
+    m = Sequential(Linear(3, 4, dtype=np.float64, rng=0), Linear(4, 2, dtype=np.float64, rng=1),
+                   checkpoint=True)
+    other = Linear(2, 2, rng=0)
+    x, dy = np.ones((2, 3)), np.ones((2, 2))
+    m.forward(x)
+    m.eval()
+    m.train()
+    other.eval()
+    m.backward(dy)
+    m.eval()
+    m.forward(x)  # an eval-mode forward, then its backward in eval mode
+    m.backward(dy)
