@@ -245,10 +245,15 @@ def _read_member(path: str, z, info, size: int) -> np.ndarray:
         if nbytes != info.file_size - m.tell():
             raise ValueError(f"{path}: array {name!r} declares shape {shape} of {dtype} "
                              f"({nbytes} bytes) and holds {info.file_size - m.tell()}")
-        data = m.read(nbytes)
-        if len(data) != nbytes or m.read(1):  # reading to the end checks the CRC-32
-            raise ValueError(f"{path}: array {name!r} is truncated")
-    a = np.frombuffer(data, dtype).copy()  # writable, owned
+        a = np.empty(math.prod(shape), dtype)  # read straight into the array: one copy
+        view, got = memoryview(a).cast("B"), 0
+        while got < nbytes:
+            n = m.readinto(view[got:])
+            if not n:
+                raise ValueError(f"{path}: array {name!r} is truncated")
+            got += n
+        if m.read(1):  # reading to the end checks the CRC-32
+            raise ValueError(f"{path}: array {name!r} holds more bytes than it declares")
     return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
 
 
