@@ -126,6 +126,9 @@ def _names(what: str, v) -> list | None:
     if isinstance(v, str):
         return [v]
     if isinstance(v, (list, tuple)) and v and all(isinstance(c, str) for c in v):
+        dup = sorted({c for c in v if v.count(c) > 1})
+        if dup:  # the same column twice would silently train on a duplicated feature/target
+            raise ValueError(f"{what}: the column(s) {dup} are named more than once")
         return list(v)
     raise TypeError(f"{what}: expected a column name or a non-empty list of names, got {v!r}")
 
@@ -148,7 +151,12 @@ def load(path, x=None, y=None, dtype=np.float32):
     missing column or array lists the ones the file has.
     """
     dt = check_dtype(dtype)
-    path = os.fspath(path)
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+    if not isinstance(path, str):
+        path = os.fsdecode(path)
     xs, ys = _names("x", x), _names("y", y)
     low = path.lower()
     if low.endswith(".npz"):
@@ -182,11 +190,27 @@ def _load_npz(path, xs, ys, dt):
             raise ValueError(f"{path}: array {name!r} has no {what} (shape {a.shape})")
     if np.iscomplexobj(X) or np.iscomplexobj(Y):
         raise ValueError(f"{path}: complex arrays are not supported")
-    X = np.ascontiguousarray(X.reshape(-1, 1) if X.ndim == 1 else X, dtype=dt)
+    X = _cast(path, f"array {xname!r}", X.reshape(-1, 1) if X.ndim == 1 else X, dt)
     if Y.ndim == 1 and np.issubdtype(Y.dtype, np.integer):
+        if Y.size and Y.dtype.kind == "u" and Y.max() > _INT64.max:  # labels never wrap
+            at = int(np.argmax(Y > _INT64.max))
+            raise ValueError(f"{path}: array {yname!r}: the label {int(Y[at])} at index {at} "
+                             f"does not fit int64")
         return X, np.ascontiguousarray(Y, dtype=np.int64)
-    Y = np.ascontiguousarray(Y.reshape(-1, 1) if Y.ndim == 1 else Y, dtype=dt)
+    Y = _cast(path, f"array {yname!r}", Y.reshape(-1, 1) if Y.ndim == 1 else Y, dt)
     return X, Y
+
+
+def _cast(path: str, what: str, a: np.ndarray, dt) -> np.ndarray:
+    """``a`` as a C-contiguous ``dt`` array; a finite value that ``dt`` cannot hold (1e300
+    in float32) is a ValueError naming where, not an inf."""
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(a, dtype=dt)
+    if out.size and not (np.isfinite(out.min()) and np.isfinite(out.max())):
+        at = np.unravel_index(int(np.argmax(~np.isfinite(out))), out.shape)
+        raise ValueError(f"{path}: {what}: the value {a[at].item()!r} at index "
+                         f"{tuple(int(i) for i in at)} overflows {dt} (use dtype=float64)")
+    return out
 
 
 # Largest uncompressed/compressed ratio deflate can reach: a member declaring more lies.
@@ -313,6 +337,7 @@ def _load_csv(path, xs, ys, dt):
         rows, is_int = [], [True] * len(cols)
         label_col = len(xs) if len(ys) == 1 else -1  # one target column: maybe labels
         labels = []  # (line, text) of the target column while it reads as integers
+        lines = []   # the file line of each row
         for rec in records:
             if not rec or (len(rec) == 1 and not rec[0].strip()):
                 continue  # blank line
@@ -336,16 +361,30 @@ def _load_csv(path, xs, ys, dt):
                     labels.append((line, text))
                 row.append(v)
             rows.append(row)
+            lines.append(line)
     if not rows:
         raise ValueError(f"{path}: no data rows after the header")
     data = np.array(rows, dtype=np.float64)  # (N, len(x) + len(y))
     nx = len(xs)
-    X = np.ascontiguousarray(data[:, :nx], dtype=dt)
+    X = _cast_csv(path, header, cols, lines, data, 0, nx, dt)
     if len(ys) == 1 and is_int[nx]:  # labels: the exact integers, not their float64 values
         c = cols[nx]
         return X, np.array([_label(path, line, c, header[c], text) for line, text in labels],
                            dtype=np.int64)
-    return X, np.ascontiguousarray(data[:, nx:], dtype=dt)
+    return X, _cast_csv(path, header, cols, lines, data, nx, len(cols), dt)
+
+
+def _cast_csv(path, header, cols, lines, data, start: int, stop: int, dt) -> np.ndarray:
+    """Columns ``start:stop`` of the parsed ``data`` as ``dt``; a value it cannot hold is a
+    ValueError naming its line and column."""
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(data[:, start:stop], dtype=dt)
+    if out.size and not (np.isfinite(out.min()) and np.isfinite(out.max())):
+        r, k = np.unravel_index(int(np.argmax(~np.isfinite(out))), out.shape)
+        c = cols[start + k]
+        raise ValueError(f"{path}: line {lines[r]}, column {c + 1} ({header[c]!r}): the value "
+                         f"{float(data[r, start + k])!r} overflows {dt} (use dtype=float64)")
+    return out
 
 
 _INT64 = np.iinfo(np.int64)
@@ -432,10 +471,14 @@ class Standardizer:
             raise ValueError(f"X: expected an array (N, d) with N, d >= 1, got "
                              f"{getattr(X, 'shape', type(X).__name__)}")
         rows = np.asarray(X, np.float64).reshape(-1, X.shape[-1])
-        mean = rows.mean(axis=0)
-        std = rows.std(axis=0)
-        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean = rows.mean(axis=0)
+            std = rows.std(axis=0)
+        if not np.all(np.isfinite(rows)):
             raise ValueError("X: holds non-finite values")
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+            raise ValueError("X: its mean or standard deviation overflows float64 (values "
+                             "near 1e308); rescale the data first")
         std[_constant_columns(rows, std)] = 1.0  # a constant feature maps to 0, not to NaN
         self.mean, self.scale = mean, std
         return self

@@ -778,3 +778,66 @@ def test_checkpointed_sequential_accepts_a_mode_restored_or_changed_elsewhere():
     m.eval()
     m.forward(x)  # an eval-mode forward, then its backward in eval mode
     m.backward(dy)
+
+
+def test_npz_unsigned_labels_beyond_int64_are_refused(tmp_path):
+    # Check that uint64 labels int64 cannot hold are refused naming the array and index
+    # (they used to wrap to negative labels).
+    p = tmp_path / "u.npz"
+    np.savez(p, x=np.ones((3, 2)), y=np.array([1, 2 ** 63, 3], np.uint64))
+    with pytest.raises(ValueError, match=r"u\.npz: array 'y': the label 9223372036854775808 at "
+                                         r"index 1 does not fit int64"):
+        D.load(str(p))
+    np.savez(p, x=np.ones((3, 2)), y=np.array([1, 2, 3], np.uint64))
+    assert D.load(str(p))[1].tolist() == [1, 2, 3]
+
+
+def test_values_that_overflow_the_dtype_are_refused_not_made_infinite(tmp_path):
+    # Check that a finite value float32 cannot hold (1e300) is a ValueError naming where
+    # (array and index, or line and column), not an inf; float64 reads it.
+    p = tmp_path / "big.npz"
+    np.savez(p, x=np.array([[1.0, 2.0], [3.0, -1e300]]), y=np.array([0, 1]))
+    with pytest.raises(ValueError, match=r"big\.npz: array 'x': the value -1e\+300 at index "
+                                         r"\(1, 1\) overflows float32"):
+        D.load(str(p))
+    assert D.load(str(p), dtype=np.float64)[0][1, 1] == -1e300
+    c = _csv(tmp_path, "a,b,y\n1,2,0.5\n3,4,1e300\n")
+    with pytest.raises(ValueError, match=r"d\.csv: line 3, column 3 \('y'\): the value 1e\+300 "
+                                         r"overflows float32"):
+        D.load(c, y="y")
+
+
+def test_a_column_named_twice_is_refused(tmp_path):
+    c = _csv(tmp_path, "a,b,y\n1,2,0\n3,4,1\n")
+    with pytest.raises(ValueError, match=r"y: the column\(s\) \['y'\] are named more than once"):
+        D.load(c, y=["y", "y"])
+    with pytest.raises(ValueError, match=r"x: the column\(s\) \['a'\]"):
+        D.load(c, x=["a", "a"], y="y")
+
+
+@pytest.mark.parametrize("call", ["load", "to_csv", "to_json", "plot"])
+def test_a_path_that_is_not_one_is_named(call):
+    from engine.train import History
+    h = History(loss=[1.0], steps=1)
+    with pytest.raises(TypeError, match="path: expected a str or os.PathLike, got NoneType"):
+        if call == "load":
+            D.load(None)
+        else:
+            getattr(h, call)(None)
+
+
+def test_model_checkpoint_template_that_cannot_be_filled_is_refused_up_front(tmp_path):
+    # Check that {loss[0]} (a float is not subscriptable) is refused at the start of fit,
+    # as a ValueError naming the path, not a TypeError after epoch 1.
+    from engine.callbacks import ModelCheckpoint
+    from engine.layers import Linear
+    from engine.losses import MSELoss
+    from engine.optim import AdamW
+    from engine.train import fit
+    m = Linear(2, 2, dtype=np.float64, rng=0)
+    opt = AdamW(m.parameters())
+    X = np.ones((4, 2))
+    with pytest.raises(ValueError, match="path: cannot fill in"):
+        fit(m, MSELoss(), opt, X, X, 1,
+            callbacks=[ModelCheckpoint(str(tmp_path / "{loss[0]}.npz"), monitor="loss")])
+    assert opt.steps == 0
