@@ -86,7 +86,7 @@ class History:
     def to_csv(self, path) -> None:
         """Write one row per epoch (``epoch,loss,...``; full float precision) to ``path``."""
         cols = self.columns()
-        with open(os.fspath(path), "w", newline="") as f:
+        with open(_path(path), "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(list(cols))
             for row in zip(*cols.values()):
@@ -101,7 +101,7 @@ class History:
                "seconds": self.seconds}
         doc.update({k: [clean(x) for x in v] if k != "epoch" else v
                     for k, v in self.columns().items()})
-        with open(os.fspath(path), "w") as f:
+        with open(_path(path), "w") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
 
@@ -153,9 +153,16 @@ _PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif",
                  "webp")
 
 
+def _path(path) -> str:
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+
+
 def _plot_format(path, canvas) -> str:
     """The format ``path``'s suffix names, if matplotlib writes it; else ValueError."""
-    ext = os.path.splitext(os.fspath(path))[1][1:].lower()
+    ext = os.path.splitext(_path(path))[1][1:].lower()
     known = [f for f in _PLOT_FORMATS if f in canvas.get_supported_filetypes()]
     if ext not in known:
         raise ValueError(f"path: expected a file name ending in one of "
