@@ -217,7 +217,7 @@ class ModelCheckpoint(Callback):
     def _format(self, epoch: int, figures: dict) -> str:
         try:
             return self.path.format(epoch=epoch, **figures)
-        except (KeyError, IndexError, ValueError) as e:
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"path: cannot fill in {self.path!r} ({type(e).__name__}: {e}); "
                              f"it may use {{epoch}} and {sorted(figures)}") from None
 
