@@ -502,7 +502,8 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                                validation, progress, callbacks, scheduler, scheduler_interval,
                                clip_grad_norm)
         else:  # every rank learns whether any rank rejected its arguments (none waits alone)
-            from .distributed import _agree
+            from .distributed import _agree, _comm
+            _comm(comm)  # a TypeError naming comm, before it is used to agree on anything
             error = setup = None
             try:
                 setup = _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle,
