@@ -841,3 +841,23 @@ def test_model_checkpoint_template_that_cannot_be_filled_is_refused_up_front(tmp
         fit(m, MSELoss(), opt, X, X, 1,
             callbacks=[ModelCheckpoint(str(tmp_path / "{loss[0]}.npz"), monitor="loss")])
     assert opt.steps == 0
+
+
+def test_fit_with_a_communicator_that_is_not_one_is_a_type_error():
+    _mpi()
+    from engine.layers import Linear
+    from engine.losses import MSELoss
+    from engine.optim import AdamW
+    from engine.train import fit
+    m = Linear(2, 2, rng=0)
+    X = np.ones((4, 2), np.float32)
+    with pytest.raises(TypeError, match="comm: expected an MPI communicator"):
+        fit(m, MSELoss(), AdamW(m.parameters()), X, X, 1, comm=42)
+
+
+def test_save_into_a_missing_directory_names_the_target(tmp_path):
+    from engine import checkpoint
+    from engine.layers import Linear
+    target = str(tmp_path / "nodir" / "m.npz")
+    with pytest.raises(FileNotFoundError, match=r"nodir/m\.npz: the directory"):
+        checkpoint.save(target, Linear(2, 2, rng=0))
