@@ -27,7 +27,7 @@ from .embedding import Embedding
 from .gmlp_block import GMLPBlock
 from .layers import Linear, Sequential
 from .losses import CrossEntropyLoss
-from .module import check_dtype, check_float, check_positive_int, make_rng
+from .module import Module, check_dtype, check_float, check_positive_int, make_rng
 from .optim import AdamW
 from .train import evaluate, fit
 
@@ -154,6 +154,9 @@ def split(ids: np.ndarray, held_out: float = 0.1, block: int = 4096):
     mask = np.zeros(len(ids), bool)
     for b in held_blocks:
         mask[b * block:(b + 1) * block] = True
+    if not mask.any():  # fewer than k blocks: a split that holds nothing out measures nothing
+        raise ValueError(f"block: {len(ids)} ids make {nb} block(s) of {block}; holding out every "
+                         f"{k}th needs at least {k} (use a smaller block)")
     return ids[~mask], ids[mask]
 
 
@@ -218,8 +221,11 @@ def sample(model, vocab: Vocabulary, prompt: str, length: int, seq_len: int,
     temperature = _temperature(temperature)
     length = _count("length", length, 0)
     seq_len = _count("seq_len", seq_len)
-    _check_vocab_fits(model, vocab)
-    ids = list(vocab.encode(prompt))
+    _check_vocab_fits(model, vocab, seq_len)
+    try:
+        ids = list(vocab.encode(prompt))
+    except ValueError as e:
+        raise ValueError(f"prompt: {str(e).partition(': ')[2]}") from None
     rng = make_rng(rng)
     was_training = model.training
     model.eval()
@@ -237,14 +243,20 @@ def sample(model, vocab: Vocabulary, prompt: str, length: int, seq_len: int,
     return vocab.decode(ids)
 
 
-def _check_vocab_fits(model, vocab: Vocabulary) -> None:
-    """The model reads ids up to len(vocab) - 1 and predicts len(vocab) characters (asked
-    through the module protocol), else ValueError: a sample from another text's vocabulary
-    would print the wrong characters."""
+def _check_vocab_fits(model, vocab: Vocabulary, seq_len: int = 1) -> None:
+    """The model reads ids up to len(vocab) - 1 in windows of ``seq_len`` and predicts
+    len(vocab) characters (asked through the module protocol), else ValueError: a sample
+    from another text's vocabulary would print the wrong characters."""
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected an engine Module, got {type(model).__name__}")
     try:
         out = model.check_input(np.array([[len(vocab) - 1]], np.int64), "ids")
     except (TypeError, ValueError) as e:
         raise ValueError(f"vocab: {len(vocab)} characters do not fit the model ({e})") from None
+    try:
+        model.check_input(np.zeros((1, seq_len), np.int64), "ids")
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"seq_len: the model does not take windows of {seq_len} ({e})") from None
     if out[-1] != len(vocab):
         raise ValueError(f"vocab: {len(vocab)} characters, the model predicts {out[-1]} (a "
                          f"vocabulary of another text?)")

@@ -560,6 +560,7 @@ def test_cli_lm_with_an_empty_prompt_is_a_usage_error_before_training(capsys):
     (lambda lm, v, ids: lm.split(ids, 0.1, 0), ValueError, "block"),
     (lambda lm, v, ids: lm.split(ids, 0.1, -5), ValueError, "block"),
     (lambda lm, v, ids: lm.split(ids, "0.1"), TypeError, "held_out"),
+    (lambda lm, v, ids: lm.split(ids, 0.1, 10 ** 9), ValueError, "block: 120 ids make 1 "),
     (lambda lm, v, ids: v.decode([len(v)]), ValueError, r"ids\[0\]: expected an id in"),
     (lambda lm, v, ids: v.decode([-1]), ValueError, r"ids\[0\]: expected an id in"),
     (lambda lm, v, ids: v.decode([1.7]), TypeError, r"ids\[0\]: expected an integer"),
@@ -588,8 +589,12 @@ def test_lm_functions_validate_their_arguments(call, kind, match):
     (dict(seq_len=0), ValueError, "seq_len"),
     (dict(vocab="other"), ValueError, "vocab: 5 characters, the model predicts 6"),
     (dict(vocab="abcdefgh"), ValueError, "vocab: 8 characters do not fit"),
+    (dict(seq_len=20), ValueError, "seq_len: the model does not take windows of 20"),
+    (dict(prompt="xyz"), ValueError, "prompt: characters not in the vocabulary"),
 ])
 def test_lm_sample_validates_its_arguments(kw, kind, match):
+    # Check that sample names each bad argument before generating anything, the vocabulary
+    # and window length checked against the model through its check_input.
     from engine import lm
     model = lm.build_model(6, seq_len=8, d_model=8, d_ffn=16, blocks=1, rng=0)
     args = dict(vocab=lm.Vocabulary("abcdef"), prompt="ab", length=3, seq_len=8,
@@ -861,3 +866,9 @@ def test_save_into_a_missing_directory_names_the_target(tmp_path):
     target = str(tmp_path / "nodir" / "m.npz")
     with pytest.raises(FileNotFoundError, match=r"nodir/m\.npz: the directory"):
         checkpoint.save(target, Linear(2, 2, rng=0))
+
+
+def test_lm_sample_refuses_a_model_that_is_not_one():
+    from engine import lm
+    with pytest.raises(TypeError, match="model: expected an engine Module"):
+        lm.sample(None, lm.Vocabulary("ab"), "a", 3, 8)
