@@ -25,7 +25,7 @@ from kernels import ops
 from kernels.memory import aligned_empty
 from kernels.optim import adamw_consts
 
-from .module import _GENERATION, Module, make_rng, runs
+from .module import _GENERATION, Module, check_float, make_rng, runs
 from .optim import AdamW, Optimizer, check_optimizer_of, clip_grad_norm, defer_keyboard_interrupt
 
 __all__ = ["DataParallel", "ShardedAdamW", "RankError", "mpi", "world", "launched_size",
@@ -282,6 +282,8 @@ class DataParallel:
 
     def step(self, weight=None) -> None:
         """``reduce_gradients(weight)``, ``optimizer.step()``, ``model.zero_grad()``."""
+        if weight is not None:  # before the collective: every rank refuses the same call
+            weight = check_float("weight", weight, 0.0, low_open=True)
         self.reduce_gradients(weight)
         self.optimizer.step()
         self.model.zero_grad()

@@ -872,3 +872,17 @@ def test_lm_sample_refuses_a_model_that_is_not_one():
     from engine import lm
     with pytest.raises(TypeError, match="model: expected an engine Module"):
         lm.sample(None, lm.Vocabulary("ab"), "a", 3, 8)
+
+
+def test_data_parallel_step_names_a_bad_weight():
+    dist = _mpi()
+    from engine.layers import Linear
+    from engine.optim import AdamW
+    m = Linear(2, 2, rng=0)
+    dp = dist.DataParallel(m, AdamW(m.parameters()))
+    before = m.flat_params().copy()
+    with pytest.raises(TypeError, match="weight: expected a number"):
+        dp.step("x")
+    with pytest.raises(ValueError, match="weight"):
+        dp.step(-1.0)
+    assert np.array_equal(m.flat_params(), before)
