@@ -320,12 +320,13 @@ def _atomic_write(path: str, write) -> None:
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``
     (after removing stale temporary files of killed saves of the same ``path``)."""
     directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):  # named here: mkstemp's error would name its temp file
-        raise FileNotFoundError(errno.ENOENT, f"{path}: the directory {directory!r} does not "
-                                f"exist", path)
     prefix = _temp_prefix(os.path.basename(path))
     _remove_stale_temps(directory, prefix)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=_TMP_END)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=_TMP_END)
+    except OSError as e:  # same type and errno, naming the target rather than the temp file
+        raise type(e)(e.errno, f"{path}: cannot create a file in {directory!r} "
+                      f"({e.strerror})", path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
