@@ -27,7 +27,8 @@ import zlib
 
 import numpy as np
 
-__all__ = ["save", "load", "check_target", "save_or_rescue", "SaveError", "CheckpointError", "FORMAT_VERSION"]
+__all__ = ["save", "load", "check_target", "save_or_rescue", "SaveError", "CheckpointError",
+           "FORMAT_VERSION"]
 
 FORMAT = "blasnet-checkpoint"
 FORMAT_VERSION = 1

@@ -60,8 +60,8 @@ class Embedding(Module):
             if lo < 0 or hi >= v:
                 bad = (ids < 0) | (ids >= v)
                 where = np.unravel_index(int(np.argmax(bad)), ids.shape)
-                raise ValueError(f"{name}: expected ids in [0, {v}), got {int(ids[where])} at index "
-                                 f"{tuple(int(i) for i in where)}")
+                raise ValueError(f"{name}: expected ids in [0, {v}), got {int(ids[where])} at "
+                                 f"index {tuple(int(i) for i in where)}")
 
     def forward(self, ids, *, residual=None):
         """The rows of ``W`` for ``ids`` (+ ``residual``, an array of the output's shape)."""

@@ -38,8 +38,8 @@ def _check_sequences(x, seq_len: int, causal: bool, d: int, what: str, name: str
     b, t = x.shape[0], x.shape[1]
     if causal:
         if not 1 <= t <= seq_len:
-            raise ValueError(f"{name}: expected 1 <= T <= seq_len = {seq_len} tokens (a causal {what} "
-                             f"takes any prefix length), got T = {t} in shape {x.shape}")
+            raise ValueError(f"{name}: expected 1 <= T <= seq_len = {seq_len} tokens (a causal "
+                             f"{what} takes any prefix length), got T = {t} in shape {x.shape}")
     elif t != seq_len:
         raise ValueError(f"{name}: expected T == seq_len = {seq_len} tokens (a non-causal {what} "
                          f"mixes exactly seq_len; causal=True allows shorter), got T = {t} in "

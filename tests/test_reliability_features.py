@@ -232,7 +232,8 @@ def test_checkpointed_sequential_refuses_backward_after_a_mode_change():
     from engine.layers import Linear, Sequential
     def make(checkpoint):
         g = np.random.default_rng(3)
-        return Sequential(Linear(4, 8, dtype=np.float64, rng=0), Dropout(0.5, dtype=np.float64, rng=g),
+        return Sequential(Linear(4, 8, dtype=np.float64, rng=0),
+                          Dropout(0.5, dtype=np.float64, rng=g),
                           Linear(8, 3, dtype=np.float64, rng=1), checkpoint=checkpoint)
     ck, plain = make(True), make(False)
     x = np.random.default_rng(0).standard_normal((5, 4))
