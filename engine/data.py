@@ -459,8 +459,8 @@ class Standardizer:
     set and applied unchanged to validation and new data. ``scale`` is the standard deviation
     (1 for a constant feature: one whose standard deviation is below 1e-12 of its largest
     magnitude, the rounding noise of a float64 mean). ``state_dict()`` is JSON-serialisable,
-    so it can ride in a
-    checkpoint's metadata: ``save(path, model, standardizer=s.state_dict())``, then
+    so it can ride in a checkpoint's metadata: ``save(path, model,
+    standardizer=s.state_dict())``, then
     ``Standardizer.from_state_dict(load(path, model)["standardizer"])``."""
 
     def __init__(self):
