@@ -84,10 +84,10 @@ def _opt_text(opt) -> str:
 
 def _scheduler(args, opt, total: int):
     """``(scheduler or None, description)`` for --schedule and --warmup over ``total`` steps."""
-    w = args.warmup
-    if args.schedule != "constant" and w >= total:
-        raise UsageError(f"--warmup {w}: the run has {total} optimizer steps; the warmup must "
-                          f"leave at least one for the {args.schedule} schedule")
+    try:
+        w = _lrs.check_warmup(args.warmup, total, "--warmup")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     rest = total - w
     if args.schedule == "constant":
         main, text = None, "constant lr"
@@ -152,6 +152,9 @@ def train(args) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except checkpoint.SaveError as e:  # the run is done; where its model went is the message
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def _set_threads(args, comm) -> None:
@@ -247,9 +250,9 @@ def _checkpoint_round_trip(out, args, comm, trained, d, h, final) -> bool:
             if comm.Get_rank():
                 return False
         elif tensors:
-            checkpoint.save(path, model, **meta)
+            checkpoint.save_or_rescue(path, model, **meta)
         else:
-            checkpoint.save(path, model, opt, scheduler=sched, **meta)
+            checkpoint.save_or_rescue(path, model, opt, scheduler=sched, **meta)
         fresh = build_model(args, d.d_in, d.d_out, args.seed + 1)
         checkpoint.load(path, fresh)
         reloaded, _ = evaluate(fresh, loss, d.X, d.Y, bs)

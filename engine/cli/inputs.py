@@ -11,7 +11,9 @@ from .. import data as _data
 from ..data import make_task
 from ..training.callbacks import check_output_path
 
-__all__ = ["UsageError", "check_args", "val_fraction", "TrainData", "load_data"]
+__all__ = ["UsageError", "check_args", "val_fraction", "TrainData", "load_data", "MAX_CLASSES"]
+
+MAX_CLASSES = 1 << 20  # labels of --data: one output unit (and a weight column) per class
 
 
 class UsageError(Exception):
@@ -87,7 +89,7 @@ def _own_data(args, dt):
                           f"shape {X.shape}")
     if is_csv:
         import csv
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # as load read it
             header = [h.strip() for h in next(csv.reader(f))]
         y_names = list(args.y_cols)
         x_names = list(args.x_cols) if args.x_cols else [h for h in header if h not in y_names]
@@ -111,6 +113,10 @@ def _own_data(args, dt):
         if Y.min() < 0:
             raise UsageError(f"--data: class labels must be integers >= 0 (0 .. classes-1), "
                               f"got {int(Y.min())}; use --task regression for a numeric target")
+        if Y.max() >= MAX_CLASSES:  # one output per class: 10^12 labels would build 10^12
+            raise UsageError(f"--data: class labels must be 0 .. classes-1 with at most "
+                             f"{MAX_CLASSES} classes, got a label {int(Y.max())}; use --task "
+                             f"regression for a numeric target")
     if y_names is None:
         y_names = (["y"] if kind == "classification" or Y.shape[1] == 1
                    else [f"y{j}" for j in range(Y.shape[1])])

@@ -7,11 +7,10 @@ import math
 import numpy as np
 
 from .._checks import check_int
-from ..nn.layers import Sequential
 from ..nn.losses import CrossEntropyLoss, MSELoss
-from ..nn.module import Module
+from ..nn.module import Module, describes_input
 
-__all__ = ["check_xy", "batch_size_for", "check_model", "check_loss", "check_x", "check_data",
+__all__ = ["check_xy", "batch_size_for", "check_model", "check_instance", "check_loss", "check_x", "check_data",
            "check_callbacks", "check_scheduler"]
 
 
@@ -43,35 +42,19 @@ def check_model(model) -> None:
                         f"{type(model).__name__}")
 
 
+def check_instance(what: str, v) -> None:
+    """A class where an object is expected (``loss=MSELoss``) passes duck-typing checks (its
+    methods are attributes) and fails mid-run: TypeError naming ``what`` first."""
+    if isinstance(v, type):
+        raise TypeError(f"{what}: expected an instance, got the class {v.__name__} (write "
+                        f"{v.__name__}(...))")
+
+
 def check_loss(loss) -> None:
+    check_instance("loss", loss)
     if not (callable(getattr(loss, "forward", None)) and callable(getattr(loss, "backward", None))):
         raise TypeError(f"loss: expected a loss with forward(pred, target) and backward() "
                         f"(MSELoss, CrossEntropyLoss), got {type(loss).__name__}")
-
-
-def _known(model) -> bool:
-    """Whether ``model`` and all its children are engine classes, whose ``dtype``,
-    ``in_features`` and ``out_features`` describe what they compute (a user's subclass
-    may override ``forward`` without them: its data is checked by the model and the loss)."""
-    return all(type(m).__module__.startswith("engine.") for _, m in model.named_modules())
-
-
-def _takes_rows(model) -> bool:
-    """Whether the model's first layer takes float rows through the protocol's own forward,
-    so that X must have the model's dtype and ``in_features`` (not, e.g., an Embedding's
-    integer ids, or a block with its own input rules)."""
-    m = model
-    while isinstance(m, Sequential) and len(m):  # Sequential, MLP: their first layer
-        m = m[0]
-    return type(m).forward is Module.forward
-
-
-def _in_features(model):
-    """The last input dimension ``model`` takes (None: any), for an engine model."""
-    f = model.in_features
-    if f is None and model.children() and isinstance(model, Sequential) and len(model):
-        return _in_features(model[0])  # Sequential, MLP: the first layer's
-    return f
 
 
 def _check_c(name: str, a) -> None:
@@ -89,33 +72,24 @@ def _check_finite(name: str, a) -> None:
 
 
 def check_x(model, X, name: str, finite: bool):
-    """Check ``X`` for ``model``; return the output width for it (None: unknown)."""
+    """Check ``X`` for ``model`` through the module protocol (``check_input``); return the
+    model's output shape for it (None: the model does not describe its input)."""
     _check_c(name, X)
-    if not (_known(model) and _takes_rows(model)):
-        if finite and np.issubdtype(X.dtype, np.floating):
-            _check_finite(name, X)
-        return None
-    if X.dtype != model.dtype:
-        raise TypeError(f"{name}: expected dtype {model.dtype} (the model's), got {X.dtype} "
-                        f"(convert with .astype(np.{model.dtype}))")
-    d = _in_features(model)
-    if X.ndim not in (2, 3) or (d is not None and X.shape[-1] != d):
-        want = "(N, d) or (B, T, d)" if d is None else f"(N, {d}) or (B, T, {d})"
-        raise ValueError(f"{name}: expected shape {want}, got {X.shape}")
-    if finite:
+    out = model.check_input(X, name) if describes_input(model) else None
+    if finite and np.issubdtype(X.dtype, np.floating):
         _check_finite(name, X)
-    return model.out_features(X.shape[-1])
+    return out
 
 
-def _check_target(model, loss, X, Y, width, name: str, finite: bool) -> None:
-    """Check ``Y`` for ``loss`` on ``model``'s outputs for ``X`` (``width`` wide, or None)."""
+def _check_target(model, loss, X, Y, out, name: str, finite: bool) -> None:
+    """Check ``Y`` for ``loss`` on ``model``'s outputs for ``X`` (of shape ``out``, or None)."""
     _check_c(name, Y)
-    lead = X.shape[:-1]
-    known = width is not None
+    known = out is not None
+    lead, width = (out[:-1], out[-1]) if known else (X.shape[:-1], None)
     if isinstance(loss, CrossEntropyLoss) and np.issubdtype(Y.dtype, np.integer):
         if known and Y.shape != lead:
-            raise ValueError(f"{name}: expected integer labels of shape {lead} (X's without "
-                             f"the feature axis), got {Y.shape}")
+            raise ValueError(f"{name}: expected integer labels of shape {lead} (the model's "
+                             f"output for X without its class axis), got {Y.shape}")
         lo, hi = (int(np.min(Y)), int(np.max(Y))) if Y.size else (0, -1)
         if lo < 0 or (known and hi >= width):
             classes = f"[0, {width})" if known else "[0, classes)"
@@ -140,8 +114,8 @@ def _check_target(model, loss, X, Y, width, name: str, finite: bool) -> None:
 
 def check_data(model, loss, X, Y, what: str = "", finite: bool = True) -> None:
     check_xy(X, Y, what)
-    width = check_x(model, X, what + "X", finite)
-    _check_target(model, loss, X, Y, width, what + "Y", finite)
+    out = check_x(model, X, what + "X", finite)
+    _check_target(model, loss, X, Y, out, what + "Y", finite)
 
 
 def check_callbacks(callbacks, classify: bool, validation: bool) -> list:
@@ -155,16 +129,23 @@ def check_callbacks(callbacks, classify: bool, validation: bool) -> list:
     if validation:
         recorded += ["val_loss"] + (["val_accuracy"] if classify else [])
     for i, cb in enumerate(callbacks):
+        check_instance(f"callbacks[{i}]", cb)
         if not callable(getattr(cb, "on_epoch_end", None)):
             raise TypeError(f"callbacks[{i}]: expected an object with on_epoch_end(epoch, "
                             f"history), got {type(cb).__name__}")
-        monitor = getattr(cb, "monitor", None)
-        if monitor is not None and monitor not in recorded:
-            hint = (" (pass validation=(X_val, Y_val))" if str(monitor).startswith("val_")
-                    and not validation else "")
-            raise ValueError(f"callbacks[{i}]: {type(cb).__name__} monitors {monitor!r}, which "
-                             f"this run does not record; it records {recorded}{hint}")
+        for monitor in (getattr(cb, "monitor", None), *getattr(cb, "figures", ())):
+            _check_monitor(i, cb, monitor, recorded, validation)
     return list(callbacks)
+
+
+def _check_monitor(i: int, cb, monitor, recorded: list, validation: bool) -> None:
+    """A figure callback ``i`` reads (its monitor, or one of its ``figures``) must be one the
+    run records."""
+    if monitor is not None and monitor not in recorded:
+        hint = (" (pass validation=(X_val, Y_val))" if str(monitor).startswith("val_")
+                and not validation else "")
+        raise ValueError(f"callbacks[{i}]: {type(cb).__name__} reads {monitor!r}, which this "
+                         f"run does not record; it records {recorded}{hint}")
 
 
 def check_scheduler(scheduler, interval, optimizer) -> None:
@@ -172,6 +153,7 @@ def check_scheduler(scheduler, interval, optimizer) -> None:
         raise ValueError(f"scheduler_interval: expected 'step' or 'epoch', got {interval!r}")
     if scheduler is None:
         return
+    check_instance("scheduler", scheduler)
     if not callable(getattr(scheduler, "step", None)):
         raise TypeError(f"scheduler: expected a learning-rate scheduler with step(), got "
                         f"{type(scheduler).__name__}")

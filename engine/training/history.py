@@ -70,7 +70,7 @@ class History:
     def to_csv(self, path) -> None:
         """Write one row per epoch (``epoch,loss,...``; full float precision) to ``path``."""
         cols = self.columns()
-        with open(os.fspath(path), "w", newline="") as f:
+        with open(_path(path), "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(list(cols))
             for row in zip(*cols.values()):
@@ -85,18 +85,21 @@ class History:
                "seconds": self.seconds}
         doc.update({k: [clean(x) for x in v] if k != "epoch" else v
                     for k, v in self.columns().items()})
-        with open(os.fspath(path), "w") as f:
+        with open(_path(path), "w") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
 
     def plot(self, path, title: str | None = None):
-        """Save a PNG (640x400 pixels) of the training loss (and validation loss) per epoch to
-        ``path`` and return the matplotlib ``Figure``; the y axis is logarithmic when the
-        plotted losses are positive and span more than a decade. Needs matplotlib (the
-        optional extra ``plot``: ``pip install 'blasnet[plot]'``)."""
+        """Save a plot (6.4x4 inches; 640x400 pixels as PNG) of the training loss (and
+        validation loss) per epoch to ``path``, in the format its suffix names (``.png``,
+        ``.pdf``, ``.svg``, ...; another suffix is a ValueError before anything is drawn), and
+        return the matplotlib ``Figure``; the y axis is logarithmic when the plotted losses
+        are positive and span more than a decade. Needs matplotlib (the optional extra
+        ``plot``: ``pip install 'blasnet[plot]'``)."""
         if not self.loss:
             raise ValueError("History.plot: the history is empty (no epoch to plot)")
         Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
+        fmt = _plot_format(path, FigureCanvasAgg)
         epochs = np.arange(1, len(self.loss) + 1)
         fig = Figure(figsize=(6.4, 4.0), dpi=100)
         FigureCanvasAgg(fig)  # render without pyplot: no GUI backend, no global state
@@ -116,7 +119,7 @@ class History:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(os.fspath(path), format="png")
+        fig.savefig(os.fspath(path), format=fmt)
         return fig
 
     @property
@@ -127,6 +130,28 @@ class History:
     def samples_per_second(self) -> float:
         s = self.seconds
         return self.samples / s if s > 0 else float("nan")
+
+
+# Formats matplotlib writes by itself (pgf needs LaTeX; raw/rgba have no header).
+_PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff",
+                 "webp")
+
+
+def _path(path) -> str:
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+
+
+def _plot_format(path, canvas) -> str:
+    """The format ``path``'s suffix names, if matplotlib writes it; else ValueError."""
+    ext = os.path.splitext(_path(path))[1][1:].lower()
+    known = [f for f in _PLOT_FORMATS if f in canvas.get_supported_filetypes()]
+    if ext not in known:
+        raise ValueError(f"path: expected a file name ending in one of "
+                         f"{', '.join('.' + f for f in known)}, got {os.fspath(path)!r}")
+    return ext
 
 
 def _matplotlib():

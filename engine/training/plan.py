@@ -13,8 +13,8 @@ from .._checks import check_bool, check_int, check_real
 from ..nn.losses import CrossEntropyLoss
 from ..nn.module import make_rng
 from ..optim.optimizers import Optimizer, check_optimizer_of
-from .checks import (batch_size_for, check_callbacks, check_data, check_loss, check_model,
-                     check_scheduler)
+from .checks import (batch_size_for, check_callbacks, check_data, check_instance, check_loss,
+                     check_model, check_scheduler)
 
 __all__ = ["FitPlan", "plan_fit"]
 
@@ -41,6 +41,7 @@ class FitPlan:
 
 
 def _check_optimizer(optimizer, model) -> None:
+    check_instance("optimizer", optimizer)
     for name in ("step", "zero_grad"):
         if not callable(getattr(optimizer, name, None)):
             raise TypeError(f"optimizer: expected an optimizer with step() and zero_grad(), "
