@@ -14,8 +14,8 @@ from kernels import ops
 from kernels.activations import ACTIVATIONS, REGISTRY
 
 from .._checks import check_bool
-from .module import (_MODE_GEN, INITS, Module, Parameter, Workspace, rows_of, check_float,
-                     check_positive_int, init_weight, input_spec, make_rng)
+from .module import (INITS, Module, Parameter, Workspace, rows_of, check_float,
+                     check_positive_int, init_weight, input_spec, make_rng, mode_version)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
            "Tanh", "Identity", "Softmax", "LogSoftmax", "Sequential", "MLP", "check_activation",
@@ -363,7 +363,7 @@ class Sequential(Module):
             self._inputs = [None] * len(modules)  # each child's input: x by reference, copies
             self._moded = [m for _, m in self.named_modules()]  # whose train/eval flag counts
             self._c.modes = None     # their flags at the last forward: the reruns repeat them
-            self._c.modes_gen = -1   # _MODE_GEN when they were read
+            self._c.modes_gen = -1   # mode_version() when they were read
 
     def extra_repr(self) -> str:
         return "checkpoint=True" if self.checkpoint else ""
@@ -459,7 +459,7 @@ class Sequential(Module):
         s, seq = self._s, self._seq
         last = len(seq) - 1
         inputs = self._inputs
-        c, gen = self._c, _MODE_GEN[0]
+        c, gen = self._c, mode_version()
         if c.modes_gen != gen:  # a train()/eval() somewhere since they were read
             modes = [m.training for m in self._moded]
         else:
@@ -480,7 +480,7 @@ class Sequential(Module):
     def _backward_checkpointed(self, dy, dx_acc):
         s, seq, inputs = self._s, self._seq, self._inputs
         c = self._c
-        if c.modes_gen != _MODE_GEN[0] and [m.training for m in self._moded] != c.modes:
+        if c.modes_gen != mode_version() and [m.training for m in self._moded] != c.modes:
             # The reruns would recompute in the other mode (dropout on/off): wrong gradients.
             raise RuntimeError("Sequential(checkpoint=True).backward: the train/eval mode "
                                "changed since forward; the recomputed activations would not "
