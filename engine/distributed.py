@@ -26,8 +26,9 @@ from kernels.memory import aligned_empty
 from kernels.optim import adamw_consts
 
 from ._checks import check_int
-from .nn.module import _GENERATION, Module, make_rng, runs
-from .optim.optimizers import AdamW, clip_grad_norm
+from .nn.module import Module, arena_layout_version, check_float, make_rng, runs
+from .optim.optimizers import (AdamW, Optimizer, check_optimizer_of, clip_grad_norm,
+                               defer_keyboard_interrupt)
 
 __all__ = ["DataParallel", "ShardedAdamW", "RankError", "mpi", "world", "launched_size",
            "rank_rng", "save", "load", "INSTALL"]
@@ -125,7 +126,12 @@ def world(warn=sys.stderr):
 
 
 def _comm(comm):
-    return mpi().COMM_WORLD if comm is None else comm
+    if comm is None:
+        return mpi().COMM_WORLD
+    if not isinstance(comm, mpi().Comm):
+        raise TypeError(f"comm: expected an MPI communicator (mpi4py.MPI.Comm), got "
+                        f"{type(comm).__name__}")
+    return comm
 
 
 def rank_rng(seed: int, comm=None, out=None) -> np.random.Generator:
@@ -218,6 +224,8 @@ class DataParallel:
                 if not hasattr(optimizer, name):
                     raise TypeError(f"optimizer: expected an engine optimizer, got "
                                     f"{type(optimizer).__name__}")
+            if isinstance(optimizer, Optimizer):  # one that steps other parameters: refused
+                check_optimizer_of(optimizer, model)
             flat = model.flat_params()  # RuntimeError for parameters of mixed dtypes
             if isinstance(optimizer, ShardedAdamW):
                 if optimizer.flat_range() != _flat_range(model):
@@ -275,6 +283,8 @@ class DataParallel:
 
     def step(self, weight=None) -> None:
         """``reduce_gradients(weight)``, ``optimizer.step()``, ``model.zero_grad()``."""
+        if weight is not None:  # before the collective: every rank refuses the same call
+            weight = check_float("weight", weight, 0.0, low_open=True)
         self.reduce_gradients(weight)
         self.optimizer.step()
         self.model.zero_grad()
@@ -383,11 +393,11 @@ class ShardedAdamW(AdamW):
         self._arena = ranges[0][2]
         self._lo, self._n = ranges[0][0], ranges[-1][1] - ranges[0][0]
         self._dtype = self._arena.dtype
-        self._range_gen = _GENERATION[0]
+        self._range_gen = arena_layout_version()
 
     def flat_range(self):
         """``(id(arena), lo, hi)``: the flat parameter range this optimizer shards."""
-        if self._range_gen != _GENERATION[0]:
+        if self._range_gen != arena_layout_version():
             self._find_range()
         return (id(self._arena), self._lo, self._lo + self._n)
 
@@ -406,7 +416,7 @@ class ShardedAdamW(AdamW):
     def _shard_plan(self) -> list:
         """Per group: ``(data, grad, m, v)`` views of each run of its parameters inside this
         rank's shard; the reduced gradient of arena element ``lo + s0 + i`` is ``grad[i]``."""
-        if self._pieces_gen == _GENERATION[0]:
+        if self._pieces_gen == arena_layout_version():
             return self._pieces
         self.flat_range()
         a, base, s0, s1 = self._arena, self._lo, self._s0, self._s1
@@ -420,7 +430,7 @@ class ShardedAdamW(AdamW):
                     pieces.append((a.data[base + x0:base + x1], a.grad[base + i0:base + i1],
                                    self._m[i0:i1], self._v[i0:i1]))
             plan.append(pieces)
-        self._pieces, self._pieces_gen = plan, _GENERATION[0]
+        self._pieces, self._pieces_gen = plan, arena_layout_version()
         return plan
 
     def reduce_gradients(self, weight=None) -> None:
@@ -459,13 +469,16 @@ class ShardedAdamW(AdamW):
     def step(self, zero_grad: bool = False) -> None:
         """Reduce the gradients (unless ``reduce_gradients`` did), ``update_shard()``,
         ``gather_parameters()`` (collective). ``zero_grad=True`` then zeroes the local
-        gradient vector."""
-        if not self._reduced:
-            self.reduce_gradients()
-        self.update_shard()
-        self.gather_parameters()
-        if zero_grad:
-            self._flats()[1].fill(0.0)
+        gradient vector. Options are checked first (every rank holds the same ones); a Ctrl-C
+        during the step is delivered after it, as for ``AdamW``."""
+        with defer_keyboard_interrupt():
+            self._check_groups()
+            if not self._reduced:
+                self.reduce_gradients()
+            self.update_shard()
+            self.gather_parameters()
+            if zero_grad:
+                self._flats()[1].fill(0.0)
 
     def update_shard(self) -> None:
         """AdamW on this rank's slice of the parameters from its reduced gradient (one
@@ -520,12 +533,12 @@ class ShardedAdamW(AdamW):
         sd["type"], sd["state"] = "AdamW", state
         return sd
 
-    def _check_state_dict(self, sd):
+    def validate_state_dict(self, sd):
         if isinstance(sd, dict) and sd.get("type") == "AdamW":
             sd = dict(sd, type=type(self).__name__)  # AdamW checkpoints load as they are
-        return super()._check_state_dict(sd)
+        return super().validate_state_dict(sd)
 
-    def _apply_state(self, checked) -> None:
+    def apply_state(self, checked) -> None:
         steps, options, state = checked
         for group, opts in zip(self.param_groups, options):
             group.update(opts)
@@ -618,3 +631,29 @@ def load(path, model, optimizer=None, scheduler=None, *, comm=None) -> dict:
     if error is not None:
         raise error
     return meta
+
+
+class FitRanks:
+    """The ranks of ``comm`` as ``fit`` sees them (the interface of
+    ``engine.training.parallel.SingleProcess``): the argument checks run on every rank and
+    every rank learns whether any rejected its arguments (none waits alone); ``start`` is
+    ``fit_setup``."""
+
+    def __init__(self, comm):
+        _comm(comm)  # a TypeError naming comm, before it is used to agree on anything
+        self.comm = comm
+
+    def checked(self, check):
+        error = result = None
+        try:
+            result = check()
+        except (TypeError, ValueError) as e:
+            error = e
+        _agree(self.comm, error)
+        if error is not None:
+            raise error
+        return result
+
+    def start(self, model, optimizer, X, Y, plan) -> DataParallel:
+        return fit_setup(self.comm, model, optimizer, X, Y, epochs=plan.epochs,
+                         batch_size=plan.batch_size, shuffle=plan.shuffle, rng=plan.rng)

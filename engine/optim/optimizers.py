@@ -26,7 +26,7 @@ from kernels import optim as _kopt
 from kernels.memory import aligned_empty
 
 from .._checks import check_bool, check_int, check_real
-from ..nn.module import _GENERATION, Module, Parameter, runs
+from ..nn.module import Module, Parameter, arena_layout_version, runs, shaped_like
 
 __all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm", "defer_keyboard_interrupt",
            "check_optimizer_of"]
@@ -163,7 +163,7 @@ class Optimizer:
         self.state = [{} for _ in params]
         for k in self._state_keys:
             self._buffer(k)
-        self._plan = None       # cached runs, rebuilt when parameters move (_GENERATION)
+        self._plan = None       # cached runs, rebuilt when parameters move (arena_layout_version)
         self._plan_gen = -1
         # Per group, the option values last checked: step() checks again only what changed.
         self._checked = [tuple(g[k] for k in self.defaults) for g in self.param_groups]
@@ -191,7 +191,7 @@ class Optimizer:
     def _runs(self) -> list:
         """Per group: ``(first, stop, data, grad, state_offset, dtype)`` for each maximal run
         of its parameters that lies back to back in one arena (cached until parameters move)."""
-        if self._plan_gen != _GENERATION[0]:
+        if self._plan_gen != arena_layout_version():
             plan, i = [], 0
             for g in self.param_groups:
                 plist = g["params"]
@@ -201,7 +201,7 @@ class Optimizer:
                                   self._offsets[i + first], a.dtype))
                 plan.append(group)
                 i += len(plist)
-            self._plan, self._plan_gen = plan, _GENERATION[0]
+            self._plan, self._plan_gen = plan, arena_layout_version()
         return self._plan
 
     def step(self) -> None:
@@ -244,7 +244,7 @@ class Optimizer:
     def _flat_view_of(self, key: str, idx: int):
         p, off = self._all_params()[idx], self._offsets[idx]
         flat = self._flat[key][p.dtype][off:off + p.size]
-        return flat.reshape(p.shape[::-1]).T if p._forder else flat.reshape(p.shape)
+        return shaped_like(flat, p)
 
     def state_dict(self) -> dict:
         """``{"type", "steps", "param_groups", "state"}`` as in PyTorch: groups hold their
@@ -264,10 +264,10 @@ class Optimizer:
         """Restore options, buffers and step count from ``state_dict``. Strict: the optimizer
         type, the group structure, every buffer's name, shape and dtype must match, and the
         options must be valid; if any check fails nothing is changed."""
-        self._apply_state(self._check_state_dict(state_dict))
+        self.apply_state(self.validate_state_dict(state_dict))
 
-    def _check_state_dict(self, sd):
-        """Validate ``sd`` against this optimizer; return what ``_apply_state`` needs."""
+    def validate_state_dict(self, sd):
+        """Validate ``sd`` against this optimizer; return what ``apply_state`` needs."""
         name = type(self).__name__
         if not isinstance(sd, dict):
             raise TypeError(f"state_dict: expected a dict, got {type(sd).__name__}")
@@ -335,8 +335,8 @@ class Optimizer:
             new_state.append(st)
         return int(steps), new_options, new_state
 
-    def _apply_state(self, checked) -> None:
-        """Install a state validated by ``_check_state_dict`` (cannot fail)."""
+    def apply_state(self, checked) -> None:
+        """Install a state validated by ``validate_state_dict`` (cannot fail)."""
         steps, options, state = checked
         for group, opts in zip(self.param_groups, options):
             group.update(opts)
