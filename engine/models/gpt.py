@@ -93,26 +93,32 @@ class GPT(Module):
     def out_features(self, d_in: int) -> int:
         return self.vocab_size
 
-    def _check_ids(self, ids):
+    def check_input(self, x, name: str = "ids") -> tuple:
+        """(B, T, vocab_size) for token ids (B, T), else the error ``forward`` raises."""
+        b, t = self._check_ids(x, name)
+        return (b, t, self.vocab_size)
+
+    def _check_ids(self, ids, name: str = "ids"):
         if not isinstance(ids, np.ndarray):
-            raise TypeError(f"ids: expected a numpy.ndarray of token ids (B, T), got "
+            raise TypeError(f"{name}: expected a numpy.ndarray of token ids (B, T), got "
                             f"{type(ids).__name__}")
         if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
-            raise TypeError(f"ids: expected an integer array (token ids), got dtype {ids.dtype}")
+            raise TypeError(f"{name}: expected an integer array (token ids), got dtype "
+                            f"{ids.dtype}")
         if ids.ndim != 2:
-            raise ValueError(f"ids: expected shape (B, T), got {ids.shape}")
+            raise ValueError(f"{name}: expected shape (B, T), got {ids.shape}")
         b, t = ids.shape
         if not 1 <= t <= self.block_size:
-            raise ValueError(f"ids: expected 1 <= T <= block_size = {self.block_size} positions, "
+            raise ValueError(f"{name}: expected 1 <= T <= block_size = {self.block_size} positions, "
                              f"got T = {t} in shape {ids.shape}")
         if ids.size:
             lo, hi = ids.min(), ids.max()
             if lo < 0 or hi >= self.vocab_size:
                 bad = (ids < 0) | (ids >= self.vocab_size)
                 where = np.unravel_index(int(np.argmax(bad)), ids.shape)
-                raise ValueError(f"ids: expected ids in [0, {self.vocab_size}), got "
+                raise ValueError(f"{name}: expected ids in [0, {self.vocab_size}), got "
                                  f"{int(ids[where])} at index {tuple(int(i) for i in where)}")
-        self.h[0].attn.check_scores(b, t)
+        self.h[0].attn.check_scores(b, t, name)
         return b, t
 
     def forward(self, ids, *, residual=None):

@@ -91,24 +91,29 @@ class MultiHeadAttention(Module):
         k = 4 if self.p > 0.0 else 2
         return k * batch * self.n_heads * seq_len * seq_len * self.dtype.itemsize
 
-    def check_sequences(self, x):
+    def check_sequences(self, x, name: str = "x"):
         """``(B, T)`` of an input ``x`` of shape (B, T, d_model) whose scores fit in
         ``max_scores_bytes``; TypeError/ValueError otherwise (composites call it before any
         child runs, so a rejected call changes nothing)."""
         if not isinstance(x, np.ndarray):
-            raise TypeError(f"x: expected a numpy.ndarray of shape (B, T, {self.d_model}), got "
-                            f"{type(x).__name__}")
+            raise TypeError(f"{name}: expected a numpy.ndarray of shape (B, T, {self.d_model}), "
+                            f"got {type(x).__name__}")
         if x.ndim != 3:
-            raise ValueError(f"x: expected shape (B, T, {self.d_model}) (attention mixes the T "
-                             f"positions of each sequence), got {x.shape}")
-        return self.check_scores(x.shape[0], x.shape[1])
+            raise ValueError(f"{name}: expected shape (B, T, {self.d_model}) (attention mixes "
+                             f"the T positions of each sequence), got {x.shape}")
+        return self.check_scores(x.shape[0], x.shape[1], name)
 
-    def check_scores(self, batch: int, seq_len: int):
+    def check_input(self, x, name: str = "x") -> tuple:
+        """x's shape for a valid (B, T, d_model) input, else the error ``forward`` raises."""
+        self.check_sequences(x, name)
+        return super().check_input(x, name)
+
+    def check_scores(self, batch: int, seq_len: int, name: str = "x"):
         """``(batch, seq_len)`` if their score buffers fit in ``max_scores_bytes``, else
         ValueError."""
         need = self.scores_nbytes(batch, seq_len)
         if need > self.max_scores_bytes:
-            raise ValueError(f"x: B = {batch} sequences of T = {seq_len} need {need:,} bytes of "
+            raise ValueError(f"{name}: B = {batch} sequences of T = {seq_len} need {need:,} bytes of "
                              f"attention scores (O(B * n_heads * T^2)), above max_scores_bytes "
                              f"= {self.max_scores_bytes:,}; use a smaller batch or shorter "
                              f"sequences")

@@ -68,6 +68,10 @@ class TransformerBlock(Module):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, ffn={self.ffn!r}, "
                 f"norm={self.norm!r}, dropout={self.p}, dtype={self.dtype}")
 
+    def check_input(self, x, name: str = "x") -> tuple:
+        """x's shape for a valid (B, T, d_model) input, else the error ``forward`` raises."""
+        return self.attn.check_input(x, name)
+
     def forward(self, x, *, residual=None):
         """The block on ``x`` of shape (B, T, d_model) (``+ residual`` when given)."""
         self._c.pending = self.attn.check_sequences(x)

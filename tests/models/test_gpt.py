@@ -168,3 +168,19 @@ def test_it_learns_a_sequence():
         opt.step()
         m.zero_grad()
     assert first > 2.0 and val < 0.1 * first
+
+
+def test_check_input_describes_what_forward_takes():
+    # Check the protocol's check_input: the logits' shape for good ids, the forward's own
+    # error for bad ones (fit checks a whole data set with it before the first step).
+    m = _gpt()
+    assert m.check_input(np.zeros((3, 6), np.int64)) == (3, 6, 7)
+    with pytest.raises(ValueError, match="block_size = 6"):
+        m.check_input(np.zeros((1, 7), np.int64))
+    with pytest.raises(ValueError, match="X: expected ids in"):
+        m.check_input(np.full((1, 2), 9), "X")
+    from engine.nn.attention import MultiHeadAttention
+    a = MultiHeadAttention(8, 2, dtype=F64)
+    assert a.check_input(np.zeros((2, 3, 8))) == (2, 3, 8)
+    with pytest.raises(ValueError, match=r"\(B, T, 8\)"):
+        a.check_input(np.zeros((3, 8)))
