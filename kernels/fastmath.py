@@ -20,11 +20,12 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.np.numpy_support import as_dtype
 from numba.core.extending import intrinsic, overload
 
 from .jit import OPTIONS
 
-__all__ = ["exp", "sigmoid", "EXP_MAX_REL_ERR"]
+__all__ = ["exp", "sigmoid", "const", "EXP_MAX_REL_ERR"]
 
 # Maximum relative error of the float32 exp against the float64 exp, rounded to float32,
 # over normal results (tests/test_fastmath.py sweeps every magnitude).
@@ -100,4 +101,18 @@ def _sigmoid_impl(x):
         return _sigmoid32
     if isinstance(x, types.Float):
         return lambda x: 1.0 / (1.0 + math.exp(-x))
+    return None
+
+
+def const(value, like):
+    """``value`` in the float type of ``like``: inside a kernel a Python number would make
+    numba promote a float32 expression to float64."""
+    return type(like)(value)
+
+
+@overload(const, **_OV)
+def _const_impl(value, like):
+    if isinstance(like, types.Float):
+        scalar = as_dtype(like).type
+        return lambda value, like: scalar(value)
     return None
