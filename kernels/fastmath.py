@@ -78,8 +78,10 @@ def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+# Compiled as functions of their own (LLVM inlines them into the loop and vectorises):
+# numba's IR-level inlining of _exp32 trips its SSA checks.
 _OV = {"jit_options": {k: v for k, v in OPTIONS.items() if k in ("fastmath", "error_model")},
-       "inline": "always"}
+       "inline": "never"}
 
 
 @overload(exp, **_OV)
@@ -105,13 +107,15 @@ def _sigmoid_impl(x):
 
 
 def const(value, like):
-    """``value`` in the float type of ``like``: inside a kernel a Python number would make
-    numba promote a float32 expression to float64."""
-    return type(like)(value)
+    """``value`` in the float type of ``like`` (a float, or an array: its dtype): inside a
+    kernel a Python number would make numba promote a float32 expression to float64."""
+    return (like.dtype.type if hasattr(like, "dtype") else type(like))(value)
 
 
 @overload(const, **_OV)
 def _const_impl(value, like):
+    if isinstance(like, types.Array):
+        like = like.dtype
     if isinstance(like, types.Float):
         scalar = as_dtype(like).type
         return lambda value, like: scalar(value)
