@@ -12,7 +12,7 @@ from . import fastmath
 from .jit import jit
 
 __all__ = ["row_sum", "row_dot", "row_dot_centred", "row_sumsq_centred", "row_max",
-           "row_sum_exp"]
+           "row_sum_exp", "row_wsum_centred", "row_sqdist", "sum_in_order"]
 
 
 @jit(inline="always")
@@ -147,3 +147,57 @@ def row_sum_exp(x, c):
     for i in range(m, n):
         s0 += fastmath.exp(x[i] - c)
     return _tree(s0, s1, s2, s3, s4, s5, s6, s7)
+
+
+@jit(inline="always")
+def row_wsum_centred(w, x, c):
+    """sum(w * (x - c)) of two 1-D rows of one length."""
+    n = x.shape[0]
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = fastmath.const(0, x)
+    m = n - n % 8
+    for i in range(0, m, 8):
+        s0 += w[i] * (x[i] - c)
+        s1 += w[i + 1] * (x[i + 1] - c)
+        s2 += w[i + 2] * (x[i + 2] - c)
+        s3 += w[i + 3] * (x[i + 3] - c)
+        s4 += w[i + 4] * (x[i + 4] - c)
+        s5 += w[i + 5] * (x[i + 5] - c)
+        s6 += w[i + 6] * (x[i + 6] - c)
+        s7 += w[i + 7] * (x[i + 7] - c)
+    for i in range(m, n):
+        s0 += w[i] * (x[i] - c)
+    return _tree(s0, s1, s2, s3, s4, s5, s6, s7)
+
+
+@jit(inline="always")
+def row_sqdist(x, y):
+    """sum((x - y)**2) of two 1-D rows of one length."""
+    n = x.shape[0]
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = fastmath.const(0, x)
+    m = n - n % 8
+    for i in range(0, m, 8):
+        t0, t1, t2, t3 = x[i] - y[i], x[i + 1] - y[i + 1], x[i + 2] - y[i + 2], x[i + 3] - y[i + 3]
+        t4, t5 = x[i + 4] - y[i + 4], x[i + 5] - y[i + 5]
+        t6, t7 = x[i + 6] - y[i + 6], x[i + 7] - y[i + 7]
+        s0 += t0 * t0
+        s1 += t1 * t1
+        s2 += t2 * t2
+        s3 += t3 * t3
+        s4 += t4 * t4
+        s5 += t5 * t5
+        s6 += t6 * t6
+        s7 += t7 * t7
+    for i in range(m, n):
+        t = x[i] - y[i]
+        s0 += t * t
+    return _tree(s0, s1, s2, s3, s4, s5, s6, s7)
+
+
+@jit
+def sum_in_order(x):
+    """sum(x) of a 1-D float64 array, strictly left to right (partial sums whose order must
+    not depend on the thread count)."""
+    s = 0.0
+    for i in range(x.shape[0]):
+        s += x[i]
+    return s
