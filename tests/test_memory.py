@@ -172,8 +172,7 @@ def _losses_case(rng, monkeypatch):
 
 
 def _optim_dropout_case(rng, monkeypatch):
-    from kernels import dropout, dropout_forward, optim
-    monkeypatch.setattr(dropout, "_BLOCK_BYTES", 4 << 20)
+    from kernels import dropout_forward, optim
     n = 3 * (1 << 20) + 11
 
     def problem():
