@@ -7,7 +7,9 @@ Blocks hold activations batch-major, (B, T, c). ``swap01`` moves between the two
 is the first half of the block's (B, T, 2c) activations and S arrives time-major. Every
 layout change is an ``np.copyto`` from a strided view: NumPy copies those without a buffer,
 whereas a ufunc with a strided operand allocates one per call (and runs several times
-slower), so all arithmetic here runs on contiguous arrays. ``causal_weight`` /
+slower). The gating passes are compiled (kernels.jit): one pass over the (B, T) rows reads
+S time-major and U strided and writes A and S batch-major, split over blasnet's threads when
+large (every row alone: results do not depend on the split). ``causal_weight`` /
 ``causal_grad_add`` apply the lower-triangular mask of a causal unit to W and to its
 gradient.
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import parallel as _par
 from .gemm import check_array
+from .jit import jit
 
 __all__ = ["swap01", "sgu_gate_forward", "sgu_gate_backward", "causal_weight",
            "causal_grad_add", "swap01_unchecked", "sgu_gate_forward_unchecked",
@@ -31,25 +35,60 @@ def swap01_unchecked(out, x):
     return out
 
 
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
+COST = 2
+
+
+@jit
+def _gate_fwd(a, s_bt, s_tm, u, r0, r1):
+    t_len = a.shape[1]
+    for r in range(r0, r1):
+        b, t = r // t_len, r % t_len
+        ar, sr, st, ur = a[b, t], s_bt[b, t], s_tm[t, b], u[b, t]
+        for j in range(ar.shape[0]):
+            s = st[j]
+            sr[j] = s
+            ar[j] = ur[j] * s
+    return 0
+
+
+@jit
+def _gate_bwd(du, ds_tm, da, s_bt, u, r0, r1):
+    t_len = da.shape[1]
+    for r in range(r0, r1):
+        b, t = r // t_len, r % t_len
+        dur, dsr, dar, sr, ur = du[b, t], ds_tm[t, b], da[b, t], s_bt[b, t], u[b, t]
+        for j in range(dar.shape[0]):         # du may be u's view: u is read first
+            g = dar[j]
+            dsr[j] = g * ur[j]
+            dur[j] = g * sr[j]
+    return 0
+
+
+def _rows(kernel, b, t, c, args):
+    n = b * t
+    if n == 0 or c == 0:
+        return
+    k = _par.threads_for(n, c, passes=COST)
+    if k == 1:
+        kernel(*args, 0, n)
+    else:
+        _par.split(lambda r0, r1, _: kernel(*args, r0, r1), n, c, k=k)
+
+
 def sgu_gate_forward_unchecked(a, s_bt, s_tm, u):
     """``s_bt = swap01(s_tm)``, then ``a = u * s_bt``: ``a``, ``s_bt`` C-contiguous (B, T, c),
     ``s_tm`` C-contiguous (T, B, c), ``u`` (B, T, c) of any strides (no checks)."""
-    np.copyto(s_bt, s_tm.transpose(1, 0, 2))
-    np.copyto(a, u)
-    np.multiply(a, s_bt, out=a)
+    _rows(_gate_fwd, *a.shape, (a, s_bt, s_tm, u))
     return a
 
 
 def sgu_gate_backward_unchecked(du, ds_tm, tmp, da, s_bt, u):
     """The gradients of ``A = U * S`` for ``da`` = dL/dA: ``ds_tm`` (T, B, c) = swap01(da * u)
-    time-major, ``du`` (B, T, c, any strides) = da * s_bt. ``tmp`` (B, T, c) is scratch;
-    ``da``, ``s_bt``, ``tmp`` C-contiguous; ``du`` may be the very view ``u`` was (it is read
-    first). No checks."""
-    np.copyto(tmp, u)
-    np.multiply(tmp, da, out=tmp)
-    np.copyto(ds_tm, tmp.transpose(1, 0, 2))
-    np.multiply(da, s_bt, out=tmp)
-    np.copyto(du, tmp)
+    time-major, ``du`` (B, T, c, any strides) = da * s_bt. ``tmp`` (B, T, c) is not used (kept
+    for the callers' signature); ``da``, ``s_bt`` C-contiguous; ``du`` may be the very view
+    ``u`` was (it is read first). No checks."""
+    _rows(_gate_bwd, *da.shape, (du, ds_tm, da, s_bt, u))
     return ds_tm
 
 
