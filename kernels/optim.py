@@ -20,13 +20,18 @@ import numpy as np
 from . import parallel as _par
 from .gemm import check_contiguous, check_like
 from .jit import jit
+from .lanes import sum_in_order
+from .memory import scratch
 
 __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_unchecked",
-           "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view"]
+           "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view",
+           "sum_of_squares", "scale_"]
 
 # Relative cost per element for kernels.parallel.threads_for (a copy is 1): 7 arrays moved.
 ADAMW_COST = 3
 SGD_COST = 2
+NORM_COST = 1
+NORM_BLOCK = 8192  # elements per partial sum of squares (fixed: the order of additions)
 
 
 def flat_view(a):
@@ -181,6 +186,94 @@ def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_dec
     _run_items(_sgd_range_zero if zero_grad else _sgd_range, (((p, g, buf), consts),),
                SGD_COST)
     return param
+
+
+# ----------------------------------------------------------------------------- norm, scale
+@jit
+def _sumsq_blocks(part, first, g, b0, b1):
+    """part[first + b] = sum(g^2) over block b of g, for blocks b0..b1, in float64 in eight
+    fixed lanes (the order does not depend on the vector width or the split)."""
+    n = g.shape[0]
+    for b in range(b0, b1):
+        x = g[b * NORM_BLOCK:min((b + 1) * NORM_BLOCK, n)]
+        m = x.shape[0] - x.shape[0] % 8
+        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+        for i in range(0, m, 8):
+            v0, v1, v2, v3 = np.float64(x[i]), np.float64(x[i + 1]), np.float64(x[i + 2]), \
+                np.float64(x[i + 3])
+            v4, v5, v6, v7 = np.float64(x[i + 4]), np.float64(x[i + 5]), \
+                np.float64(x[i + 6]), np.float64(x[i + 7])
+            s0 += v0 * v0
+            s1 += v1 * v1
+            s2 += v2 * v2
+            s3 += v3 * v3
+            s4 += v4 * v4
+            s5 += v5 * v5
+            s6 += v6 * v6
+            s7 += v7 * v7
+        for i in range(m, x.shape[0]):
+            v = np.float64(x[i])
+            s0 += v * v
+        part[first + b] = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    return 0
+
+
+@jit
+def _scale_range(g, c, i0, i1):
+    g = g[i0:i1]
+    for i in range(i1 - i0):
+        g[i] *= c
+    return 0
+
+
+def _blocks_of(n):
+    return -(-n // NORM_BLOCK)
+
+
+def sum_of_squares(flats) -> float:
+    """sum(g**2) over every element of the 1-D contiguous float arrays ``flats`` (e.g. the
+    runs of a gradient arena), in float64, as a Python float. Partial sums over fixed blocks
+    of each array, added in order: the same bits whatever the thread count. No checks."""
+    total = 0
+    for g in flats:
+        total += g.shape[0]
+    nb = 0
+    for g in flats:
+        nb += _blocks_of(g.shape[0])
+    if nb == 0:
+        return 0.0
+    part = scratch("optim.norm_part", nb, np.float64)  # (nb,) per-block sums
+    k = _par.threads_for(total, passes=NORM_COST)
+    if k == 1:
+        first = 0
+        for g in flats:
+            m = _blocks_of(g.shape[0])
+            _sumsq_blocks(part, first, g, 0, m)
+            first += m
+    else:
+        def run(lo, hi, _):
+            first = 0
+            for g in flats:
+                m = _blocks_of(g.shape[0])
+                b0, b1 = max(lo - first, 0), min(hi - first, m)
+                if b0 < b1:
+                    _sumsq_blocks(part, first, g, b0, b1)
+                first += m
+        _par.split(run, nb, NORM_BLOCK, k=min(k, nb))
+    return float(sum_in_order(part))
+
+
+def scale_(flats, coef) -> None:
+    """``g *= coef`` for each 1-D contiguous float array of ``flats`` (``coef`` rounded to its
+    dtype first, as NumPy's ``g *= coef`` does), split over threads when large. No checks."""
+    for g in flats:
+        n = g.shape[0]
+        c = g.dtype.type(coef)
+        k = _par.threads_for(n, passes=NORM_COST)
+        if k == 1:
+            _scale_range(g, c, 0, n)
+        else:
+            _par.split(lambda i0, i1, _, g=g, c=c: _scale_range(g, c, i0, i1), n, k=k)
 
 
 # ----------------------------------------------------------------------------- checks
