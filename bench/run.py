@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -508,6 +509,10 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None,
         out.append("")
         out.append(format_small_profiles(small_profile))
         starred |= any(p.get("fallback") for p in small_profile)
+    costs = format_costs(list(profile or ()) + list(small_profile or ()))
+    if costs:
+        out.append("")
+        out.append(costs)
     if checks:
         out.append("")
         out.append("TARGETS. pairs = undisturbed pairs kept / pairs run.")
@@ -572,6 +577,49 @@ def format_profile(profile) -> str:
                                     for p in profile])
     body.append(["undisturbed steps kept"] + [_star(f"{p['kept'][0]}/{p['kept'][1]}",
                                                     p["fallback"]) for p in profile])
+    lines.append(table(hdr, body, left=1))
+    return "\n".join(lines)
+
+
+def format_costs(profiles) -> str:
+    """WHERE THE TIME GOES per element: each compiled elementwise kernel's ns per element in
+    the profiled steps (its time over the step / the elements its calls process), the
+    median and range over the profiled cases per thread count, beside what the NumPy chain
+    it replaced cost (bench/baselines.py, measured once before the chains were deleted)."""
+    from bench import baselines
+    per: dict = {}
+    for p in profiles:
+        for op, ns in (p.get("ns_per_element") or {}).items():
+            per.setdefault(op, {}).setdefault(p["threads"], []).append((ns, p))
+    if not per:
+        return ""
+    threads = sorted({t for d in per.values() for t in d})
+    lines = ["WHERE THE TIME GOES per element: each compiled kernel's ns per element in the "
+             "profiled steps\n(time per call / elements it processes: parameters for adamw, "
+             "the largest array otherwise),\nmedian [min-max] over the profiled cases, beside "
+             "the NumPy chain it replaced (ns per element at\nits own size, measured once: "
+             "bench/baselines.py and docs/performance.md, \"Compiled kernels\").\n"
+             "Small calls are bound by their fixed cost per call, not per element."]
+    hdr = ["kernel"]
+    for t in threads:
+        hdr += [f"ns/el {t} thr", f"NumPy {t} thr"]
+    hdr.append("elements/step")
+    body = []
+    from bench import step_profile as prof
+    for op in prof.order_parts(per):
+        row = [op]
+        for t in threads:
+            vals = sorted(v for v, _ in per[op].get(t, []))
+            if vals:
+                med = statistics.median(vals)
+                row.append(f"{med:.3f} [{vals[0]:.3f}-{vals[-1]:.3f}]")
+            else:
+                row.append("-")
+            base = baselines.ns_per_element(op, t)
+            row.append("-" if base is None else f"{base:.3f}")
+        sizes = sorted({p["elements"][op] for d in per[op].values() for _, p in d})
+        row.append(f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}")
+        body.append(row)
     lines.append(table(hdr, body, left=1))
     return "\n".join(lines)
 
