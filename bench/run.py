@@ -50,6 +50,10 @@ STEP_CASE_LIMIT = {("MLP", "batch64"): 1.5, ("GMLP", "run"): 1.15}
 # Step time at one thread / at two: two threads must never be slower, at any case.
 THREADS_RATIO_MIN = 1.0
 ADAMW_SPEEDUP_MIN = 4.0
+# AdamW.step at 321k parameters: speed-up per parameter over the NumPy chain it replaced
+# (bench/baselines.py: measured once, the chain is gone).
+ADAMW_CHAIN_SPEEDUP_MIN = 5.0
+ADAMW_321K_ROW = "AdamW.step 321k (engine)"
 # AdamW.step with its state coming from memory, GB/s as a fraction of the triad's.
 ADAMW_BANDWIDTH_MIN = 0.8
 SCALING_MIN = 1.7
@@ -223,12 +227,15 @@ def kernel_rows(benchmarks) -> list:
             g[b["impl"]] = b["median"]
             if b.get("bytes") and b["impl"] == "fast":
                 g["bytes"] = b["bytes"]
+            if b.get("params") and b["impl"] == "fast":
+                g["params"] = b["params"]
     rows = []
     for (name, size, thr), g in groups.items():
         rows.append(dict(kernel=name, size=size, threads=thr, fast_ms=_ms(g.get("fast")),
                          checked_ms=_ms(g.get("checked")), ref_ms=_ms(g.get("ref")),
                          speedup=_div(g.get("ref"), g.get("fast")), bytes=g.get("bytes"),
-                         gbs=_div(g.get("bytes") and g["bytes"] / 1e9, g.get("fast"))))
+                         gbs=_div(g.get("bytes") and g["bytes"] / 1e9, g.get("fast")),
+                         ns_per_param=_div(g.get("fast") and 1e9 * g["fast"], g.get("params"))))
     triad = {r["threads"]: r["gbs"] for r in rows if r["kernel"] == bandwidth.TRIAD_ROW}
     for r in rows:
         r["of_triad"] = _div(r["gbs"], triad.get(r["threads"]))
@@ -349,6 +356,11 @@ def target_checks(rows, krows, scaling, memory, thread_ratios=()) -> list:
         if k["threads"] == thr and k["kernel"] in ("adamw_update_many", "AdamW.step (engine)"):
             add(f"{k['kernel']} 2.1M params, x naive ({thr} thr)", k["speedup"],
                 ADAMW_SPEEDUP_MIN, le=False, kind="adamw", block=k["kernel"])
+        if k["threads"] == thr and k["kernel"] == ADAMW_321K_ROW:
+            from bench import baselines
+            add(f"{k['kernel']} x NumPy chain per parameter ({thr} thr)",
+                _div(baselines.ns_per_element("adamw", thr), k["ns_per_param"]),
+                ADAMW_CHAIN_SPEEDUP_MIN, le=False, kind="adamw_chain", block=k["kernel"])
         if k["threads"] == thr and k["kernel"] == bandwidth.ADAMW_COLD_ROW:
             add(f"{k['kernel']} GB/s / triad GB/s ({thr} thr)", k["of_triad"],
                 ADAMW_BANDWIDTH_MIN, le=False, kind="adamw_bw", block=k["kernel"])
@@ -479,13 +491,15 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None,
             "count.\nBytes: triad a=b+s*c 4 arrays (b, c read; a write-allocated and written), "
             "update a+=s*c\n3 (no write-allocate: both at one GB/s confirms the triad's 4), "
             "AdamW 7 per parameter\n(p, g, m, v read; p, m, v written); cold cache = the last-"
-            "level cache evicted before each call.")
+            "level cache evicted before each call.\nns/param = fast / parameters (AdamW.step "
+            "321k; the NumPy chain it replaced: bench/baselines.py).")
         hdr = ["kernel", "size", "thr", "fast ms", "checked ms", "baseline ms", "speed-up",
-               "GB/s", "of triad"]
+               "GB/s", "of triad", "ns/param"]
         body = [[k["kernel"], k["size"], k["threads"], _fmt(k["fast_ms"], ".3f"),
                  _fmt(k["checked_ms"], ".3f"), _fmt(k["ref_ms"], ".3f"),
                  "-" if k["speedup"] is None else _fmt(k["speedup"], ".2f") + "x",
-                 _fmt(k.get("gbs"), ".1f"), _fmt(k.get("of_triad"), ".2f")] for k in krows]
+                 _fmt(k.get("gbs"), ".1f"), _fmt(k.get("of_triad"), ".2f"),
+                 _fmt(k.get("ns_per_param"), ".3f")] for k in krows]
         out.append(table(hdr, body, left=2))
     if memory:
         out.append("")
@@ -792,6 +806,17 @@ def format_misses(checks, rows, krows, profile, thread_ratios=()) -> str:
             if opt:
                 text += "; in the profiled steps the optimizer takes " + ", ".join(
                     f"{b} {1e3 * v:.1f} ms" for b, v in opt)
+            out.append(text + ".")
+        elif kind == "adamw_chain":
+            from bench import baselines
+            k = next((k for k in krows if k["kernel"] == block
+                      and k["threads"] == c["threads"]), None)
+            base = baselines.ns_per_element("adamw", c["threads"])
+            text = head
+            if k and base:
+                text += (f": {_fmt(k['ns_per_param'], '.3f')} ns per parameter vs the chain's "
+                         f"{base:.3f}; {ADAMW_CHAIN_SPEEDUP_MIN:g}x needs <= "
+                         f"{base / ADAMW_CHAIN_SPEEDUP_MIN:.3f}")
             out.append(text + ".")
         elif kind == "adamw_bw":
             k = next((k for k in krows if k["kernel"] == block
