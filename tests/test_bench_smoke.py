@@ -481,8 +481,11 @@ def test_instrumented_step_parts_are_forward_and_backward_kernels():
         ops.colsum(np.zeros(2), out, 1.0)
     case = dict(module=m, x=np.ones((2, 2)), target=None, loss=loss,
                 opt=SimpleNamespace(step=step))
-    wall, phase, kernel_s, kernel_n, ops_n = step_profile.instrumented_step(case)()
+    wall, phase, kernel_s, kernel_n, ops_n, per_el = step_profile.instrumented_step(case)()
     assert kernel_n == {"gemm": 1, "colsum": 1}
+    # Elements per step of every non-GEMM kernel of the whole step (optimizer's included):
+    # colsum twice (backward, optimizer), each over the (2, 2) output.
+    assert {k: n for k, (_, n) in per_el.items()} == {"colsum": 8}
     assert set(phase) == {"forward", "backward", "loss fwd", "loss bwd",
                           "optimizer step (+zero_grad)"}
     assert seen == [True]
