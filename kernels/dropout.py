@@ -30,18 +30,28 @@ def _apply(out, mask, x, p, scale, i0, i1):
     """mask = scale where the draw u in mask is >= p, else 0; out = x * mask (out may be x)."""
     out, mask, x = out[i0:i1], mask[i0:i1], x[i0:i1]
     zero = scale - scale
-    for i in range(i1 - i0):
-        m = scale if mask[i] >= p else zero
-        mask[i] = m
-        out[i] = x[i] * m
+    if out.ctypes.data == x.ctypes.data:  # one name for in-place memory: vectorises
+        for i in range(i1 - i0):
+            m = scale if mask[i] >= p else zero
+            mask[i] = m
+            x[i] *= m
+    else:
+        for i in range(i1 - i0):
+            m = scale if mask[i] >= p else zero
+            mask[i] = m
+            out[i] = x[i] * m
     return 0
 
 
 @jit
 def _mul(out, a, b, i0, i1):
     out, a, b = out[i0:i1], a[i0:i1], b[i0:i1]
-    for i in range(i1 - i0):
-        out[i] = a[i] * b[i]
+    if out.ctypes.data == a.ctypes.data:  # one name for in-place memory: vectorises
+        for i in range(i1 - i0):
+            a[i] *= b[i]
+    else:
+        for i in range(i1 - i0):
+            out[i] = a[i] * b[i]
     return 0
 
 

@@ -36,8 +36,17 @@ def _fill_res_bias(y, res, b, i0, i1):
 @jit
 def _add(out, a, b, i0, i1):
     out, a, b = out[i0:i1], a[i0:i1], b[i0:i1]
-    for i in range(i1 - i0):
-        out[i] = a[i] + b[i]
+    # In place, a loop that stores through out and loads through a (the same memory) would
+    # fail LLVM's overlap check and run unvectorised: name one array only.
+    if out.ctypes.data == a.ctypes.data:
+        for i in range(i1 - i0):
+            a[i] += b[i]
+    elif out.ctypes.data == b.ctypes.data:
+        for i in range(i1 - i0):
+            b[i] += a[i]
+    else:
+        for i in range(i1 - i0):
+            out[i] = a[i] + b[i]
     return 0
 
 
