@@ -12,7 +12,7 @@ from . import fastmath
 from .jit import jit
 
 __all__ = ["row_sum", "row_dot", "row_dot_centred", "row_sumsq_centred", "row_max",
-           "row_sum_exp", "row_wsum_centred", "row_sqdist", "sum_in_order"]
+           "row_wsum_centred", "row_sqdist", "sum_in_order"]
 
 
 @jit(inline="always")
@@ -126,26 +126,6 @@ def row_dot_centred(a, b, x, c):
         s7 += a[i + 7] * b[i + 7] * (x[i + 7] - c)
     for i in range(m, n):
         s0 += a[i] * b[i] * (x[i] - c)
-    return _tree(s0, s1, s2, s3, s4, s5, s6, s7)
-
-
-@jit(inline="always")
-def row_sum_exp(x, c):
-    """sum(exp(x - c)) of a 1-D row (kernels.fastmath.exp)."""
-    n = x.shape[0]
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = fastmath.const(0, x)
-    m = n - n % 8
-    for i in range(0, m, 8):
-        s0 += fastmath.exp(x[i] - c)
-        s1 += fastmath.exp(x[i + 1] - c)
-        s2 += fastmath.exp(x[i + 2] - c)
-        s3 += fastmath.exp(x[i + 3] - c)
-        s4 += fastmath.exp(x[i + 4] - c)
-        s5 += fastmath.exp(x[i + 5] - c)
-        s6 += fastmath.exp(x[i + 6] - c)
-        s7 += fastmath.exp(x[i + 7] - c)
-    for i in range(m, n):
-        s0 += fastmath.exp(x[i] - c)
     return _tree(s0, s1, s2, s3, s4, s5, s6, s7)
 
 

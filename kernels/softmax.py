@@ -15,6 +15,7 @@ from . import fastmath, lanes
 from . import parallel as _par
 from .gemm import check_array
 from .jit import jit
+from .memory import scratch
 
 __all__ = ["softmax_forward", "softmax_backward", "log_softmax_forward",
            "log_softmax_backward", "softmax_forward_unchecked", "softmax_backward_unchecked",
@@ -49,14 +50,17 @@ def _softmax_bwd(dx, dy, y, i0, i1):
 
 
 @jit
-def _log_softmax_fwd(y, x, i0, i1):
+def _log_softmax_fwd(y, x, tmp, i0, i1):
+    # tmp: a (C,) row of scratch for exp(x - max), so that the exp loop vectorises (y may
+    # be x, which must be read again after)
     for r in range(i0, i1):
         xr, yr = x[r], y[r]
         m = lanes.row_max(xr)
-        lse = math.log(lanes.row_sum_exp(xr, m))  # log sum exp(x - max) >= 0
+        for j in range(xr.shape[0]):
+            tmp[j] = fastmath.exp(xr[j] - m)
+        lse = math.log(lanes.row_sum(tmp))      # log sum exp(x - max) >= 0
         for j in range(xr.shape[0]):
             yr[j] = (xr[j] - m) - lse
-
     return 0
 
 
@@ -100,7 +104,16 @@ def softmax_backward_unchecked(dx, dy, y):
 
 def log_softmax_forward_unchecked(y, x):
     """``y = x - max(x) - log(sum(exp(x - max(x))))`` row-wise (``y`` may be ``x``; no checks)."""
-    return _run(_log_softmax_fwd, y, x, None)
+    n, c = y.shape
+    if not (n and c):
+        return y
+    k = _par.threads_for(n, c, passes=COST)
+    tmps = [scratch(("softmax.exp_row", s), c, x.dtype) for s in range(k)]  # (C,) per slot
+    if k == 1:
+        _log_softmax_fwd(y, x, tmps[0], 0, n)
+    else:
+        _par.split(lambda i0, i1, s: _log_softmax_fwd(y, x, tmps[s], i0, i1), n, c, k=k)
+    return y
 
 
 def log_softmax_backward_unchecked(dx, dy, y):
