@@ -118,6 +118,27 @@ def test_sgu_gate_matches_reference_with_strided_u(dtype, btc, split_small):
             np.testing.assert_array_equal(zz[:, :, c:], z[:, :, c:])  # the other half untouched
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sgu_gate_other_layouts_match_reference(dtype):
+    # Check u and du whose rows are not evenly spaced (a (B, T) view of a time-major array):
+    # read and written right, through contiguous buffers.
+    rng = np.random.default_rng(6)
+    b, t, c = 3, 5, 7
+    u = np.swapaxes(rng.standard_normal((t, b, c)).astype(dtype), 0, 1)
+    s_tm = rng.standard_normal((t, b, c)).astype(dtype)
+    da = rng.standard_normal((b, t, c)).astype(dtype)
+    a, s_bt, ra, rs = (np.empty((b, t, c), dtype) for _ in range(4))
+    token_mix.sgu_gate_forward(a, s_bt, s_tm, u)
+    reference.sgu_gate_forward(ra, rs, s_tm, u)
+    np.testing.assert_array_equal(a, ra)
+    du = np.swapaxes(np.empty((t, b, c), dtype), 0, 1)
+    rdu, ds, rds = np.empty((b, t, c), dtype), np.empty((t, b, c), dtype), np.empty((t, b, c), dtype)
+    token_mix.sgu_gate_backward(du, ds, np.empty((b, t, c), dtype), da, s_bt, u)
+    reference.sgu_gate_backward(rdu, rds, None, da, rs, u)
+    np.testing.assert_array_equal(du, rdu)
+    np.testing.assert_array_equal(ds, rds)
+
+
 # ----------------------------------------------------------------------------- embedding
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nvd", [(0, 4, 3), (1, 1, 1), (500, 7, 19), (3000, 50, 64)])
