@@ -121,15 +121,20 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     if rstd[rstd.argmin()] < _TINY_RSTD[x.dtype]:  # a row of huge |x| (or NaN): see below
         return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
     k = _par.threads_for(n, d, passes=COST)
-    # The parameter gradients first: dx may overwrite dout.
+    # The parameter gradients first: dx may overwrite dout (or x).
     if k == 1:
         _bwd_params(dgamma, dbeta, dout, x, mean, rstd, 0, d)
         _bwd_rows(dx, dout, x, mean, rstd, gamma, 0, n)
-    else:
+    elif np.may_share_memory(dx, dout) or np.may_share_memory(dx, x):
         _par.split(lambda j0, j1, _: _bwd_params(dgamma, dbeta, dout, x, mean, rstd, j0, j1),
                    d, n, k=min(k, d))
         _par.split(lambda i0, i1, _: _bwd_rows(dx, dout, x, mean, rstd, gamma, i0, i1),
                    n, d, k=k)
+    else:  # dx is its own memory: one region, each thread its columns, then its rows
+        def run(_i0, _i1, s):
+            _bwd_params(dgamma, dbeta, dout, x, mean, rstd, d * s // k, d * (s + 1) // k)
+            _bwd_rows(dx, dout, x, mean, rstd, gamma, n * s // k, n * (s + 1) // k)
+        _par.split(run, k, k=k)
     return dx
 
 
