@@ -200,6 +200,38 @@ def measure(fn, seconds=0.3, min_calls=20) -> float:
     return statistics.median(times)
 
 
+def split_ratio(fn, seconds=0.4) -> float:
+    """Median of (time on one thread) / (time split over blasnet's threads) over paired calls
+    of ``fn``, the split forced off and on through ``kernels.parallel.SPLIT_WORK`` (above 1:
+    the split is faster). What ``SPLIT_WORK`` is chosen from."""
+    from kernels import parallel
+    saved = parallel.SPLIT_WORK
+
+    def at(work):
+        def call():
+            parallel.SPLIT_WORK = work
+            try:
+                fn()
+            finally:
+                parallel.SPLIT_WORK = saved
+        return call
+    one, split = at(1 << 60), at(2)
+    one()
+    split()
+    t0 = time.perf_counter()
+    one()
+    pairs = max(15, min(400, int(seconds / max(time.perf_counter() - t0, 1e-6))))
+    ratios = []
+    clock = time.perf_counter
+    for _ in range(pairs):
+        t0 = clock()
+        one()
+        t1 = clock()
+        split()
+        ratios.append((t1 - t0) / (clock() - t1))
+    return statistics.median(ratios)
+
+
 def run(names=None, seconds=0.3) -> dict:
     """{case: {"ns_per_element", "us_per_call", "elements", "threads"}}."""
     out = {}
@@ -218,7 +250,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("-k", action="append", help="only cases whose name contains this")
     ap.add_argument("--seconds", type=float, default=0.3)
+    ap.add_argument("--split", action="store_true",
+                    help="print time on one thread / time split, paired, per case instead")
     args = ap.parse_args(argv)
+    if args.split:
+        for name, make in CASES.items():
+            if not args.k or any(s in name for s in args.k):
+                fn, _ = make()
+                print(f"{name:28s} 1 thr / split x{split_ratio(fn, args.seconds):.2f}",
+                      flush=True)
+        return 0
     res = run(args.k, args.seconds)
     for name, r in res.items():
         print(f"{name:28s} {r['us_per_call']:10.1f} us  {r['ns_per_element']:7.3f} ns/el  "
