@@ -179,3 +179,35 @@ def test_gate_matches_reference_and_split(dtype, n, split_small):
         np.testing.assert_allclose(p, rp, **TOL[dtype])
     for x, y in zip((*got[0][0], *got[0][1:]), (*got[1][0], *got[1][1:])):
         np.testing.assert_array_equal(x, y)
+
+
+# ----------------------------------------------------------------------------- empty batches
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_batches_write_nothing_and_return(dtype):
+    # Check that every compiled row kernel accepts N = 0 (an empty batch): nothing written,
+    # the losses nan like the mean of nothing, the parameter gradients untouched.
+    import math
+
+    from kernels import dropout, layernorm, losses, softmax
+    e = np.empty((0, 5), dtype)
+    for fwd, bwd in ((softmax.softmax_forward, softmax.softmax_backward),
+                     (softmax.log_softmax_forward, softmax.log_softmax_backward)):
+        assert fwd(np.empty((0, 5), dtype), e).shape == (0, 5)
+        assert bwd(np.empty((0, 5), dtype), e, np.empty((0, 5), dtype)).shape == (0, 5)
+    assert math.isnan(losses.softmax_cross_entropy_forward(np.empty((0, 5), dtype), e,
+                                                           np.empty(0, np.int64)))
+    assert math.isnan(losses.mse_forward_backward(np.empty((0, 5), dtype), e, e))
+    g, b = np.full(5, 3, dtype), np.full(5, 4, dtype)
+    layernorm.layernorm_forward(np.empty((0, 5), dtype), np.empty(0, dtype), np.empty(0, dtype),
+                                e, g, b)
+    layernorm.layernorm_backward(np.empty((0, 5), dtype), g, b, e, e, np.empty(0, dtype),
+                                 np.empty(0, dtype), g)
+    assert np.all(g == 3) and np.all(b == 4)
+    rng = np.random.default_rng(0)
+    state = rng.bit_generator.state
+    dropout.dropout_forward(np.empty((0, 5), dtype), np.empty((0, 5), dtype), e, 0.5, rng)
+    assert rng.bit_generator.state == state  # nothing drawn
+    p = np.empty(0, dtype)
+    optim.adamw_update(p, p.copy(), p.copy(), p.copy(), 1, 1e-3)
+    rows.fill_rows(np.empty((0, 5), dtype), b)
+    embedding.embedding_backward(np.ones((3, 5), dtype), np.empty(0, np.int64), e)
