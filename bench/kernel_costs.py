@@ -116,7 +116,8 @@ def _mse(n=ROWS * COLS):
 
 def _dropout(direction, n=ROWS * COLS):
     rng = np.random.default_rng(0)
-    x, out, mask = _rand(rng, (ROWS, COLS)), np.empty((ROWS, COLS), F32), np.empty((ROWS, COLS), F32)
+    x = _rand(rng, (ROWS, COLS))
+    out, mask = np.empty((ROWS, COLS), F32), np.empty((ROWS, COLS), F32)
     gen = np.random.default_rng(1)
     if direction == "fwd":
         return (lambda: ops.dropout_forward(out, mask, x, 0.1, gen)), n
