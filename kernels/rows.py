@@ -4,7 +4,6 @@ before a GEMM that accumulates with beta=1) and ``add`` (residual adds), each on
 """
 from __future__ import annotations
 
-
 from . import parallel as _par
 from .jit import jit
 
