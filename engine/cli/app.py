@@ -165,9 +165,9 @@ def _set_threads(args, comm) -> None:
         kernels.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
-def _train(args) -> int:
-    t_all = time.perf_counter()
-    check_args(args)
+def _language_model(args):
+    """The exit status of a character language model's run (each re-reads its own options),
+    or None for the other models, after refusing the language models' options given to them."""
     if args.model == "gpt":  # the GPT character LM: engine/models/gpt_lm.py
         from ..models import gpt_lm
         return gpt_lm.run_cli(args)
@@ -178,6 +178,15 @@ def _train(args) -> int:
         raise UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
     if args.layers is not None or args.heads is not None or args.seq_len is not None:
         raise UsageError("--layers, --heads, --seq-len: only with --model gpt --task text")
+    return None
+
+
+def _train(args) -> int:
+    t_all = time.perf_counter()
+    check_args(args)
+    code = _language_model(args)
+    if code is not None:
+        return code
     comm = distributed.world()  # K > 1 ranks under mpiexec: data parallel, else None
     rank = 0 if comm is None else comm.Get_rank()
     _set_threads(args, comm)
