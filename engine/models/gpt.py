@@ -44,7 +44,7 @@ class GPT(Module):
     """
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int,
-                 d_model: int, d_ff: int | None = None, ffn: str = "gelu", dropout: float = 0.0,
+                 d_model: int, *, d_ff: int | None = None, ffn: str = "gelu", dropout: float = 0.0,
                  bias: bool = True, tie_weights: bool = True, checkpoint: bool = False,
                  eps: float = 1e-5, dtype=np.float32, rng=None):
         super().__init__(dtype)
@@ -62,8 +62,9 @@ class GPT(Module):
         self.wte = Embedding(vocab_size, d_model, dt, rng)
         self.wpe = Embedding(block_size, d_model, dt, rng)
         self.drop = Dropout(p, dt, rng)
-        self.h = Sequential(*[TransformerBlock(d_model, n_head, self.d_ff, ffn, "pre", p, True,
-                                               bias, "normal", eps, dt, rng)
+        self.h = Sequential(*[TransformerBlock(d_model, n_head, self.d_ff, ffn, "pre", p,
+                                               causal=True, bias=bias, init="normal", eps=eps,
+                                               dtype=dt, rng=rng)
                               for _ in range(self.n_layer)], checkpoint=checkpoint)
         self.ln_f = LayerNorm(d_model, eps, dt)
         if not tie_weights:

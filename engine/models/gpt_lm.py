@@ -52,7 +52,7 @@ class GPTConfig:
 
 
 def build_model(vocab_size: int, c: GPTConfig, rng=None) -> GPT:
-    return GPT(vocab_size, c.seq_len, c.n_layer, c.n_head, c.d_model, c.d_ff,
+    return GPT(vocab_size, c.seq_len, c.n_layer, c.n_head, c.d_model, d_ff=c.d_ff,
                dropout=c.dropout, dtype=check_dtype(c.dtype), rng=rng)
 
 

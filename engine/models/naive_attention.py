@@ -7,9 +7,15 @@ import numpy as np
 
 from kernels import reference as ref
 
-from .naive import NaiveBlock, _no_dropout
+from .naive import NaiveBlock
 
 __all__ = ["NaiveMultiHeadAttention", "NaiveTransformerBlock"]
+
+
+def _no_dropout(dropout) -> None:
+    if dropout:
+        raise ValueError(f"dropout: the naive twin has no dropout (it cannot draw the "
+                         f"engine's mask); expected 0.0, got {dropout!r}")
 
 
 def _sequences(x):

@@ -52,8 +52,8 @@ class MultiHeadAttention(Module):
     acc_alias_safe = True  # dy is read only by the first two backward GEMMs
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = True, dropout: float = 0.0,
-                 bias: bool = True, init: str = "xavier", max_scores_bytes: int = MAX_SCORES_BYTES,
-                 dtype=np.float32, rng=None):
+                 bias: bool = True, *, init: str = "xavier",
+                 max_scores_bytes: int = MAX_SCORES_BYTES, dtype=np.float32, rng=None):
         super().__init__(dtype)
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
         self.n_heads = check_positive_int("n_heads", n_heads)

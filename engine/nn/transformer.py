@@ -35,7 +35,7 @@ class TransformerBlock(Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, ffn: str = "gelu",
-                 norm: str = "pre", dropout: float = 0.0, causal: bool = True,
+                 norm: str = "pre", dropout: float = 0.0, *, causal: bool = True,
                  bias: bool = True, init: str = "xavier", eps: float = 1e-5, dtype=np.float32,
                  rng=None):
         super().__init__(dtype)
@@ -48,8 +48,8 @@ class TransformerBlock(Module):
         rng = make_rng(rng)
         self.norm, self.ffn, self.p = norm, ffn, p
         self.ln_1 = LayerNorm(d_model, eps, dtype)
-        self.attn = MultiHeadAttention(d_model, n_heads, causal, p, bias, init, dtype=dtype,
-                                       rng=rng)
+        self.attn = MultiHeadAttention(d_model, n_heads, causal, p, bias, init=init,
+                                       dtype=dtype, rng=rng)
         self.ln_2 = LayerNorm(d_model, eps, dtype)
         if ffn in GATED_FFNS:
             self.mlp = GatedFFN(d_model, d_ff, GATED_FFNS[ffn], bias, 0.0, init, dtype, rng)
