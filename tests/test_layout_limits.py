@@ -12,7 +12,7 @@ MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_POSITIONAL = 500, 60, 8
 
 # Still over a limit (each one to be split).
 FILES_OVER = {"nn/module.py", "distributed.py", "data.py", "training/checkpoint.py"}
-FUNCTIONS_OVER = {"training/checkpoint.py:load", "data.py:_load_csv"}
+FUNCTIONS_OVER = {"data.py:_load_csv"}
 
 
 def _files():
