@@ -172,7 +172,7 @@ def _language_model(args):
         from ..models import gpt_lm
         return gpt_lm.run_cli(args)
     if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/models/lm.py
-        from ..models import lm
+        from . import lm
         return lm.run_cli(args)
     if args.prompt is not None or args.sample_length is not None:
         raise UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
