@@ -170,3 +170,34 @@ def test_module_runs_as_a_script():
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["libraries"] and "numba" in d and "verdict" in d
+
+
+def test_cli_info_prints_libraries_kernels_and_numba():
+    # Check that `python -m engine info` runs and prints each BLAS library with its kernel and
+    # threads, the CPU's SIMD line with a verdict, numba's version and the OpenBLAS variables.
+    import re
+    out = subprocess.run([sys.executable, "-m", "engine", "info"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    libs = re.findall(r"^  blas +openblas +\S+ +kernel (\S+).* threads (\d+) +shipped with "
+                      r"(numpy|scipy)", text, re.M)
+    assert {owner for _, _, owner in libs} >= {"scipy"}, text
+    assert re.search(r"^CPU SIMD .*verdict: (native|pinned_below_native|below_cpu|unknown)$",
+                     text, re.M), text
+    assert re.search(r"^numba +\d+\.\d+", text, re.M), text
+    assert "OPENBLAS_CORETYPE=" in text and "NUMBA_DISABLE_JIT=" in text
+
+
+def test_cli_info_prints_the_pin_line(monkeypatch, capsys):
+    # Check that info prints the one pin line, with both measured rates, when the report says
+    # pinned below native (a fake report and a fake measurement: not this machine's).
+    from engine.cli import main
+    report = bk.assess([lib("Haswell")], AVX512, PIN)
+    cost = bk.PinCost((1024, 512, 1024), 2, 210.0, 420.0, "SkylakeX", 3)
+    monkeypatch.setattr(bk, "current", lambda: report)
+    monkeypatch.setattr(bk, "pin_cost", lambda: cost)
+    assert main(["info"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and notes[0] == "note: " + bk.pin_message(report, cost)
+    assert "210 GF/s pinned vs 420 GF/s SkylakeX" in notes[0]
