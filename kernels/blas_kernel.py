@@ -22,7 +22,8 @@ import numpy as np
 
 __all__ = ["LEVELS", "PIN_VARS", "NOTED_VARS", "BlasLibrary", "KernelReport", "PinCost",
            "kernel_level", "cpu_level", "cpu_features", "parse_libraries", "assess", "current",
-           "gemm_rate", "native_env", "pin_cost", "pin_message", "jit_facts", "facts"]
+           "gemm_rate", "native_env", "pin_cost", "pin_message", "jit_facts", "facts",
+           "header_lines"]
 
 # SIMD levels, lowest first; a kernel or a CPU is ranked by its index here.
 LEVELS = ("SSE", "SSE2", "SSE3", "SSSE3", "SSE4.1", "SSE4.2", "AVX", "AVX2", "AVX512")
@@ -327,6 +328,24 @@ def facts(measure: bool = True, report: KernelReport | None = None) -> dict:
     out["pin_cost"] = None if cost is None else {**asdict(cost), "speedup": cost.speedup}
     out.update(jit_facts())
     return out
+
+
+def header_lines(facts_dict: dict) -> list:
+    """``facts()``'s dict (or the same read back from JSON) as the lines a benchmark report
+    starts with: each BLAS library's kernel and threads, the CPU's level and the verdict,
+    numba, and the pin line when there is one."""
+    libs = ", ".join(
+        f"{lib['owner']} {lib['internal_api']} {lib['version'] or '?'} runs "
+        f"{lib['architecture'] or '?'}" + (f" ({lib['level']})" if lib.get("level") else "")
+        + f" on {lib['num_threads']} threads" for lib in facts_dict.get("libraries", ()))
+    cpu = facts_dict.get("cpu")
+    cpu_text = f"{cpu} ({facts_dict.get('cpu_class')}-class)" if cpu else "unknown"
+    jit = "JIT disabled (NUMBA_DISABLE_JIT)" if facts_dict.get("jit_disabled") else "JIT on"
+    lines = [f"BLAS kernel: {libs or 'no BLAS library found'}; CPU best SIMD {cpu_text}; "
+             f"verdict {facts_dict.get('verdict')}; numba {facts_dict.get('numba')}, {jit}"]
+    if facts_dict.get("message"):
+        lines.append(f"note: {facts_dict['message']}")
+    return lines
 
 
 if __name__ == "__main__":
