@@ -22,8 +22,8 @@ import numpy as np
 
 __all__ = ["LEVELS", "PIN_VARS", "NOTED_VARS", "BlasLibrary", "KernelReport", "PinCost",
            "kernel_level", "cpu_level", "cpu_features", "parse_libraries", "assess", "current",
-           "gemm_rate", "native_env", "pin_cost", "pin_message", "jit_facts", "facts",
-           "header_lines"]
+           "gemm_times", "gemm_rate", "native_env", "compare", "pin_cost", "pin_message",
+           "jit_facts", "facts", "header_lines"]
 
 # SIMD levels, lowest first; a kernel or a CPU is ranked by its index here.
 LEVELS = ("SSE", "SSE2", "SSE3", "SSSE3", "SSE4.1", "SSE4.2", "AVX", "AVX2", "AVX512")
@@ -181,12 +181,10 @@ def current() -> KernelReport:
 
 
 # ----------------------------------------------------------------------------- the cost
-def gemm_rate(shape=RATE_SHAPE, budget_s: float = 0.25, min_calls: int = 5) -> float:
-    """GF/s of ``sgemm`` on an ``(m x k) @ (k x n)`` float32 product with this process's BLAS
-    and thread setting: the fastest of repeated calls for ``budget_s`` seconds (at least
-    ``min_calls``), after one untimed call (which wakes the BLAS threads). The fastest call,
-    not the median: on a shared machine it is the one no other process slowed down, which is
-    what tells two kernels apart."""
+def gemm_times(shape=RATE_SHAPE, budget_s: float = 0.25, min_calls: int = 5) -> list:
+    """Seconds per call of ``sgemm`` on an ``(m x k) @ (k x n)`` float32 product with this
+    process's BLAS and thread setting, repeated for ``budget_s`` seconds (at least
+    ``min_calls``), after one untimed call (which wakes the BLAS threads)."""
     from scipy.linalg.blas import sgemm
     m, k, n = shape
     rng = np.random.default_rng(0)
@@ -201,14 +199,64 @@ def gemm_rate(shape=RATE_SHAPE, budget_s: float = 0.25, min_calls: int = 5) -> f
         t0 = time.perf_counter()
         sgemm(1.0, b.T, a.T, 0.0, c.T, overwrite_c=1)
         times.append(time.perf_counter() - t0)
-    return 2.0 * m * k * n / min(times) / 1e9
+    return times
+
+
+def gemm_rate(shape=RATE_SHAPE, budget_s: float = 0.25, min_calls: int = 5) -> float:
+    """GF/s of the fastest call of ``gemm_times``: on a shared machine the fastest call is the
+    one no other process slowed down, which is what tells two kernels apart."""
+    m, k, n = shape
+    return 2.0 * m * k * n / min(gemm_times(shape, budget_s, min_calls)) / 1e9
+
+
+def native_env(environ) -> dict:
+    """``environ`` without the variables that pin OpenBLAS (what the native side runs with)."""
+    return {k: v for k, v in environ.items() if k not in PIN_VARS + NOTED_VARS}
+
+
+def compare(shapes, rounds: int = 3, budget_s: float = 0.25, timeout_s: float = 300.0) -> dict:
+    """Time sgemm at each of ``shapes`` here (the running kernel) and in one child process
+    started with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its environment (the kernel
+    OpenBLAS picks by itself), in ``rounds`` alternating bursts per shape (so a machine that
+    slows down weighs on both sides alike), at this process's BLAS thread count. Returns
+    ``{"threads", "native_architecture", "times": {shape: {"here": [...], "native": [...]}}}``
+    (seconds per call). Raises RuntimeError if the child fails."""
+    from . import threads
+    n = threads.get_num_threads()
+    cmd = [sys.executable, "-m", "kernels.blas_kernel", "--serve", str(n)]
+    child = subprocess.Popen(cmd, env=native_env(os.environ), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def reply():
+        line = child.stdout.readline()
+        if not line:
+            child.kill()
+            raise RuntimeError(f"the native-kernel child process failed: "
+                               f"{child.stderr.read()[-2000:]}")
+        return json.loads(line)
+    try:
+        arch = reply().get("architecture")
+        times = {tuple(s): {"here": [], "native": []} for s in shapes}
+        for _ in range(rounds):
+            for shape, got in times.items():
+                got["here"] += gemm_times(shape, budget_s)
+                child.stdin.write(json.dumps({"shape": list(shape), "budget_s": budget_s}) + "\n")
+                child.stdin.flush()
+                got["native"] += reply()["times"]
+        child.stdin.close()
+        child.wait(timeout=timeout_s)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return {"threads": n, "native_architecture": arch, "times": times}
 
 
 @dataclass(frozen=True)
 class PinCost:
-    """The measured cost of a pin: sgemm ``shape`` at ``threads`` threads, GF/s on the running
-    (pinned) kernel and on the kernel OpenBLAS picks with the variables unset
-    (``native_architecture``, as the child process's threadpoolctl reported it). Medians over
+    """The measured cost of a pin: sgemm ``shape`` at ``threads`` threads, GF/s (fastest call)
+    on the running (pinned) kernel and on the kernel OpenBLAS picks with the variables unset
+    (``native_architecture``, as the child process's threadpoolctl reported it), over
     ``rounds`` alternating bursts of the two."""
     shape: tuple
     threads: int
@@ -222,50 +270,17 @@ class PinCost:
         return self.native_gfs / self.pinned_gfs
 
 
-def native_env(environ) -> dict:
-    """``environ`` without the variables that pin OpenBLAS (what the native side runs with)."""
-    return {k: v for k, v in environ.items() if k not in PIN_VARS + NOTED_VARS}
-
-
-def pin_cost(shape=RATE_SHAPE, rounds: int = 3, budget_s: float = 0.25,
-             timeout_s: float = 120.0) -> PinCost:
-    """Time sgemm ``shape`` here (the running kernel) and in one child process started with
-    OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its environment, in ``rounds``
-    alternating bursts (so a machine that slows down weighs on both alike), at this process's
-    BLAS thread count. Raises RuntimeError if the child fails."""
-    from . import threads
-    n = threads.get_num_threads()
-    cmd = [sys.executable, "-m", "kernels.blas_kernel", "--serve", str(n)]
-    child = subprocess.Popen(cmd, env=native_env(os.environ), stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pinned, native, arch = [], [], None
-    try:
-        hello = child.stdout.readline()
-        if not hello:
-            raise RuntimeError(f"pin_cost: the native-kernel child process failed: "
-                               f"{child.stderr.read()[-2000:]}")
-        arch = json.loads(hello).get("architecture")
-        for _ in range(rounds):
-            pinned.append(gemm_rate(shape, budget_s))
-            child.stdin.write(json.dumps({"shape": list(shape), "budget_s": budget_s}) + "\n")
-            child.stdin.flush()
-            line = child.stdout.readline()
-            if not line:
-                raise RuntimeError(f"pin_cost: the native-kernel child process failed: "
-                                   f"{child.stderr.read()[-2000:]}")
-            native.append(json.loads(line)["gfs"])
-        child.stdin.close()
-        child.wait(timeout=timeout_s)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    return PinCost(tuple(shape), n, statistics.median(pinned), statistics.median(native),
-                   arch, rounds)
+def pin_cost(shape=RATE_SHAPE, rounds: int = 3, budget_s: float = 0.25) -> PinCost:
+    """``compare`` at one shape, as GF/s of each side's fastest call."""
+    run = compare([shape], rounds, budget_s)
+    got = run["times"][tuple(shape)]
+    flop = 2.0 * shape[0] * shape[1] * shape[2]
+    return PinCost(tuple(shape), run["threads"], flop / min(got["here"]) / 1e9,
+                   flop / min(got["native"]) / 1e9, run["native_architecture"], rounds)
 
 
 def _serve(threads_n: int) -> int:
-    """The child side of ``pin_cost``: say which kernel loaded, then time one burst per
+    """The child side of ``compare``: say which kernel loaded, then time one burst per
     request line on stdin, at ``threads_n`` threads."""
     from . import threads
     threads.set_num_threads(threads_n)
@@ -274,7 +289,8 @@ def _serve(threads_n: int) -> int:
     print(json.dumps({"architecture": scipy_lib and scipy_lib.architecture}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        print(json.dumps({"gfs": gemm_rate(tuple(req["shape"]), req["budget_s"])}), flush=True)
+        print(json.dumps({"times": gemm_times(tuple(req["shape"]), req["budget_s"])}),
+              flush=True)
     return 0
 
 

@@ -2,6 +2,7 @@
 into a verdict, with fake inputs only (no test depends on this machine's kernel); the GEMM rate
 and the pinned/native measurement return positive rates (no timing assertions)."""
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -201,3 +202,18 @@ def test_cli_info_prints_the_pin_line(monkeypatch, capsys):
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and notes[0] == "note: " + bk.pin_message(report, cost)
     assert "210 GF/s pinned vs 420 GF/s SkylakeX" in notes[0]
+
+
+def test_bench_kernel_table_runs_on_a_tiny_shape(tmp_path):
+    # Check that `python -m bench.blas_kernels` prints a row per shape and writes its JSON
+    # with positive times on both sides (whatever kernels they run).
+    import json
+    out = subprocess.run([sys.executable, "-m", "bench.blas_kernels", "16x8x24", "8x8x8",
+                          "--rounds", "1", "--budget", "0.005", "--out", str(tmp_path / "k.json")],
+                         capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr
+    assert "16x8x24" in out.stdout and "8x8x8" in out.stdout
+    rows = json.loads((tmp_path / "k.json").read_text())["rows"]
+    assert [r["shape"] for r in rows] == [[16, 8, 24], [8, 8, 8]]
+    assert all(r["here_us"] > 0 and r["native_us"] > 0 for r in rows)
