@@ -9,13 +9,15 @@ temporary directory (the user's caches are not touched) and runs, in fresh proce
 - **cold**: the empty directory: every kernel a step needs is compiled;
 - **warm**: a second process on the same directory: every kernel is loaded from it.
 
-Each process times ``import engine``, then the first and the second training step
-(``cases.step_fn``: forward, loss, backward, AdamW) of each bench block in float32 and then
-float64, in that order (a kernel shared by two blocks is compiled in the first one's step). The
-first step minus the second is its first-use cost. The processes also count, over every numba
+Each process (one BLAS thread: the compile cost does not depend on it) times ``import
+engine``, then the first training step (``cases.step_fn``: forward, loss, backward, AdamW) of
+each bench block in float32 and then float64, in that order (a kernel shared by two blocks is
+compiled in the first one's step), and the median of the next few (the steady step). The first
+step minus the steady one is its first-use cost. The processes also count, over every numba
 dispatcher in kernels/ and engine/, the compiled specialisations and the cache hits/misses
 (what tells cold from warm, whatever the times). Then ``make run`` (``python -m engine
-train``) as a whole process, cold and warm, on its own fresh cache directory. Python's own
+train``, the thread setting as given) as a whole process, cold and warm, on its own fresh
+cache directory. Python's own
 bytecode caches are as they are in both (a fresh clone also compiles its .py files once).
 
 Writes bench/results/compile_time.json and prints a table. ``--quick``: tiny shapes, and
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +40,11 @@ RESULTS = ROOT / "bench" / "results"
 DTYPES = ("float32", "float64")
 MAKE_RUN = ("-m", "engine", "train")
 QUICK_EPOCHS = 20
+# Steps after the first whose median is the steady step time.
+STEADY_STEPS = 5
+# Threads of the step processes: the compile cost does not depend on them, and one thread is
+# the steadiest on a shared machine. make run keeps the thread setting it is given.
+STEP_THREADS = 1
 
 
 # ----------------------------------------------------------------------------- child
@@ -89,31 +97,34 @@ def child(blocks, dtypes, quick: bool) -> dict:
             case = cases.build_case(block, shape, dtype=np.dtype(dtype))
             build_s = clock() - t1
             times = []
-            for _ in range(2):
+            for _ in range(1 + STEADY_STEPS):
                 t1 = clock()
                 case["step"]()
                 times.append(clock() - t1)
             steps.append(dict(block=block, dtype=dtype, shape=shape.name, build_s=build_s,
-                              first_s=times[0], second_s=times[1]))
+                              first_s=times[0], steady_s=statistics.median(times[1:])))
     total = import_s + sum(s["build_s"] + s["first_s"] for s in steps)
     return dict(import_s=import_s, steps=steps, total_s=total, numba=numba_counts(),
                 jit_disabled=os.environ.get("NUMBA_DISABLE_JIT") not in (None, "", "0"))
 
 
 # ----------------------------------------------------------------------------- parent
-def _env(cache_dir: str) -> dict:
-    """This environment with numba's cache moved to ``cache_dir`` and the repository importable
-    (the OpenBLAS and thread variables kept as given)."""
+def _env(cache_dir: str, threads: int | None = None) -> dict:
+    """This environment with numba's cache moved to ``cache_dir``, the repository importable,
+    and ``threads`` BLAS threads if given (the OpenBLAS variables kept as given)."""
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    if threads is not None:
+        env["BLASNET_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 
-def run_process(cmd, cache_dir: str, timeout_s: float = 1800.0) -> tuple:
+def run_process(cmd, cache_dir: str, threads: int | None = None,
+                timeout_s: float = 1800.0) -> tuple:
     """``(seconds, CompletedProcess)``: the whole process's wall time, from start to exit."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(cache_dir), capture_output=True, text=True,
-                          timeout=timeout_s)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(cache_dir, threads), capture_output=True,
+                          text=True, timeout=timeout_s)
     return time.perf_counter() - t0, proc
 
 
@@ -123,7 +134,7 @@ def measure_steps(blocks, dtypes, quick: bool, cache_dir: str) -> dict:
            "--dtypes", *dtypes] + ["--quick"] * quick
     out = {}
     for mode in ("cold", "warm"):
-        wall, proc = run_process(cmd, cache_dir)
+        wall, proc = run_process(cmd, cache_dir, STEP_THREADS)
         if proc.returncode != 0:
             raise RuntimeError(f"compile_time: the {mode} process failed (exit "
                                f"{proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -167,9 +178,9 @@ def format_table(data: dict) -> str:
     lines = ["JIT COST: first use of the compiled kernels; cold = empty numba cache "
              "(NUMBA_CACHE_DIR a fresh directory),",
              "warm = a second process on that cache. first = the first training step, "
-             "steady = the second (warm process);",
-             "first - steady = its first-use cost. Blocks in order, float32 then float64, "
-             "in one process each.",
+             f"steady = the median of the next {STEADY_STEPS}",
+             f"(warm process); first - steady = its first-use cost. Blocks in order, float32 "
+             f"then float64, in one process each, {STEP_THREADS} BLAS thread.",
              f"{'':<38}{'cold first':>12}{'warm first':>12}{'steady':>10}{'cold - steady':>15}"
              f"{'warm - steady':>15}"]
 
@@ -178,7 +189,7 @@ def format_table(data: dict) -> str:
     lines.append(f"{'import engine':<38}{ms(cold['import_s']):>12}{ms(warm['import_s']):>12}")
     for c, w in zip(cold["steps"], warm["steps"]):
         label = f"{c['block']} {c['dtype']} ({c['shape']})"
-        steady = w["second_s"]
+        steady = w["steady_s"]
         lines.append(f"{label:<38}{ms(c['first_s']):>12}{ms(w['first_s']):>12}"
                      f"{ms(steady):>10}{ms(c['first_s'] - steady):>15}"
                      f"{ms(w['first_s'] - steady):>15}")

@@ -78,7 +78,7 @@ def test_quick_run_writes_the_json_and_the_table(tmp_path):
         assert d["import_s"] >= 0 and d["process_s"] >= d["total_s"] >= d["import_s"]
         assert [(s["block"], s["dtype"]) for s in d["steps"]] == [("GMLP", "float32"),
                                                                  ("MLP", "float32")]
-        assert all(s["first_s"] >= 0 and s["second_s"] >= 0 for s in d["steps"])
+        assert all(s["first_s"] >= 0 and s["steady_s"] >= 0 for s in d["steps"])
         assert set(d["numba"]) == {"dispatchers", "signatures", "cache_hits", "cache_misses"}
     # Whatever the engine compiles, the warm process compiles none of it again.
     assert data["steps"]["warm"]["numba"]["cache_misses"] == 0
