@@ -145,10 +145,7 @@ class KernelReport:
     @property
     def below(self) -> tuple:
         """The OpenBLAS libraries whose kernel is below the CPU's level."""
-        if self.cpu is None:
-            return ()
-        return tuple(lib for lib in self.libraries if lib.internal_api == "openblas"
-                     and lib.level is not None and _rank(lib.level) < _rank(self.cpu))
+        return _below(self.libraries, self.cpu)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -157,21 +154,27 @@ class KernelReport:
         return d
 
 
+def _below(libraries, cpu) -> tuple:
+    if cpu is None:
+        return ()
+    return tuple(lib for lib in libraries if lib.internal_api == "openblas"
+                 and lib.level is not None and _rank(lib.level) < _rank(cpu))
+
+
 def assess(info, features, environ) -> KernelReport:
     """The report for threadpoolctl's ``info`` list, a NumPy CPU-feature table and an
     environment mapping (pure: reads nothing else)."""
     libraries = parse_libraries(info)
     cpu = cpu_level(features)
     env = {v: environ[v] for v in PIN_VARS + NOTED_VARS if str(environ.get(v, "")).strip()}
-    report = KernelReport(libraries, cpu, LEVEL_CLASS.get(cpu), env)
     openblas = [lib for lib in libraries if lib.internal_api == "openblas"]
-    if report.below:
+    if _below(libraries, cpu):
         verdict = ("pinned_below_native" if any(v in env for v in PIN_VARS) else "below_cpu")
     elif cpu is None or not openblas or any(lib.level is None for lib in openblas):
         verdict = "unknown"
     else:
         verdict = "native"
-    return KernelReport(libraries, cpu, report.cpu_class, env, verdict)
+    return KernelReport(libraries, cpu, LEVEL_CLASS.get(cpu), env, verdict)
 
 
 def current() -> KernelReport:

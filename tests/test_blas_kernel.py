@@ -2,8 +2,8 @@
 into a verdict, with fake inputs only (no test depends on this machine's kernel); the GEMM rate
 and the pinned/native measurement return positive rates (no timing assertions)."""
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 
 import pytest
 
