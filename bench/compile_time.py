@@ -181,21 +181,21 @@ def format_table(data: dict) -> str:
              f"steady = the median of the next {STEADY_STEPS}",
              f"(warm process); first - steady = its first-use cost. Blocks in order, float32 "
              f"then float64, in one process each, {STEP_THREADS} BLAS thread.",
-             f"{'':<38}{'cold first':>12}{'warm first':>12}{'steady':>10}{'cold - steady':>15}"
+             f"{'':<40}{'cold first':>12}{'warm first':>12}{'steady':>10}{'cold - steady':>15}"
              f"{'warm - steady':>15}"]
 
     def ms(s):
         return f"{1e3 * s:,.1f} ms"
-    lines.append(f"{'import engine':<38}{ms(cold['import_s']):>12}{ms(warm['import_s']):>12}")
+    lines.append(f"{'import engine':<40}{ms(cold['import_s']):>12}{ms(warm['import_s']):>12}")
     for c, w in zip(cold["steps"], warm["steps"]):
         label = f"{c['block']} {c['dtype']} ({c['shape']})"
         steady = w["steady_s"]
-        lines.append(f"{label:<38}{ms(c['first_s']):>12}{ms(w['first_s']):>12}"
+        lines.append(f"{label:<40}{ms(c['first_s']):>12}{ms(w['first_s']):>12}"
                      f"{ms(steady):>10}{ms(c['first_s'] - steady):>15}"
                      f"{ms(w['first_s'] - steady):>15}")
-    lines.append(f"{'total: import + builds + first steps':<38}{ms(cold['total_s']):>12}"
+    lines.append(f"{'total: import + builds + first steps':<40}{ms(cold['total_s']):>12}"
                  f"{ms(warm['total_s']):>12}")
-    lines.append(f"{'whole process (start to exit)':<38}{cold['process_s']:>10.2f} s"
+    lines.append(f"{'whole process (start to exit)':<40}{cold['process_s']:>10.2f} s"
                  f"{warm['process_s']:>10.2f} s")
     for mode, d in (("cold", cold), ("warm", warm)):
         n = d["numba"]
