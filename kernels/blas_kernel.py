@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -227,7 +228,11 @@ def compare(shapes, rounds: int = 3, budget_s: float = 0.25, timeout_s: float = 
     from . import threads
     n = threads.get_num_threads()
     cmd = [sys.executable, "-m", "kernels.blas_kernel", "--serve", str(n)]
-    child = subprocess.Popen(cmd, env=native_env(os.environ), stdin=subprocess.PIPE,
+    env = native_env(os.environ)
+    # The child imports this package from where this process found it (installed or not).
+    here = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+    child = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def reply():
@@ -267,6 +272,13 @@ class PinCost:
     native_gfs: float
     native_architecture: str | None
     rounds: int
+    load: float | None = None  # the 1-minute load average before the measurement
+    cpus: int | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Other processes were using more than half the CPUs: the rates may mislead."""
+        return self.load is not None and self.load > 0.5 * (self.cpus or 1)
 
     @property
     def speedup(self) -> float:
@@ -275,11 +287,13 @@ class PinCost:
 
 def pin_cost(shape=RATE_SHAPE, rounds: int = 3, budget_s: float = 0.25) -> PinCost:
     """``compare`` at one shape, as GF/s of each side's fastest call."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     run = compare([shape], rounds, budget_s)
     got = run["times"][tuple(shape)]
     flop = 2.0 * shape[0] * shape[1] * shape[2]
     return PinCost(tuple(shape), run["threads"], flop / min(got["here"]) / 1e9,
-                   flop / min(got["native"]) / 1e9, run["native_architecture"], rounds)
+                   flop / min(got["native"]) / 1e9, run["native_architecture"], rounds,
+                   load, os.cpu_count())
 
 
 def _serve(threads_n: int) -> int:
@@ -324,6 +338,9 @@ def pin_message(report: KernelReport, cost: PinCost | None = None) -> str | None
         text += (f": sgemm {m}x{k}x{n} at {cost.threads} thread{'s' if cost.threads != 1 else ''}"
                  f" {cost.pinned_gfs:.0f} GF/s pinned vs {cost.native_gfs:.0f} GF/s {native} "
                  f"unpinned ({cost.speedup:.2f}x)")
+        if cost.busy:
+            text += (f" (load {cost.load:.1f} on {cost.cpus} CPUs: other processes shared the "
+                     f"cores, the rates may mislead)")
     unset = " ".join(f"-u {v}" for v in PIN_VARS + NOTED_VARS if v in report.env)
     return text + f"; to run natively: env {unset} <command>"
 
@@ -339,12 +356,20 @@ def jit_facts() -> dict:
 
 def facts(measure: bool = True, report: KernelReport | None = None) -> dict:
     """Everything above as one JSON-ready dict (what the bench records): the report, its
-    one-line message, and with ``measure`` the pin's measured cost when there is a pin."""
+    one-line message, and with ``measure`` the pin's measured cost when there is a pin (or,
+    if the measurement failed, why: ``pin_cost_error``; the facts stand without it)."""
     report = report or current()
-    cost = pin_cost() if measure and report.pinned_below_native else None
+    cost = error = None
+    if measure and report.pinned_below_native:
+        try:
+            cost = pin_cost()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            error = str(e)
     out = report.to_dict()
     out["message"] = pin_message(report, cost)
-    out["pin_cost"] = None if cost is None else {**asdict(cost), "speedup": cost.speedup}
+    out["pin_cost"] = None if cost is None else {**asdict(cost), "speedup": cost.speedup,
+                                                 "busy": cost.busy}
+    out["pin_cost_error"] = error
     out.update(jit_facts())
     return out
 

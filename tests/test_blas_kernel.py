@@ -123,6 +123,11 @@ def test_message_names_variables_and_both_rates():
                  "2.00x", "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE"):
         assert part in text, (part, text)
     assert "GF/s" not in bk.pin_message(r)  # not measured: no rates
+    assert "may mislead" not in text  # no load given: not flagged
+    busy = bk.PinCost((1024, 512, 1024), 2, 200.0, 400.0, "SkylakeX", 3, load=3.5, cpus=2)
+    assert busy.busy and "load 3.5 on 2 CPUs" in bk.pin_message(r, busy)
+    quiet = bk.PinCost((1024, 512, 1024), 2, 200.0, 400.0, "SkylakeX", 3, load=0.3, cpus=2)
+    assert not quiet.busy and "load" not in bk.pin_message(r, quiet)
     assert bk.pin_message(bk.assess([lib("SkylakeX")], AVX512, {})) is None
 
 
@@ -217,3 +222,16 @@ def test_bench_kernel_table_runs_on_a_tiny_shape(tmp_path):
     rows = json.loads((tmp_path / "k.json").read_text())["rows"]
     assert [r["shape"] for r in rows] == [[16, 8, 24], [8, 8, 8]]
     assert all(r["here_us"] > 0 and r["native_us"] > 0 for r in rows)
+
+
+def test_facts_keep_the_verdict_when_the_measurement_fails(monkeypatch):
+    # Check that a failing native-kernel child leaves the facts whole: the verdict and the
+    # pin line without rates, and the error recorded instead of raised.
+    report = bk.assess([lib("Haswell")], AVX512, PIN)
+
+    def broken(*a, **k):
+        raise RuntimeError("the native-kernel child process failed: boom")
+    monkeypatch.setattr(bk, "pin_cost", broken)
+    d = bk.facts(measure=True, report=report)
+    assert d["verdict"] == "pinned_below_native" and d["pin_cost"] is None
+    assert "boom" in d["pin_cost_error"] and "GF/s" not in d["message"]
