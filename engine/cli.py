@@ -710,11 +710,8 @@ def info(args) -> int:
               f"shipped with {lib.get('owner', '?'):<6} {lib.get('filepath', '')}", file=out)
     cpu = f"{facts['cpu']} ({facts['cpu_class']}-class kernels)" if facts["cpu"] else "unknown"
     print(f"CPU SIMD       {cpu}; BLAS kernel verdict: {facts['verdict']}", file=out)
-    if facts["message"]:
-        print(f"note: {facts['message']}", file=out)
-    if facts["pin_cost_error"]:
-        print(f"note: the native kernel's rate could not be measured: {facts['pin_cost_error']}",
-              file=out)
+    for line in blas_kernel.header_lines(facts)[1:]:  # the pin line, a failed measurement
+        print(line, file=out)
     print(f"numba          {facts['numba']}, compiled kernels "
           f"{'DISABLED (run as Python)' if facts['jit_disabled'] else 'enabled'}", file=out)
     print("environment:", file=out)

@@ -389,6 +389,9 @@ def header_lines(facts_dict: dict) -> list:
              f"verdict {facts_dict.get('verdict')}; numba {facts_dict.get('numba')}, {jit}"]
     if facts_dict.get("message"):
         lines.append(f"note: {facts_dict['message']}")
+    if facts_dict.get("pin_cost_error"):
+        lines.append(f"note: the native kernel's rate could not be measured: "
+                     f"{facts_dict['pin_cost_error']}")
     return lines
 
 

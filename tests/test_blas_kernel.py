@@ -235,3 +235,5 @@ def test_facts_keep_the_verdict_when_the_measurement_fails(monkeypatch):
     d = bk.facts(measure=True, report=report)
     assert d["verdict"] == "pinned_below_native" and d["pin_cost"] is None
     assert "boom" in d["pin_cost_error"] and "GF/s" not in d["message"]
+    notes = bk.header_lines(d)[1:]
+    assert len(notes) == 2 and "boom" in notes[1]
