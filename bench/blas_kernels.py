@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make the "bench" package importable
     sys.path.insert(0, str(ROOT))
 
+import kernels  # noqa: E402
 from kernels import blas_kernel  # noqa: E402
 
 # (m, k, n): the seed shapes' first GEMMs (8 and 40 rows), a backward one, the large shape's.
@@ -52,7 +53,9 @@ def rows(run: dict) -> list:
 def format_table(report, run, table) -> str:
     here = next((lib.architecture for lib in report.libraries if lib.owner == "scipy"), None)
     native = run["native_architecture"]
-    lines = [f"sgemm, {run['threads']} thread(s), median per call over alternating bursts; "
+    what = "CPU time of the calling thread" if run.get("clock") == "thread" else "wall time"
+    lines = [f"sgemm, {run['threads']} thread(s), {what}, median per call over alternating "
+             f"bursts; "
              f"here = {here} ({', '.join(f'{k}={v}' for k, v in report.env.items()) or 'no pin'}"
              f"), native = {native} (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset)",
              f"{'m x k x n':<18} {'here µs':>10} {'native µs':>10} {'here GF/s':>10} "
@@ -71,14 +74,22 @@ def main(argv=None) -> int:
     ap.add_argument("shapes", nargs="*", type=_shape, default=list(SHAPES), metavar="MxKxN")
     ap.add_argument("--rounds", type=int, default=7, help="alternating bursts per shape")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds per burst")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time each call by this thread's CPU time (needs BLASNET_NUM_THREADS=1): "
+                         "on a busy machine the time other processes held the core is left out")
     ap.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     args = ap.parse_args(argv)
     report = blas_kernel.current()
-    run = blas_kernel.compare(args.shapes, args.rounds, args.budget)
+    clock = "thread" if args.cpu_time else "wall"
+    if args.cpu_time and kernels.get_num_threads() != 1:
+        ap.error(f"--cpu-time: needs BLASNET_NUM_THREADS=1, got {kernels.get_num_threads()} "
+                 f"threads")
+    run = blas_kernel.compare(args.shapes, args.rounds, args.budget, clock=clock)
+    run["clock"] = clock
     table = rows(run)
     print(format_table(report, run, table))
     if args.out:
-        args.out.write_text(json.dumps(dict(report=report.to_dict(), threads=run["threads"],
+        args.out.write_text(json.dumps(dict(report=report.to_dict(), threads=run["threads"], clock=clock,
                                             native_architecture=run["native_architecture"],
                                             rows=table), indent=1))
     return 0

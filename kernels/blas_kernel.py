@@ -185,11 +185,25 @@ def current() -> KernelReport:
 
 
 # ----------------------------------------------------------------------------- the cost
-def gemm_times(shape=RATE_SHAPE, budget_s: float = 0.25, min_calls: int = 5) -> list:
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def gemm_times(shape=RATE_SHAPE, budget_s: float = 0.25, min_calls: int = 5,
+               clock: str = "wall") -> list:
     """Seconds per call of ``sgemm`` on an ``(m x k) @ (k x n)`` float32 product with this
     process's BLAS and thread setting, repeated for ``budget_s`` seconds (at least
-    ``min_calls``), after one untimed call (which wakes the BLAS threads)."""
+    ``min_calls``), after one untimed call (which wakes the BLAS threads). ``clock="thread"``
+    counts this thread's CPU time only (time other processes held the core left out): one BLAS
+    thread only, since the work of OpenBLAS's other threads would not be counted."""
     from scipy.linalg.blas import sgemm
+
+    from . import threads
+    if clock not in CLOCKS:
+        raise ValueError(f"clock: expected one of {sorted(CLOCKS)}, got {clock!r}")
+    if clock == "thread" and threads.get_num_threads() != 1:
+        raise ValueError(f"clock='thread' needs 1 BLAS thread (the others' work is not "
+                         f"counted), got {threads.get_num_threads()}")
+    tick = CLOCKS[clock]
     m, k, n = shape
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k), dtype=np.float32)
@@ -200,9 +214,9 @@ def gemm_times(shape=RATE_SHAPE, budget_s: float = 0.25, min_calls: int = 5) -> 
     times = []
     end = time.perf_counter() + budget_s
     while len(times) < min_calls or time.perf_counter() < end:
-        t0 = time.perf_counter()
+        t0 = tick()
         sgemm(1.0, b.T, a.T, 0.0, c.T, overwrite_c=1)
-        times.append(time.perf_counter() - t0)
+        times.append(tick() - t0)
     return times
 
 
@@ -218,11 +232,13 @@ def native_env(environ) -> dict:
     return {k: v for k, v in environ.items() if k not in PIN_VARS + NOTED_VARS}
 
 
-def compare(shapes, rounds: int = 3, budget_s: float = 0.25, timeout_s: float = 300.0) -> dict:
+def compare(shapes, rounds: int = 3, budget_s: float = 0.25, timeout_s: float = 300.0,
+            clock: str = "wall") -> dict:
     """Time sgemm at each of ``shapes`` here (the running kernel) and in one child process
     started with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its environment (the kernel
     OpenBLAS picks by itself), in ``rounds`` alternating bursts per shape (so a machine that
-    slows down weighs on both sides alike), at this process's BLAS thread count. Returns
+    slows down weighs on both sides alike), at this process's BLAS thread count, on ``clock``
+    (``gemm_times``). Returns
     ``{"threads", "native_architecture", "times": {shape: {"here": [...], "native": [...]}}}``
     (seconds per call). Raises RuntimeError if the child fails."""
     from . import threads
@@ -247,8 +263,9 @@ def compare(shapes, rounds: int = 3, budget_s: float = 0.25, timeout_s: float = 
         times = {tuple(s): {"here": [], "native": []} for s in shapes}
         for _ in range(rounds):
             for shape, got in times.items():
-                got["here"] += gemm_times(shape, budget_s)
-                child.stdin.write(json.dumps({"shape": list(shape), "budget_s": budget_s}) + "\n")
+                got["here"] += gemm_times(shape, budget_s, clock=clock)
+                child.stdin.write(json.dumps({"shape": list(shape), "budget_s": budget_s,
+                                              "clock": clock}) + "\n")
                 child.stdin.flush()
                 got["native"] += reply()["times"]
         child.stdin.close()
@@ -306,8 +323,8 @@ def _serve(threads_n: int) -> int:
     print(json.dumps({"architecture": scipy_lib and scipy_lib.architecture}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        print(json.dumps({"times": gemm_times(tuple(req["shape"]), req["budget_s"])}),
-              flush=True)
+        times = gemm_times(tuple(req["shape"]), req["budget_s"], clock=req["clock"])
+        print(json.dumps({"times": times}), flush=True)
     return 0
 
 

@@ -237,3 +237,18 @@ def test_facts_keep_the_verdict_when_the_measurement_fails(monkeypatch):
     assert "boom" in d["pin_cost_error"] and "GF/s" not in d["message"]
     notes = bk.header_lines(d)[1:]
     assert len(notes) == 2 and "boom" in notes[1]
+
+
+def test_thread_clock_needs_one_blas_thread():
+    # Check that CPU-time timing is refused at more than one BLAS thread (the other threads'
+    # work would be missing) and gives positive times at one; an unknown clock is refused.
+    import kernels
+    with kernels.num_threads(2):
+        if kernels.get_num_threads() == 2:
+            with pytest.raises(ValueError, match="1 BLAS thread"):
+                bk.gemm_times((16, 16, 16), 0.001, 2, clock="thread")
+    with kernels.num_threads(1):
+        times = bk.gemm_times((16, 16, 16), 0.001, 2, clock="thread")
+    assert len(times) >= 2 and all(t >= 0 for t in times)
+    with pytest.raises(ValueError, match="clock"):
+        bk.gemm_times((16, 16, 16), 0.001, 2, clock="cpu")
