@@ -161,8 +161,10 @@ def measure(blocks, dtypes, quick: bool, make_run: bool = True, epochs: int | No
     with tempfile.TemporaryDirectory(prefix="blasnet-numba-") as tmp:
         steps_dir, run_dir = os.path.join(tmp, "steps"), os.path.join(tmp, "run")
         t0 = time.perf_counter()
+        from kernels import blas_kernel
         data = dict(quick=quick, blocks=list(blocks), dtypes=list(dtypes),
                     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    blas=blas_kernel.facts(measure=False),
                     steps=measure_steps(blocks, dtypes, quick, steps_dir))
         echo(f"  [compile time] cold and warm steps after {time.perf_counter() - t0:.0f} s")
         if make_run:

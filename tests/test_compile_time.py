@@ -73,6 +73,7 @@ def test_quick_run_writes_the_json_and_the_table(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert data["quick"] is True and data["blocks"] == ["GMLP", "MLP"]
+    assert data["blas"]["libraries"] and "numba" in data["blas"]  # which kernels ran
     for mode in ("cold", "warm"):
         d = data["steps"][mode]
         assert d["import_s"] >= 0 and d["process_s"] >= d["total_s"] >= d["import_s"]
