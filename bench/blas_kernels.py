@@ -89,7 +89,8 @@ def main(argv=None) -> int:
     table = rows(run)
     print(format_table(report, run, table))
     if args.out:
-        args.out.write_text(json.dumps(dict(report=report.to_dict(), threads=run["threads"], clock=clock,
+        args.out.write_text(json.dumps(dict(report=report.to_dict(), threads=run["threads"],
+                                            clock=clock,
                                             native_architecture=run["native_architecture"],
                                             rows=table), indent=1))
     return 0

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = textwrap.dedent("""
-    import json, sys, types
+    import json, sys
     sys.path.insert(0, {pkg!r})
     sys.path.insert(0, {root!r})
     import probe_kernels
