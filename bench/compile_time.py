@@ -15,7 +15,8 @@ each bench block in float32 and then float64, in that order (a kernel shared by 
 compiled in the first one's step), and the median of the next few (the steady step). The first
 step minus the steady one is its first-use cost. The processes also count, over every numba
 dispatcher in kernels/ and engine/, the compiled specialisations and the cache hits/misses
-(what tells cold from warm, whatever the times). Then ``make run`` (``python -m engine
+(what tells cold from warm, whatever the times), and the seconds numba spent compiling, per
+kernel (its "numba:compile" events). Then ``make run`` (``python -m engine
 train``, the thread setting as given) as a whole process, cold and warm, on its own fresh
 cache directory. Python's own
 bytecode caches are as they are in both (a fresh clone also compiles its .py files once).
@@ -69,6 +70,42 @@ def numba_counts() -> dict:
     return counts
 
 
+def compile_recorder():
+    """A listener of numba's "numba:compile" events (one per compiled specialisation; a
+    kernel's compile encloses those of the helpers it calls), registered; or None without
+    numba. ``.report()``: the seconds spent compiling (outermost events), how many functions
+    were compiled (numba's own overloads that a kernel needs included) and the slowest, each
+    with its inclusive seconds. Loading from the disk cache raises no such event."""
+    if "numba" not in sys.modules:
+        return None
+    from numba.core import event
+
+    class Recorder(event.Listener):
+        def __init__(self):
+            self.open, self.total, self.by_kernel = [], 0.0, {}
+
+        def on_start(self, ev):
+            self.open.append(time.perf_counter())
+
+        def on_end(self, ev):
+            seconds = time.perf_counter() - self.open.pop()
+            if not self.open:
+                self.total += seconds
+            disp = ev.data.get("dispatcher") if isinstance(ev.data, dict) else None
+            py = getattr(disp, "py_func", None)
+            name = f"{py.__module__}.{py.__qualname__}" if py else str(disp)
+            self.by_kernel[name] = self.by_kernel.get(name, 0.0) + seconds
+
+        def report(self, top: int = 10) -> dict:
+            slowest = sorted(self.by_kernel.items(), key=lambda kv: -kv[1])[:top]
+            return dict(compile_s=self.total, functions_compiled=len(self.by_kernel),
+                        slowest=[[k, v] for k, v in slowest])
+
+    recorder = Recorder()
+    event.register("numba:compile", recorder)
+    return recorder
+
+
 def _tiny_shape(block: str):
     from bench import cases
     if cases.bench_block(block).kind == "MLP":
@@ -82,6 +119,8 @@ def child(blocks, dtypes, quick: bool) -> dict:
     t0 = clock()
     import engine  # noqa: F401  (timed: the engine, kernels, numpy, scipy, numba)
     import_s = clock() - t0
+    # After the import (so that it is timed alone): a kernel compiled at import is in import_s.
+    recorder = compile_recorder()
     import numpy as np
 
     from bench import cases
@@ -104,7 +143,10 @@ def child(blocks, dtypes, quick: bool) -> dict:
             steps.append(dict(block=block, dtype=dtype, shape=shape.name, build_s=build_s,
                               first_s=times[0], steady_s=statistics.median(times[1:])))
     total = import_s + sum(s["build_s"] + s["first_s"] for s in steps)
-    return dict(import_s=import_s, steps=steps, total_s=total, numba=numba_counts(),
+    counts = numba_counts()
+    counts.update(recorder.report() if recorder else dict(compile_s=0.0, functions_compiled=0,
+                                                           slowest=[]))
+    return dict(import_s=import_s, steps=steps, total_s=total, numba=counts,
                 jit_disabled=os.environ.get("NUMBA_DISABLE_JIT") not in (None, "", "0"))
 
 
@@ -203,8 +245,12 @@ def format_table(data: dict) -> str:
         n = d["numba"]
         lines.append(f"numba, {mode}: {n['dispatchers']} kernels, {n['signatures']} compiled "
                      f"specialisations, cache hits {n['cache_hits']}, misses "
-                     f"{n['cache_misses']}" + (" (NUMBA_DISABLE_JIT set)"
-                                               if d.get("jit_disabled") else ""))
+                     f"{n['cache_misses']}; {n.get('compile_s', 0.0):.2f} s compiling"
+                     + (" (NUMBA_DISABLE_JIT set)" if d.get("jit_disabled") else ""))
+    slowest = cold["numba"].get("slowest") or []
+    if slowest:
+        lines.append("slowest compiles, cold (s, a kernel's own helpers included): " + ", ".join(
+            f"{name.rsplit('.', 1)[-1]} {sec:.2f}" for name, sec in slowest[:6]))
     if "make_run" in data:
         r = data["make_run"]
         lines.append(f"make run ({r['command']}), whole process: cold {r['cold_s']:.2f} s, "

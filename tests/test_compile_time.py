@@ -22,9 +22,10 @@ PROBE = textwrap.dedent("""
     # Registered as a kernels.* module: what compile_time counts.
     sys.modules["kernels.probe_kernels"] = probe_kernels
     import numpy as np
-    probe_kernels.add_one(np.ones(3, np.float32))
     from bench import compile_time
-    print(json.dumps(compile_time.numba_counts()))
+    recorder = compile_time.compile_recorder()
+    probe_kernels.add_one(np.ones(3, np.float32))
+    print(json.dumps(dict(compile_time.numba_counts(), **recorder.report())))
 """)
 
 
@@ -47,9 +48,10 @@ def _probe(tmp_path, cache_dir):
 @pytest.mark.slow
 def test_fresh_cache_dir_compiles_cold_then_loads_warm(tmp_path):
     # Check the premise of the cold/warm runs: with the in-tree cache filled (no
-    # NUMBA_CACHE_DIR), a process on an empty NUMBA_CACHE_DIR still compiles (a miss, no hit),
-    # and a second one on the same directory loads the kernel (a hit, no miss); and that the
-    # counts see the dispatcher of a kernels.* module with its one specialisation.
+    # NUMBA_CACHE_DIR), a process on an empty NUMBA_CACHE_DIR still compiles (a miss, no hit,
+    # one compile event), and a second one on the same directory loads the kernel (a hit, no
+    # miss, no compile); and that the counts see the dispatcher of a kernels.* module with its
+    # one specialisation.
     first = _probe(tmp_path, None)
     assert first["dispatchers"] == 1 and first["signatures"] == 1
     assert any(p.suffix == ".nbi" for p in (tmp_path / "pkg").rglob("*"))  # in-tree cache
@@ -57,8 +59,13 @@ def test_fresh_cache_dir_compiles_cold_then_loads_warm(tmp_path):
     cache = tmp_path / "fresh"
     cold = _probe(tmp_path, cache)
     assert (cold["cache_hits"], cold["cache_misses"]) == (0, 1)
+    # numba's compile events name the kernel, first (its time includes numba's own helpers
+    # that it compiles, listed after it)
+    assert cold["functions_compiled"] >= 1 and cold["slowest"][0][0] == "probe_kernels.add_one"
+    assert cold["compile_s"] > 0
     warm = _probe(tmp_path, cache)
     assert (warm["cache_hits"], warm["cache_misses"]) == (1, 0)
+    assert warm["functions_compiled"] == 0 and warm["compile_s"] == 0
 
 
 @pytest.mark.slow
@@ -80,9 +87,12 @@ def test_quick_run_writes_the_json_and_the_table(tmp_path):
         assert [(s["block"], s["dtype"]) for s in d["steps"]] == [("GMLP", "float32"),
                                                                  ("MLP", "float32")]
         assert all(s["first_s"] >= 0 and s["steady_s"] >= 0 for s in d["steps"])
-        assert set(d["numba"]) == {"dispatchers", "signatures", "cache_hits", "cache_misses"}
+        assert set(d["numba"]) >= {"dispatchers", "signatures", "cache_hits", "cache_misses",
+                                   "compile_s", "functions_compiled", "slowest"}
+        assert d["numba"]["compile_s"] >= 0
     # Whatever the engine compiles, the warm process compiles none of it again.
-    assert data["steps"]["warm"]["numba"]["cache_misses"] == 0
+    warm = data["steps"]["warm"]["numba"]
+    assert warm["cache_misses"] == 0 and warm["functions_compiled"] == 0
     run = data["make_run"]
     assert run["epochs"] == 2 and run["cold_s"] > 0 and run["warm_s"] > 0
     for label in ("import engine", "GMLP float32 (tiny)", "MLP float32 (tiny)", "make run"):
