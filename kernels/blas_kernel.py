@@ -301,7 +301,7 @@ class PinCost:
         return self.native_gfs / self.pinned_gfs
 
 
-def pin_cost(shape=RATE_SHAPE, rounds: int = 3, budget_s: float = 0.25) -> PinCost:
+def pin_cost(shape=RATE_SHAPE, rounds: int = 3, budget_s: float = 0.1) -> PinCost:
     """``compare`` at one shape, as GF/s of each side's fastest call."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     run = compare([shape], rounds, budget_s)
