@@ -49,16 +49,16 @@ STEP_THREADS = 1
 
 
 # ----------------------------------------------------------------------------- child
-def numba_counts() -> dict:
-    """Over every numba dispatcher held by a loaded kernels.* or engine.* module: how many,
-    their compiled specialisations, and the disk-cache hits and misses of this process."""
+def numba_counts(packages=("kernels", "engine")) -> dict:
+    """Over every numba dispatcher held by a loaded module of ``packages``: how many, their
+    compiled specialisations, and the disk-cache hits and misses of this process."""
     counts = dict(dispatchers=0, signatures=0, cache_hits=0, cache_misses=0)
     if "numba" not in sys.modules:
         return counts
     from numba.core.dispatcher import Dispatcher
     seen = set()
     for name, mod in list(sys.modules.items()):
-        if not (name.split(".")[0] in ("kernels", "engine") and mod is not None):
+        if not (name.split(".")[0] in packages and mod is not None):
             continue
         for obj in list(vars(mod).values()):
             if isinstance(obj, Dispatcher) and id(obj) not in seen:
