@@ -216,7 +216,7 @@ def test_bench_kernel_table_runs_on_a_tiny_shape(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bench.blas_kernels", "16x8x24", "8x8x8",
                           "--rounds", "1", "--budget", "0.005", "--out", str(tmp_path / "k.json")],
                          capture_output=True, text=True, timeout=120,
-                         cwd=str(Path(__file__).resolve().parents[1]))
+                         cwd=str(Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr
     assert "16x8x24" in out.stdout and "8x8x8" in out.stdout
     rows = json.loads((tmp_path / "k.json").read_text())["rows"]
