@@ -28,6 +28,7 @@ __all__ = ["Activation", "REGISTRY", "ACTIVATIONS"]
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _GT_K = math.sqrt(2.0 / math.pi)   # gelu_tanh: u = _GT_K z + _GT_KC z^3
 _GT_KC = _GT_K * 0.044715
+_GT_ZMAX = 30.0
 _MISH_HI = 20.0                    # tanh(softplus(z)) and mish' round to 1 above (float64 too)
 
 
@@ -81,7 +82,10 @@ def gelu_tanh_d(z, slope):
     e = exp(-abs(u2))
     r = 1.0 / (1.0 + e)
     s = r if u2 >= 0.0 else e * r
-    return s + z * (e * r * r) * (2.0 * _GT_K + 6.0 * _GT_KC * z * z)
+    # z u' with z clamped to [-30, 30]: beyond, e is exactly 0 (also in float64), and the
+    # unclamped z^3 would overflow float32 into inf * 0.
+    zc = _GT_ZMAX if z > _GT_ZMAX else (-_GT_ZMAX if z < -_GT_ZMAX else z)
+    return s + zc * (e * r * r) * (2.0 * _GT_K + 6.0 * _GT_KC * zc * zc)
 
 
 def silu(z, slope):
