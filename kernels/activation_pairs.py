@@ -30,6 +30,7 @@ _GT_K = math.sqrt(2.0 / math.pi)   # gelu_tanh: u = _GT_K z + _GT_KC z^3
 _GT_KC = _GT_K * 0.044715
 _GT_ZMAX = 30.0
 _MISH_HI = 20.0                    # tanh(softplus(z)) and mish' round to 1 above (float64 too)
+_MISH_LO = -1000.0                 # exp(z) is 0 below (float64 too)
 
 
 # ----------------------------------------------------------------------------- pairs
@@ -138,16 +139,18 @@ def relu2_d(z, slope):
 # Mish, z tanh(softplus(z)) (Misra 2019). With e = exp(z): tanh(softplus(z)) = n / q,
 # n = e (e + 2), q = n + 2, and mish' = n/q + z sigmoid(z) (1 - (n/q)^2) = n/q + 4 z e (1 + e) / q^2.
 # z is clamped above at _MISH_HI for exp (no overflow) and in the second term, which is
-# below the rounding of 1 there.
+# below the rounding of 1 there; and below at _MISH_LO, where e, and so both terms, are
+# exactly 0 in either dtype: mish(-inf) and mish'(-inf) are then their limit 0, not inf * 0.
 def mish(z, slope):
     zc = _MISH_HI if z > _MISH_HI else z
     e = exp(zc)
     n = e * (e + 2.0)
-    return z * (n / (n + 2.0))
+    zl = _MISH_LO if z < _MISH_LO else z
+    return zl * (n / (n + 2.0))
 
 
 def mish_d(z, slope):
-    zc = _MISH_HI if z > _MISH_HI else z
+    zc = _MISH_HI if z > _MISH_HI else (_MISH_LO if z < _MISH_LO else z)
     e = exp(zc)
     n = e * (e + 2.0)
     q = n + 2.0
