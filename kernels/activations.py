@@ -97,10 +97,14 @@ def _mul_ip(dh, g, i0, i1, slope):
 _SUM_ROWS = 32
 
 
+# The column-sum loops index flat views with unsigned offsets: numba adds a negative-index
+# fix-up to signed indices it cannot prove non-negative, and that stops the vectoriser.
 @jit
 def _mul_db(dz, dh, g, db, acc, part, j0, j1, slope):
     """dz = dh * g and db += dz.sum(0) over columns [j0, j1), in row order per column."""
-    n, m = g.shape[0], j1 - j0
+    n, d = g.shape
+    m = j1 - j0
+    dzf, dhf, gf = dz.reshape(-1), dh.reshape(-1), g.reshape(-1)
     accs, parts = acc[j0:j1], part[j0:j1]
     for j in range(m):
         accs[j] = 0.0
@@ -108,10 +112,11 @@ def _mul_db(dz, dh, g, db, acc, part, j0, j1, slope):
         for j in range(m):
             parts[j] = 0.0
         for i in range(r0, min(r0 + _SUM_ROWS, n)):
-            dzi, dhi, gi = dz[i, j0:j1], dh[i, j0:j1], g[i, j0:j1]
+            base = np.uint64(i * d + j0)
             for j in range(m):
-                v = dhi[j] * gi[j]
-                dzi[j] = v
+                k = base + np.uint64(j)
+                v = dhf[k] * gf[k]
+                dzf[k] = v
                 parts[j] += v
         for j in range(m):
             accs[j] += parts[j]
@@ -123,7 +128,9 @@ def _mul_db(dz, dh, g, db, acc, part, j0, j1, slope):
 @jit
 def _mul_ip_db(dh, g, db, acc, part, j0, j1, slope):
     """dh *= g and db += dh.sum(0) over columns [j0, j1), in row order per column."""
-    n, m = g.shape[0], j1 - j0
+    n, d = g.shape
+    m = j1 - j0
+    dhf, gf = dh.reshape(-1), g.reshape(-1)
     accs, parts = acc[j0:j1], part[j0:j1]
     for j in range(m):
         accs[j] = 0.0
@@ -131,10 +138,11 @@ def _mul_ip_db(dh, g, db, acc, part, j0, j1, slope):
         for j in range(m):
             parts[j] = 0.0
         for i in range(r0, min(r0 + _SUM_ROWS, n)):
-            dhi, gi = dh[i, j0:j1], g[i, j0:j1]
+            base = np.uint64(i * d + j0)
             for j in range(m):
-                v = dhi[j] * gi[j]
-                dhi[j] = v
+                k = base + np.uint64(j)
+                v = dhf[k] * gf[k]
+                dhf[k] = v
                 parts[j] += v
         for j in range(m):
             accs[j] += parts[j]
@@ -196,7 +204,14 @@ def _no_bias(d, dtype):
 
 
 def _same(a, b):
-    """True when a and b are the same memory (same start; shapes and dtypes already match)."""
+    """On the hot path: True when output a is input b itself. Callers pass an output that is
+    the input or does not overlap it (the checked API refuses partial overlaps), so a bounds
+    check is enough (cheaper than reading the data pointers)."""
+    return a is b or np.may_share_memory(a, b)
+
+
+def _same_start(a, b):
+    """True when a and b start at the same address (shapes and dtypes already match)."""
     return a is b or a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
@@ -302,7 +317,7 @@ def _check_slope(negative_slope):
 
 def _check_alias(out_name, out, in_name, x):
     """An output may be an input itself, but must not partly overlap it."""
-    if np.may_share_memory(out, x) and not (out.shape == x.shape and _same(out, x)):
+    if np.may_share_memory(out, x) and not (out.shape == x.shape and _same_start(out, x)):
         raise ValueError(f"{out_name}: must be {in_name} itself or not overlap it")
 
 

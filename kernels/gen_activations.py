@@ -31,6 +31,9 @@ __all__ = ["generate", "main", "PATH", "KERNEL_NAMES"]
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_activation_kernels.py")
 DTYPES = (("f32", "np.float32"), ("f64", "np.float64"))
 
+# Flat loops are sliced so their index starts at 0 and the column-sum loops use unsigned
+# offsets: numba adds a negative-index fix-up to signed indices it cannot prove
+# non-negative, and that stops the vectoriser.
 # What each generated kernel computes, in the order of the Kernels tuple. ``v`` is the
 # element, F and D the pair; rows [i0, i1) (flat: elements i0*d .. i1*d) or columns [j0, j1).
 KERNEL_NAMES = ("fwd", "fwd_ip", "fwd_gz", "bwd", "bwd_ip", "bwd_db", "bwd_ip_db", "glu")
@@ -90,7 +93,9 @@ def bwd_ip_{a}_{t}(dh, z, i0, i1, slope):
 def bwd_db_{a}_{t}(dz, dh, z, db, acc, part, j0, j1, slope):
     """dz = dh act'(z) and db += dz.sum(0) over columns [j0, j1): each column summed in blocks of
     ROWS rows in the dtype (part), the block sums in float64 (acc), all in row order."""{cast}
-    n, m = z.shape[0], j1 - j0
+    n, d = z.shape
+    m = j1 - j0
+    dzf, dhf, zf = dz.reshape(-1), dh.reshape(-1), z.reshape(-1)
     accs, parts = acc[j0:j1], part[j0:j1]
     for j in range(m):
         accs[j] = 0.0
@@ -98,10 +103,11 @@ def bwd_db_{a}_{t}(dz, dh, z, db, acc, part, j0, j1, slope):
         for j in range(m):
             parts[j] = 0.0
         for i in range(r0, min(r0 + ROWS, n)):
-            dzi, dhi, zi = dz[i, j0:j1], dh[i, j0:j1], z[i, j0:j1]
+            base = np.uint64(i * d + j0)
             for j in range(m):
-                v = dhi[j] * {D}(zi[j], slope)
-                dzi[j] = v
+                k = base + np.uint64(j)
+                v = dhf[k] * {D}(zf[k], slope)
+                dzf[k] = v
                 parts[j] += v
         for j in range(m):
             accs[j] += parts[j]
@@ -114,7 +120,9 @@ def bwd_db_{a}_{t}(dz, dh, z, db, acc, part, j0, j1, slope):
 def bwd_ip_db_{a}_{t}(dh, z, db, acc, part, j0, j1, slope):
     """dh *= act'(z) and db += dh.sum(0) over columns [j0, j1): each column summed in blocks of
     ROWS rows in the dtype (part), the block sums in float64 (acc), all in row order."""{cast}
-    n, m = z.shape[0], j1 - j0
+    n, d = z.shape
+    m = j1 - j0
+    dhf, zf = dh.reshape(-1), z.reshape(-1)
     accs, parts = acc[j0:j1], part[j0:j1]
     for j in range(m):
         accs[j] = 0.0
@@ -122,10 +130,11 @@ def bwd_ip_db_{a}_{t}(dh, z, db, acc, part, j0, j1, slope):
         for j in range(m):
             parts[j] = 0.0
         for i in range(r0, min(r0 + ROWS, n)):
-            dhi, zi = dh[i, j0:j1], z[i, j0:j1]
+            base = np.uint64(i * d + j0)
             for j in range(m):
-                v = dhi[j] * {D}(zi[j], slope)
-                dhi[j] = v
+                k = base + np.uint64(j)
+                v = dhf[k] * {D}(zf[k], slope)
+                dhf[k] = v
                 parts[j] += v
         for j in range(m):
             accs[j] += parts[j]
