@@ -48,7 +48,7 @@ _E0, _E1, _E2, _E3, _E4, _E5, _E6 = (f32(c) for c in (
     0.04166339185888059, 0.008372236630622464, 0.0014136752540474717))
 
 
-@jit(inline="always")
+@jit
 def exp_f32(x):
     x = _EXP_HI if x > _EXP_HI else x
     x = _EXP_LO if x < _EXP_LO else x
@@ -86,7 +86,7 @@ _TQ1, _TQ2, _TQ3, _TQ4 = (f32(c) for c in (
 _ONE = f32(1.0)
 
 
-@jit(inline="always")
+@jit
 def tanh_f32(x):
     a = abs(x)
     s = a * a
@@ -121,7 +121,7 @@ _T0, _T1, _T2, _T3, _T4, _T5, _T6, _T7, _T8 = (f32(c) for c in (
 _MHALF = f32(-0.5)
 
 
-@jit(inline="always")
+@jit
 def ndtr_f32(z):
     s = abs(z)
     t = _TA / (_TA + s)
@@ -142,17 +142,17 @@ def ndtr_f32(z):
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
-@jit(inline="always")
+@jit
 def exp_f64(x):
     return np.exp(x)       # inf past the overflow (math.exp raises there when run as Python)
 
 
-@jit(inline="always")
+@jit
 def tanh_f64(x):
     return np.tanh(x)
 
 
-@jit(inline="always")
+@jit
 def ndtr_f64(z):
     return 0.5 * math.erfc(-z * _INV_SQRT2)  # erfc: no 1 + erf cancellation in the left tail
 
