@@ -207,6 +207,16 @@ def _constants(module) -> dict:
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+_F32_CONSTANTS: dict = {}  # value -> name of its np.float32 module constant, in first-use order
+
+
+def _f32_constant(v: float) -> str:
+    name = _F32_CONSTANTS.get(v)
+    if name is None:
+        name = _F32_CONSTANTS[v] = f"_C{len(_F32_CONSTANTS)}"
+    return name
+
+
 class _Rewrite(ast.NodeTransformer):
     """A pair's function body for one dtype (see the module docstring)."""
 
@@ -215,8 +225,8 @@ class _Rewrite(ast.NodeTransformer):
         self.locals: set = set()
 
     def _number(self, v: float):
-        if self.i == 0:
-            return ast.parse(f"np.float32({float(v)!r})", mode="eval").body
+        if self.i == 0:  # a module constant: numba types a global at once, a call costs more
+            return ast.Name(_f32_constant(float(v)), ast.Load())
         return ast.Constant(float(v))
 
     def visit_Constant(self, node):
@@ -318,7 +328,8 @@ def _expand(text: str, entry, dtype_index: int) -> str:
 
 def generate() -> str:
     """The text of kernels/_activation_kernels.py for the current pairs."""
-    out = [_HEADER.format(digest=_digest(), names=KERNEL_NAMES)]
+    _F32_CONSTANTS.clear()
+    out = []
     table = []
     for name, entry in P.REGISTRY.items():
         out.append(f"\n\n# {'-' * 77} {name}")
@@ -329,7 +340,9 @@ def generate() -> str:
                          + ", ".join(f"{k}_{name}_{t}" for k in KERNEL_NAMES) + "),")
     out.append("\n\n\n# (name, dtype) -> the kernels of that activation\nKERNELS = {\n"
                + "\n".join(table) + "\n}\n")
-    return "".join(out)
+    consts = "".join(f"{n} = np.float32({v!r})\n" for v, n in _F32_CONSTANTS.items())
+    return (_HEADER.format(digest=_digest(), names=KERNEL_NAMES)
+            + "\n# float32 constants of the pairs\n" + consts + "".join(out))
 
 
 def main(argv=None) -> int:
