@@ -64,12 +64,18 @@ def test_untranslatable_pair_is_an_error(tmp_path, monkeypatch, body, words):
 
 
 def test_float32_constants_stay_float32():
-    # Check that the float32 translation wraps every constant (a Python float would promote
-    # the whole expression to float64) and maps the primitives to their float32 versions.
+    # Check that the float32 translation turns every constant into a float32 module constant
+    # (a Python float would promote the whole expression to float64), maps the primitives to
+    # their float32 versions, and that the generated module defines those constants.
+    import re as _re
+    from kernels import _activation_kernels as K
     src = G._scalar(A.REGISTRY["gelu"].derivative, "_d_probe_f32", 0)
-    assert "np.float32(0.5)" in src and "fm.ndtr_f32" in src and "fm.exp_f32" in src
+    assert "fm.ndtr_f32" in src and "fm.exp_f32" in src
+    assert not _re.search(r"(?<![\w.])\d", src.replace("_d_probe_f32", "")), src  # no literal
+    for name in _re.findall(r"_C\d+", src):
+        assert type(getattr(K, name)) is np.float32
     src64 = G._scalar(A.REGISTRY["gelu"].derivative, "_d_probe_f64", 1)
-    assert "np.float32" not in src64 and "fm.ndtr_f64" in src64
+    assert "_C" not in src64 and "0.5" in src64 and "fm.ndtr_f64" in src64
 
 
 def _fresh(kernel):
