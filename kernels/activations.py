@@ -108,9 +108,8 @@ def _mul_db(dz, dh, g, db, acc, part, j0, j1, slope):
     accs, parts = acc[j0:j1], part[j0:j1]
     for j in range(m):
         accs[j] = 0.0
+        parts[j] = 0.0
     for r0 in range(0, n, _SUM_ROWS):
-        for j in range(m):
-            parts[j] = 0.0
         for i in range(r0, min(r0 + _SUM_ROWS, n)):
             base = np.uint64(i * d + j0)
             for j in range(m):
@@ -120,6 +119,7 @@ def _mul_db(dz, dh, g, db, acc, part, j0, j1, slope):
                 parts[j] += v
         for j in range(m):
             accs[j] += parts[j]
+            parts[j] = 0.0
     dbs = db[j0:j1]
     for j in range(m):
         dbs[j] += accs[j]
@@ -134,9 +134,8 @@ def _mul_ip_db(dh, g, db, acc, part, j0, j1, slope):
     accs, parts = acc[j0:j1], part[j0:j1]
     for j in range(m):
         accs[j] = 0.0
+        parts[j] = 0.0
     for r0 in range(0, n, _SUM_ROWS):
-        for j in range(m):
-            parts[j] = 0.0
         for i in range(r0, min(r0 + _SUM_ROWS, n)):
             base = np.uint64(i * d + j0)
             for j in range(m):
@@ -146,19 +145,22 @@ def _mul_ip_db(dh, g, db, acc, part, j0, j1, slope):
                 parts[j] += v
         for j in range(m):
             accs[j] += parts[j]
+            parts[j] = 0.0
     dbs = db[j0:j1]
     for j in range(m):
         dbs[j] += accs[j]
 
 
 @jit
-def _add_rows(z, b, i0, i1, slope):
-    """z += b in every row of [i0, i1)."""
+def _copy_bias(dst, z, b, i0, i1, slope):
+    """z += b and dst = z in every row of [i0, i1)."""
     d = z.shape[1]
     for i in range(i0, i1):
-        zi = z[i]
+        zi, di = z[i], dst[i]
         for j in range(d):
-            zi[j] = zi[j] + b[j]
+            v = zi[j] + b[j]
+            zi[j] = v
+            di[j] = v
 
 
 # ----------------------------------------------------------------------------- runners
@@ -221,12 +223,21 @@ def _sums(d, dtype):
 
 
 # ----------------------------------------------------------------------------- unchecked cores
+def _copy_in(dst, z, bias, n, d):
+    """dst = z (+ bias, added into z too): the first pass of the combinations without a
+    kernel of their own."""
+    if bias is None:
+        np.copyto(dst, z)
+    else:
+        _rows(_copy_bias, n, d, 0.0, dst, z, bias)
+
+
 def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01, grad=None):
     """``bias_act_forward`` without argument checks (hot path): the caller guarantees 2-D
     C-contiguous ``h``, ``z`` (and ``grad``, or None) of one shape and dtype (float32/float64),
     ``bias`` of shape (d,) or None, a registered ``act`` and a Python float ``negative_slope``.
-    One pass when h is z (no grad), when grad is z, or when h is separate and there is no
-    bias nor grad; the other combinations add the bias and copy z first."""
+    One pass when h is z (no grad) or grad is z; otherwise z (+ bias) is first copied into
+    the output the act is then computed over in place."""
     n, d = z.shape
     if n == 0 or d == 0:
         return h
@@ -236,37 +247,36 @@ def bias_act_forward_unchecked(h, z, bias=None, act="relu", negative_slope=0.01,
         if _same(h, z):
             _rows(kern.fwd_ip, n, d, s, z, _no_bias(d, z.dtype) if bias is None else bias)
         else:
-            if bias is not None:
-                _rows(_add_rows, n, d, s, z, bias)
-            _rows(kern.fwd, n, d, s, h, z)
+            _copy_in(h, z, bias, n, d)
+            _rows(kern.fwd_ip, n, d, s, h, _no_bias(d, z.dtype))
     elif _same(grad, z):
         _rows(kern.fwd_gz, n, d, s, h, z, _no_bias(d, z.dtype) if bias is None else bias)
     else:  # grad separate: z (+ bias) into grad, then act into h and act' over grad
-        if bias is not None:
-            _rows(_add_rows, n, d, s, z, bias)
-        np.copyto(grad, z)
+        _copy_in(grad, z, bias, n, d)
         _rows(kern.fwd_gz, n, d, s, h, grad, _no_bias(d, z.dtype))
     return h
 
 
 def act_backward_unchecked(dz, dh, z, act="relu", negative_slope=0.01, h=None, db=None):
     """``act_backward`` without argument checks (hot path); same guarantees as
-    ``bias_act_forward_unchecked`` for ``dz``, ``dh``, ``z``, and ``db`` (d,) or None."""
+    ``bias_act_forward_unchecked`` for ``dz``, ``dh``, ``z``, and ``db`` (d,) or None. One
+    pass when dz is dh; otherwise dh is first copied into dz (or, when dz is z, into
+    scratch)."""
     n, d = z.shape
     if n == 0 or d == 0:
         return dz
     kern = kernels_for(act, z.dtype)
-    s = negative_slope
-    inplace = _same(dz, dh)
+    out = dz
+    if not _same(dz, dh):
+        if _same(dz, z):  # z is still needed: work in scratch, then copy over z
+            out = _scratch("activations.dz", (n, d), z.dtype)
+        np.copyto(out, dh)
     if db is None:
-        if inplace:
-            _rows(kern.bwd_ip, n, d, s, dh, z)
-        else:  # dz may be z: the loop then runs unvectorised (LLVM's overlap check), still right
-            _rows(kern.bwd, n, d, s, dz, dh, z)
-    elif inplace:
-        _cols(kern.bwd_ip_db, n, d, s, dh, z, db, *_sums(d, z.dtype))
+        _rows(kern.bwd_ip, n, d, negative_slope, out, z)
     else:
-        _cols(kern.bwd_db, n, d, s, dz, dh, z, db, *_sums(d, z.dtype))
+        _cols(kern.bwd_ip_db, n, d, negative_slope, out, z, db, *_sums(d, z.dtype))
+    if out is not dz:
+        np.copyto(dz, out)
     return dz
 
 

@@ -35,22 +35,15 @@ DTYPES = (("f32", "np.float32"), ("f64", "np.float64"))
 # Flat loops are sliced so their index starts at 0 and the column-sum loops use unsigned
 # offsets: numba adds a negative-index fix-up to signed indices it cannot prove
 # non-negative, and that stops the vectoriser.
-# What each generated kernel computes, in the order of the Kernels tuple. ``v`` is the
-# element, F and D the pair; rows [i0, i1) (flat: elements i0*d .. i1*d) or columns [j0, j1).
-KERNEL_NAMES = ("fwd", "fwd_ip", "fwd_gz", "bwd", "bwd_ip", "bwd_db", "bwd_ip_db", "glu")
+# The generated kernels, in the order of the Kernels tuple: the in-place forward, the forward
+# with act' cached over z, the in-place backward alone and with the bias-gradient sum, and
+# the GLU forward. Each aliasing case has its own loop (one that reads an array and writes
+# it through a second argument fails LLVM's overlap check and runs scalar); the other
+# combinations copy first (kernels.activations), which keeps the count, and so the cold
+# compile time, down.
+KERNEL_NAMES = ("fwd_ip", "fwd_gz", "bwd_ip", "bwd_ip_db", "glu")
 
 _TEMPLATE = '''
-@jit
-def fwd_{a}_{t}(h, z, i0, i1, slope):
-    """h = act(z), rows [i0, i1)."""{cast}
-    d = z.shape[1]
-    hf, zf = h.reshape(-1)[i0 * d:i1 * d], z.reshape(-1)[i0 * d:i1 * d]
-    for k in range(zf.size):
-        v = zf[k]
-        @F(v) -> a
-        hf[k] = a
-
-
 @jit
 def fwd_ip_{a}_{t}(z, b, i0, i1, slope):
     """z = act(z + b), rows [i0, i1)."""{cast}
@@ -78,18 +71,6 @@ def fwd_gz_{a}_{t}(h, z, b, i0, i1, slope):
 
 
 @jit
-def bwd_{a}_{t}(dz, dh, z, i0, i1, slope):
-    """dz = dh act'(z), rows [i0, i1)."""{cast}
-    d = z.shape[1]
-    dzf, dhf = dz.reshape(-1)[i0 * d:i1 * d], dh.reshape(-1)[i0 * d:i1 * d]
-    zf = z.reshape(-1)[i0 * d:i1 * d]
-    for k in range(zf.size):
-        v = zf[k]
-        @D(v) -> g
-        dzf[k] = dhf[k] * g
-
-
-@jit
 def bwd_ip_{a}_{t}(dh, z, i0, i1, slope):
     """dh *= act'(z), rows [i0, i1)."""{cast}
     d = z.shape[1]
@@ -98,35 +79,6 @@ def bwd_ip_{a}_{t}(dh, z, i0, i1, slope):
         v = zf[k]
         @D(v) -> g
         dhf[k] = dhf[k] * g
-
-
-@jit
-def bwd_db_{a}_{t}(dz, dh, z, db, acc, part, j0, j1, slope):
-    """dz = dh act'(z) and db += dz.sum(0) over columns [j0, j1): each column summed in blocks of
-    ROWS rows in the dtype (part), the block sums in float64 (acc), all in row order."""{cast}
-    n, d = z.shape
-    m = j1 - j0
-    dzf, dhf, zf = dz.reshape(-1), dh.reshape(-1), z.reshape(-1)
-    accs, parts = acc[j0:j1], part[j0:j1]
-    for j in range(m):
-        accs[j] = 0.0
-    for r0 in range(0, n, ROWS):
-        for j in range(m):
-            parts[j] = 0.0
-        for i in range(r0, min(r0 + ROWS, n)):
-            base = np.uint64(i * d + j0)
-            for j in range(m):
-                k = base + np.uint64(j)
-                x = zf[k]
-                @D(x) -> g
-                v = dhf[k] * g
-                dzf[k] = v
-                parts[j] += v
-        for j in range(m):
-            accs[j] += parts[j]
-    dbs = db[j0:j1]
-    for j in range(m):
-        dbs[j] += accs[j]
 
 
 @jit
@@ -139,9 +91,8 @@ def bwd_ip_db_{a}_{t}(dh, z, db, acc, part, j0, j1, slope):
     accs, parts = acc[j0:j1], part[j0:j1]
     for j in range(m):
         accs[j] = 0.0
+        parts[j] = 0.0
     for r0 in range(0, n, ROWS):
-        for j in range(m):
-            parts[j] = 0.0
         for i in range(r0, min(r0 + ROWS, n)):
             base = np.uint64(i * d + j0)
             for j in range(m):
@@ -153,6 +104,7 @@ def bwd_ip_db_{a}_{t}(dh, z, db, acc, part, j0, j1, slope):
                 parts[j] += v
         for j in range(m):
             accs[j] += parts[j]
+            parts[j] = 0.0
     dbs = db[j0:j1]
     for j in range(m):
         dbs[j] += accs[j]
