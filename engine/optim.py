@@ -519,7 +519,9 @@ def clip_grad_norm(params, max_norm: float, error_if_nonfinite: bool = False) ->
     """Scale the gradients of ``params`` in place so that their global L2 norm is at most
     ``max_norm``; return the norm before clipping (as ``torch.nn.utils.clip_grad_norm_``).
 
-    The norm is a sum of ``np.dot`` over the flat gradient arenas: no temporaries."""
+    The norm and the scaling are compiled passes over the flat gradient arenas
+    (``kernels.optim.sum_of_squares`` and ``scale_``): no temporaries, and the norm's bits do
+    not depend on the thread count."""
     plist = _collect_params("params", params)
     flats = [a.grad[lo:hi] for a, lo, hi, _, _ in runs(plist)]
     if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real):
@@ -527,16 +529,12 @@ def clip_grad_norm(params, max_norm: float, error_if_nonfinite: bool = False) ->
     if not float(max_norm) > 0.0:  # also rejects NaN; +inf means "only measure"
         raise ValueError(f"max_norm: expected a number > 0, got {max_norm!r}")
     max_norm = float(max_norm)
-    total_sq = 0.0
-    for g in flats:  # one BLAS dot per run of the arenas, accumulated in double
-        total_sq += float(np.dot(g, g))
-    total = math.sqrt(total_sq)
+    total = math.sqrt(_kopt.sum_of_squares(flats))
     if not math.isfinite(total):
         if error_if_nonfinite:
             raise FloatingPointError(f"clip_grad_norm: the total gradient norm is {total}")
         return total
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
-        for g in flats:
-            g *= coef
+        _kopt.scale_(flats, coef)
     return total

@@ -94,3 +94,13 @@ def test_bad_thread_variable_is_one_line_and_exit_2():
     assert p.returncode == 2 and p.stdout == ""
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "BLASNET_NUM_THREADS" in lines[0] and "'abc'" in lines[0]
+
+
+def test_license_text_ships_with_the_distribution():
+    # Check that the MIT text is in the installed distribution's files, naming the holders.
+    dist = md.distribution("blasnet")
+    assert dist.metadata.get("License-File") == "LICENSE"
+    names = [f for f in (dist.files or []) if f.name == "LICENSE"]
+    assert names, "no LICENSE among the distribution's files"
+    text = names[0].locate().read_text()
+    assert text.startswith("MIT License") and "the blasnet developers" in text
