@@ -720,7 +720,12 @@ class Module(metaclass=_ModuleMeta):
 
 
 def _defined_by(cls, name: str):
-    return next(c for c in cls.__mro__ if name in c.__dict__)
+    # A loop, not next() over a generator: a Ctrl-C arriving while the unfinished generator
+    # is closed would be raised inside its close() and swallowed ("Exception ignored").
+    for c in cls.__mro__:
+        if name in c.__dict__:
+            return c
+    raise AttributeError(f"{cls.__name__} has no attribute {name!r}")
 
 
 def describes_input(model) -> bool:
