@@ -229,10 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text the generated sample starts from (default: 'The ')")
     g.add_argument("--sample-length", type=_nonnegative_int, default=None, metavar="N",
                    help="characters to generate after the prompt (default: 300)")
-    sub.add_parser("info", help="print versions, BLAS libraries and thread counts",
-                   description="Print the versions of Python, numpy, scipy, threadpoolctl and "
-                               "blasnet, the BLAS/OpenMP libraries loaded with their thread "
-                               "counts, and the thread-related environment variables.")
+    sub.add_parser("info", help="print versions, BLAS libraries, kernels and thread counts",
+                   description="Print the versions of Python, numpy, scipy, threadpoolctl, "
+                               "numba and blasnet, the BLAS/OpenMP libraries loaded with the "
+                               "kernel each runs and its thread count, the CPU's best SIMD "
+                               "level, and the related environment variables. When "
+                               "OPENBLAS_CORETYPE holds OpenBLAS below what the CPU supports, "
+                               "one line says so with both kernels' sgemm rate, measured on "
+                               "the spot. Changes nothing.")
     return parser
 
 
@@ -702,13 +706,25 @@ def info(args) -> int:
     print(f"threadpoolctl  {threadpoolctl.__version__}", file=out)
     print(f"platform       {platform.platform()}, {os.cpu_count()} CPUs", file=out)
     print(f"engine GEMMs   scipy.linalg.blas, {kernels.get_num_threads()} thread(s)", file=out)
+    from kernels import blas_kernel
+    facts = blas_kernel.facts()  # times the pin's cost when there is one
     print("libraries (threadpoolctl):", file=out)
     for lib in kernels.blas_info():
+        level = blas_kernel.kernel_level(lib.get("architecture"))
+        kernel = f"{lib.get('architecture') or '?'}" + (f" ({level})" if level else "")
         print(f"  {lib.get('user_api', '?'):<7} {lib.get('internal_api', '?'):<9} "
-              f"{lib.get('version') or '?':<14} threads {lib.get('num_threads', '?'):<3} "
+              f"{lib.get('version') or '?':<14} kernel {kernel:<16} "
+              f"threads {lib.get('num_threads', '?'):<3} "
               f"shipped with {lib.get('owner', '?'):<6} {lib.get('filepath', '')}", file=out)
+    cpu = f"{facts['cpu']} ({facts['cpu_class']}-class kernels)" if facts["cpu"] else "unknown"
+    print(f"CPU SIMD       {cpu}; BLAS kernel verdict: {facts['verdict']}", file=out)
+    for line in blas_kernel.header_lines(facts)[1:]:  # the pin line, a failed measurement
+        print(line, file=out)
+    print(f"numba          {facts['numba']}, compiled kernels "
+          f"{'DISABLED (run as Python)' if facts['jit_disabled'] else 'enabled'}", file=out)
     print("environment:", file=out)
-    for var in (kernels.ENV_VAR, "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    for var in (kernels.ENV_VAR, "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                *blas_kernel.PIN_VARS, *blas_kernel.NOTED_VARS, "NUMBA_DISABLE_JIT"):
         print(f"  {var}={os.environ.get(var, '(unset)')}", file=out)
     return 0
 
