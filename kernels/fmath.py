@@ -23,7 +23,7 @@ import numpy as np
 
 from .jit import jit
 
-__all__ = ["exp", "tanh", "ndtr", "exp_f32", "tanh_f32", "ndtr_f32", "exp_f64", "tanh_f64",
+__all__ = ["EXP_MAX_REL_ERR_F32", "exp", "tanh", "ndtr", "exp_f32", "tanh_f32", "ndtr_f32", "exp_f64", "tanh_f64",
            "ndtr_f64", "PRIMITIVES"]
 
 f32 = np.float32
@@ -38,6 +38,8 @@ f32 = np.float32
 # results down in the denormals and up to the overflow come out right: x is clamped to
 # [-104, 89], beyond which exp rounds to 0 or overflows to inf anyway.
 _EXP_HI, _EXP_LO = f32(89.0), f32(-104.0)
+# Relative error bound over normal results, checked by tests/test_fmath.py and test_fastmath.py.
+EXP_MAX_REL_ERR_F32 = 1.5e-7
 _LOG2E = f32(1.4426950408889634)
 _LN2_HI = f32(0.693359375)             # 8 significant bits: n * _LN2_HI is exact
 _LN2_LO = f32(-2.1219444005469057e-04)  # ln 2 - _LN2_HI
