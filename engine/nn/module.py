@@ -22,8 +22,8 @@ from kernels import ops
 
 from .._checks import check_dtype, check_positive_int
 from .._checks import check_real as check_float
-from .arena import (Arena, Parameter, Workspace, adjacent_views, arena_layout_version,
-                    buffer_owner, bump_arena_layout, runs, shaped_like)
+from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
+                    arena_layout_version, bump_arena_layout, runs, shaped_like)
 from .rows import (INITS, as_rows, check_array, flat3, init_weight, make_rng, rows_of,
                    shaped)
 
@@ -253,7 +253,7 @@ class Module(metaclass=_ModuleMeta):
     def _workspace_ids(self):
         s = self._s
         s.ws_ids = frozenset(id(w) for _, m in self.named_modules() for w in m._workspaces())
-        s.ws_gen = arena_layout_version()
+        s.ws_gen = LAYOUT_VERSION[0]
         return s.ws_ids
 
     def _workspaces(self) -> list:
@@ -277,11 +277,11 @@ class Module(metaclass=_ModuleMeta):
         base = a.base
         if base is None:  # an array owning its memory is no view of a work buffer
             return
-        owner = buffer_owner(base)
-        if owner is not None:
+        hit = BUFFER_OWNERS.get(id(base))  # inline (a hot path): what buffer_owner() does
+        if hit is not None and hit[0]() is base:
             s = self._s
-            ids = s.ws_ids if s.ws_gen == arena_layout_version() else self._workspace_ids()
-            if id(owner) not in ids:
+            ids = s.ws_ids if s.ws_gen == LAYOUT_VERSION[0] else self._workspace_ids()
+            if id(hit[1]()) not in ids:
                 return
         elif isinstance(base, np.ndarray) and base.flags.owndata:
             return  # a view of another allocation (work buffers own theirs)
@@ -342,7 +342,7 @@ class Module(metaclass=_ModuleMeta):
         """``(arena, lo, hi)``: this module's parameters, one contiguous range of one arena
         (packed anew if they are not: e.g. after a child was given to another parent)."""
         s = self._s
-        if s.range_gen != arena_layout_version():
+        if s.range_gen != LAYOUT_VERSION[0]:
             params = self.parameters()
             if not params:
                 s.range = None
@@ -355,7 +355,7 @@ class Module(metaclass=_ModuleMeta):
                     self._pack()
                     r = runs(params)
                 s.range = r[0][:3]
-            s.range_gen = arena_layout_version()
+            s.range_gen = LAYOUT_VERSION[0]
         return s.range
 
     def flat_params(self) -> np.ndarray:

@@ -20,7 +20,8 @@ from kernels import optim as _kopt
 from kernels.memory import aligned_empty
 
 from .._checks import check_bool, check_int, check_real
-from ..nn.module import Module, Parameter, arena_layout_version, runs, shaped_like
+from ..nn.arena import LAYOUT_VERSION
+from ..nn.module import Module, Parameter, runs, shaped_like
 from .interrupt import defer_keyboard_interrupt
 
 __all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm", "defer_keyboard_interrupt",
@@ -112,7 +113,7 @@ class Optimizer:
         self.state = [{} for _ in params]
         for k in self._state_keys:
             self._buffer(k)
-        self._plan = None       # cached runs, rebuilt when parameters move (arena_layout_version)
+        self._plan = None       # cached runs, rebuilt when parameters move (LAYOUT_VERSION)
         self._plan_gen = -1
         # Per group, the option values last checked: step() checks again only what changed.
         self._checked = [tuple(g[k] for k in self.defaults) for g in self.param_groups]
@@ -140,7 +141,7 @@ class Optimizer:
     def _runs(self) -> list:
         """Per group: ``(first, stop, data, grad, state_offset, dtype)`` for each maximal run
         of its parameters that lies back to back in one arena (cached until parameters move)."""
-        if self._plan_gen != arena_layout_version():
+        if self._plan_gen != LAYOUT_VERSION[0]:
             plan, i = [], 0
             for g in self.param_groups:
                 plist = g["params"]
@@ -150,7 +151,7 @@ class Optimizer:
                                   self._offsets[i + first], a.dtype))
                 plan.append(group)
                 i += len(plist)
-            self._plan, self._plan_gen = plan, arena_layout_version()
+            self._plan, self._plan_gen = plan, LAYOUT_VERSION[0]
         return self._plan
 
     def step(self) -> None:

@@ -17,7 +17,7 @@ from kernels import activations as A
 from kernels import gen_activations as G
 from kernels.jit import OPTIONS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_committed_module_is_current():
