@@ -7,10 +7,12 @@ classification targets are int64 labels. Same ``rng`` seed, same data.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import numbers
 import os
 import re
+import zipfile
 
 import numpy as np
 
@@ -124,6 +126,9 @@ def _names(what: str, v) -> list | None:
     if isinstance(v, str):
         return [v]
     if isinstance(v, (list, tuple)) and v and all(isinstance(c, str) for c in v):
+        dup = sorted({c for c in v if v.count(c) > 1})
+        if dup:  # the same column twice would silently train on a duplicated feature/target
+            raise ValueError(f"{what}: the column(s) {dup} are named more than once")
         return list(v)
     raise TypeError(f"{what}: expected a column name or a non-empty list of names, got {v!r}")
 
@@ -134,15 +139,24 @@ def load(path, x=None, y=None, dtype=np.float32):
 
     - ``.npz``: the arrays named ``x`` and ``y`` (default "x" and "y"). ``X`` has a sample
       axis first ((N, d), or (N,) for one feature); integer targets of shape (N,) are labels.
-    - ``.csv``: a header row, then one sample per line, numbers only. ``y`` names the target
+    - ``.csv``: UTF-8 text (a byte-order mark, as Excel's "CSV UTF-8" writes, is fine): a
+      header row, then one sample per line, numbers only. ``y`` names the target
       column(s) (required); ``x`` the input columns (default: all the others). A target
       column whose values are all integers ("0", "2", "-1") is read as labels.
 
-    Errors name the file and, for a CSV, the line and column of the first bad value; a
-    missing column or array is a ValueError listing the ones the file has.
+    Every problem with the file is a ValueError naming it and, for a CSV, the line (and
+    column) of the first bad value: a damaged .npz (truncated, encrypted, a CRC mismatch, a
+    member that is not .npy data, a declared shape larger than the bytes stored), text that
+    is not UTF-8, a malformed CSV record, no samples, no features or no target columns; a
+    missing column or array lists the ones the file has.
     """
     dt = check_dtype(dtype)
-    path = os.fspath(path)
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+    if not isinstance(path, str):
+        path = os.fsdecode(path)
     xs, ys = _names("x", x), _names("y", y)
     low = path.lower()
     if low.endswith(".npz"):
@@ -158,20 +172,7 @@ def _load_npz(path, xs, ys, dt):
             raise ValueError(f"{what}: an .npz file holds one array per name; got {names}")
     xname = xs[0] if xs else "x"
     yname = ys[0] if ys else "y"
-    try:
-        z = np.load(path, allow_pickle=False)
-    except ValueError as e:
-        raise ValueError(f"{path}: not a readable .npz file ({e})") from None
-    if not hasattr(z, "files"):
-        raise ValueError(f"{path}: expected an .npz archive of named arrays, got a single array")
-    with z:
-        for what, name in (("x", xname), ("y", yname)):
-            if name not in z.files:
-                raise ValueError(f"{what}: {path} has no array {name!r}; it has {sorted(z.files)}")
-        try:
-            X, Y = z[xname], z[yname]
-        except ValueError as e:  # object arrays need pickle
-            raise ValueError(f"{path}: arrays must be numeric ({e})") from None
+    X, Y = _read_npz(path, {"x": xname, "y": yname})
     for name, a in ((xname, X), (yname, Y)):
         if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
             raise ValueError(f"{path}: array {name!r}: expected numbers, got dtype {a.dtype}")
@@ -182,21 +183,138 @@ def _load_npz(path, xs, ys, dt):
             raise ValueError(f"{path}: array {name!r}: non-finite value {a[bad]} at index {bad}")
     if X.shape[0] != Y.shape[0]:
         raise ValueError(f"{path}: {xname!r} has {X.shape[0]} samples, {yname!r} has {Y.shape[0]}")
+    if X.shape[0] == 0:
+        raise ValueError(f"{path}: array {xname!r} holds no samples (shape {X.shape})")
+    for name, a, what in ((xname, X, "features"), (yname, Y, "target columns")):
+        if a.ndim > 1 and 0 in a.shape[1:]:
+            raise ValueError(f"{path}: array {name!r} has no {what} (shape {a.shape})")
     if np.iscomplexobj(X) or np.iscomplexobj(Y):
         raise ValueError(f"{path}: complex arrays are not supported")
-    X = np.ascontiguousarray(X.reshape(-1, 1) if X.ndim == 1 else X, dtype=dt)
+    X = _cast(path, f"array {xname!r}", X.reshape(-1, 1) if X.ndim == 1 else X, dt)
     if Y.ndim == 1 and np.issubdtype(Y.dtype, np.integer):
+        if Y.size and Y.dtype.kind == "u" and Y.max() > _INT64.max:  # labels never wrap
+            at = int(np.argmax(Y > _INT64.max))
+            raise ValueError(f"{path}: array {yname!r}: the label {int(Y[at])} at index {at} "
+                             f"does not fit int64")
         return X, np.ascontiguousarray(Y, dtype=np.int64)
-    Y = np.ascontiguousarray(Y.reshape(-1, 1) if Y.ndim == 1 else Y, dtype=dt)
+    Y = _cast(path, f"array {yname!r}", Y.reshape(-1, 1) if Y.ndim == 1 else Y, dt)
     return X, Y
+
+
+def _cast(path: str, what: str, a: np.ndarray, dt) -> np.ndarray:
+    """``a`` as a C-contiguous ``dt`` array; a finite value that ``dt`` cannot hold (1e300
+    in float32) is a ValueError naming where, not an inf."""
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(a, dtype=dt)
+    if out.size and not (np.isfinite(out.min()) and np.isfinite(out.max())):
+        at = np.unravel_index(int(np.argmax(~np.isfinite(out))), out.shape)
+        raise ValueError(f"{path}: {what}: the value {a[at].item()!r} at index "
+                         f"{tuple(int(i) for i in at)} overflows {dt} (use dtype=float64)")
+    return out
+
+
+# Largest uncompressed/compressed ratio deflate can reach: a member declaring more lies.
+_DEFLATE_MAX_RATIO = 1032
+
+
+def _read_npz(path: str, names: dict) -> tuple:
+    """The arrays ``names`` ({"x": member name, "y": member name}) of the .npz at ``path``.
+    Everything a damaged or hostile file can do is a ValueError naming the file: not a zip,
+    truncated, encrypted, an unknown compression, a member that is not .npy data, a header
+    declaring more bytes than stored (checked before allocating), a CRC-32 mismatch."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            with zipfile.ZipFile(f) as z:
+                members = {i.filename: i for i in z.infolist()}
+                files = sorted(n[:-4] for n in members if n.endswith(".npy"))
+                out = []
+                for what, name in names.items():
+                    info = members.get(name + ".npy")
+                    if info is None:
+                        raise ValueError(f"{what}: {path} has no array {name!r}; it has {files}")
+                    out.append(_read_member(path, z, info, size))
+                return tuple(out)
+    except ValueError:
+        raise
+    except Exception as e:  # zipfile, zlib and numpy raise a dozen types on damaged input
+        raise ValueError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from None
+
+
+def _read_member(path: str, z, info, size: int) -> np.ndarray:
+    name = info.filename[:-4]
+    if info.flag_bits & 0x1:
+        raise ValueError(f"{path}: array {name!r} is encrypted")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise ValueError(f"{path}: array {name!r}: unknown compression {info.compress_type}")
+    ratio = 1 if info.compress_type == zipfile.ZIP_STORED else _DEFLATE_MAX_RATIO
+    if (info.header_offset + info.compress_size > size
+            or info.file_size > ratio * info.compress_size + 64):
+        raise ValueError(f"{path}: array {name!r} is truncated or corrupt (it declares "
+                         f"{info.file_size} bytes in {info.compress_size}; the file has {size})")
+    with z.open(info) as m:
+        try:
+            version = np.lib.format.read_magic(m)
+            read = {(1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read is None:
+                raise ValueError(f".npy version {version}")
+            shape, fortran, dtype = read(m)
+        except Exception as e:
+            raise ValueError(f"{path}: array {name!r} is not .npy data ({e})") from None
+        if dtype.hasobject:
+            raise ValueError(f"{path}: array {name!r}: arrays must be numeric, got dtype "
+                             f"{dtype}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes != info.file_size - m.tell():
+            raise ValueError(f"{path}: array {name!r} declares shape {shape} of {dtype} "
+                             f"({nbytes} bytes) and holds {info.file_size - m.tell()}")
+        a = np.empty(math.prod(shape), dtype)  # read straight into the array: one copy
+        view, got = memoryview(a).cast("B"), 0
+        while got < nbytes:
+            n = m.readinto(view[got:])
+            if not n:
+                raise ValueError(f"{path}: array {name!r} is truncated")
+            got += n
+        if m.read(1):  # reading to the end checks the CRC-32
+            raise ValueError(f"{path}: array {name!r} holds more bytes than it declares")
+    return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
+
+
+def _csv_text(path: str) -> str:
+    """The file's text: UTF-8, with or without a byte-order mark (Excel's "CSV UTF-8");
+    other bytes are a ValueError naming the line and byte, not a bare UnicodeDecodeError."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(f"{path}: line {line}, byte {col}: not UTF-8 text (byte "
+                         f"0x{raw[e.start]:02x}); save the file as UTF-8 CSV") from None
+
+
+def _records(path: str, reader):
+    """The reader's records; a malformed one (a field over the csv module's limit, a NUL
+    byte) is a ValueError naming the file and line."""
+    while True:
+        try:
+            rec = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise ValueError(f"{path}: line {reader.line_num}: {e}") from None
+        yield rec
 
 
 def _load_csv(path, xs, ys, dt):
     if ys is None:
         raise ValueError("y: name the target column(s) of a CSV file")
-    with open(path, newline="") as f:
+    with io.StringIO(_csv_text(path), newline="") as f:
         reader = csv.reader(f)
-        header = next(reader, None)
+        records = _records(path, reader)
+        header = next(records, None)
         if header is None or not any(h.strip() for h in header):
             raise ValueError(f"{path}: line 1: expected a header row of column names")
         header = [h.strip() for h in header]
@@ -217,7 +335,10 @@ def _load_csv(path, xs, ys, dt):
             raise ValueError(f"x: {path} has no input column left besides the targets {ys}")
         cols = [header.index(c) for c in xs + ys]
         rows, is_int = [], [True] * len(cols)
-        for rec in reader:
+        label_col = len(xs) if len(ys) == 1 else -1  # one target column: maybe labels
+        labels = []  # (line, text) of the target column while it reads as integers
+        lines = []   # the file line of each row
+        for rec in records:
             if not rec or (len(rec) == 1 and not rec[0].strip()):
                 continue  # blank line
             line = reader.line_num
@@ -236,16 +357,47 @@ def _load_csv(path, xs, ys, dt):
                                      f"expected a finite number, got {rec[c]!r}")
                 if is_int[k] and not _INT.fullmatch(text):
                     is_int[k] = False
+                if k == label_col and is_int[k]:
+                    labels.append((line, text))
                 row.append(v)
             rows.append(row)
+            lines.append(line)
     if not rows:
         raise ValueError(f"{path}: no data rows after the header")
     data = np.array(rows, dtype=np.float64)  # (N, len(x) + len(y))
     nx = len(xs)
-    X = np.ascontiguousarray(data[:, :nx], dtype=dt)
-    if len(ys) == 1 and is_int[nx]:
-        return X, np.ascontiguousarray(data[:, nx], dtype=np.int64)
-    return X, np.ascontiguousarray(data[:, nx:], dtype=dt)
+    X = _cast_csv(path, header, cols, lines, data, 0, nx, dt)
+    if len(ys) == 1 and is_int[nx]:  # labels: the exact integers, not their float64 values
+        c = cols[nx]
+        return X, np.array([_label(path, line, c, header[c], text) for line, text in labels],
+                           dtype=np.int64)
+    return X, _cast_csv(path, header, cols, lines, data, nx, len(cols), dt)
+
+
+def _cast_csv(path, header, cols, lines, data, start: int, stop: int, dt) -> np.ndarray:
+    """Columns ``start:stop`` of the parsed ``data`` as ``dt``; a value it cannot hold is a
+    ValueError naming its line and column."""
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(data[:, start:stop], dtype=dt)
+    if out.size and not (np.isfinite(out.min()) and np.isfinite(out.max())):
+        r, k = np.unravel_index(int(np.argmax(~np.isfinite(out))), out.shape)
+        c = cols[start + k]
+        raise ValueError(f"{path}: line {lines[r]}, column {c + 1} ({header[c]!r}): the value "
+                         f"{float(data[r, start + k])!r} overflows {dt} (use dtype=float64)")
+    return out
+
+
+_INT64 = np.iinfo(np.int64)
+
+
+def _label(path, line: int, c: int, name: str, text: str) -> int:
+    """The integer ``text`` of a target column, if int64 holds it; else ValueError naming the
+    place (a label must round-trip exactly, never wrap or round)."""
+    v = int(text)
+    if not _INT64.min <= v <= _INT64.max:
+        raise ValueError(f"{path}: line {line}, column {c + 1} ({name!r}): the integer label "
+                         f"{text} does not fit int64 ([{_INT64.min}, {_INT64.max}])")
+    return v
 
 
 def infer_task(Y) -> str:
@@ -280,11 +432,35 @@ def train_val_split(X, Y, val_fraction: float, rng=0):
            (np.take(X, val, axis=0), np.take(Y, val, axis=0))
 
 
+def _numbers(name: str, v) -> np.ndarray:
+    """``v``, a list (or tuple or 1-D array) of real numbers, as float64; else TypeError
+    naming ``name`` (a string, nested lists or bools are not a saved mean or scale)."""
+    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "fiu":
+        return v.astype(np.float64)
+    if not isinstance(v, (list, tuple)) or not all(
+            isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) for x in v):
+        raise TypeError(f"{name}: expected a list of numbers, got {v!r:.60}")
+    return np.array(v, np.float64)
+
+
+# A standard deviation below this fraction of the column's largest magnitude is rounding
+# noise of the mean (float64 gives ~1e-17 * |x| for a constant column), not a spread.
+_CONSTANT_RTOL = 1e-12
+
+
+def _constant_columns(rows: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Mask of the columns of ``rows`` (N, d) whose ``std`` is zero or rounding noise."""
+    magnitude = np.max(np.abs(rows), axis=0)
+    return std <= _CONSTANT_RTOL * magnitude
+
+
 class Standardizer:
     """Per-feature standardisation ``(x - mean) / scale`` (the last axis), fit on the training
     set and applied unchanged to validation and new data. ``scale`` is the standard deviation
-    (1 for a constant feature). ``state_dict()`` is JSON-serialisable, so it can ride in a
-    checkpoint's metadata: ``save(path, model, standardizer=s.state_dict())``, then
+    (1 for a constant feature: one whose standard deviation is below 1e-12 of its largest
+    magnitude, the rounding noise of a float64 mean). ``state_dict()`` is JSON-serialisable,
+    so it can ride in a checkpoint's metadata: ``save(path, model,
+    standardizer=s.state_dict())``, then
     ``Standardizer.from_state_dict(load(path, model)["standardizer"])``."""
 
     def __init__(self):
@@ -292,15 +468,19 @@ class Standardizer:
         self.scale = None  # (d,) float64
 
     def fit(self, X) -> "Standardizer":
-        if not isinstance(X, np.ndarray) or X.ndim < 2 or X.shape[0] == 0:
-            raise ValueError(f"X: expected an array (N, d) with N >= 1, got "
+        if not isinstance(X, np.ndarray) or X.ndim < 2 or X.shape[0] == 0 or X.shape[-1] == 0:
+            raise ValueError(f"X: expected an array (N, d) with N, d >= 1, got "
                              f"{getattr(X, 'shape', type(X).__name__)}")
         rows = np.asarray(X, np.float64).reshape(-1, X.shape[-1])
-        mean = rows.mean(axis=0)
-        std = rows.std(axis=0)
-        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean = rows.mean(axis=0)
+            std = rows.std(axis=0)
+        if not np.all(np.isfinite(rows)):
             raise ValueError("X: holds non-finite values")
-        std[std == 0.0] = 1.0  # a constant feature maps to 0, not to NaN
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+            raise ValueError("X: its mean or standard deviation overflows float64 (values "
+                             "near 1e308); rescale the data first")
+        std[_constant_columns(rows, std)] = 1.0  # a constant feature maps to 0, not to NaN
         self.mean, self.scale = mean, std
         return self
 
@@ -337,8 +517,7 @@ class Standardizer:
     def from_state_dict(cls, state) -> "Standardizer":
         if not isinstance(state, dict) or set(state) != {"mean", "scale"}:
             raise ValueError(f"state: expected a dict with 'mean' and 'scale', got {state!r:.80}")
-        mean = np.asarray(state["mean"], np.float64)
-        scale = np.asarray(state["scale"], np.float64)
+        mean, scale = (_numbers(f"state[{k!r}]", state[k]) for k in ("mean", "scale"))
         if mean.ndim != 1 or mean.shape != scale.shape or mean.size == 0:
             raise ValueError(f"state: 'mean' and 'scale' must be lists of one length, got "
                              f"{mean.shape} and {scale.shape}")

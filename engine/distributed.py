@@ -25,8 +25,8 @@ from kernels import ops
 from kernels.memory import aligned_empty
 from kernels.optim import adamw_consts
 
-from .nn.module import _GENERATION, Module, make_rng, runs
-from .optim.optimizers import AdamW, clip_grad_norm
+from .nn.module import _GENERATION, Module, check_float, make_rng, runs
+from .optim.optimizers import AdamW, Optimizer, check_optimizer_of, clip_grad_norm, defer_keyboard_interrupt
 
 __all__ = ["DataParallel", "ShardedAdamW", "RankError", "mpi", "world", "launched_size",
            "rank_rng", "save", "load", "INSTALL"]
@@ -124,7 +124,12 @@ def world(warn=sys.stderr):
 
 
 def _comm(comm):
-    return mpi().COMM_WORLD if comm is None else comm
+    if comm is None:
+        return mpi().COMM_WORLD
+    if not isinstance(comm, mpi().Comm):
+        raise TypeError(f"comm: expected an MPI communicator (mpi4py.MPI.Comm), got "
+                        f"{type(comm).__name__}")
+    return comm
 
 
 def rank_rng(seed: int, comm=None, out=None) -> np.random.Generator:
@@ -218,6 +223,8 @@ class DataParallel:
                 if not hasattr(optimizer, name):
                     raise TypeError(f"optimizer: expected an engine optimizer, got "
                                     f"{type(optimizer).__name__}")
+            if isinstance(optimizer, Optimizer):  # one that steps other parameters: refused
+                check_optimizer_of(optimizer, model)
             flat = model.flat_params()  # RuntimeError for parameters of mixed dtypes
             if isinstance(optimizer, ShardedAdamW):
                 if optimizer.flat_range() != _flat_range(model):
@@ -275,6 +282,8 @@ class DataParallel:
 
     def step(self, weight=None) -> None:
         """``reduce_gradients(weight)``, ``optimizer.step()``, ``model.zero_grad()``."""
+        if weight is not None:  # before the collective: every rank refuses the same call
+            weight = check_float("weight", weight, 0.0, low_open=True)
         self.reduce_gradients(weight)
         self.optimizer.step()
         self.model.zero_grad()
@@ -459,13 +468,16 @@ class ShardedAdamW(AdamW):
     def step(self, zero_grad: bool = False) -> None:
         """Reduce the gradients (unless ``reduce_gradients`` did), ``update_shard()``,
         ``gather_parameters()`` (collective). ``zero_grad=True`` then zeroes the local
-        gradient vector."""
-        if not self._reduced:
-            self.reduce_gradients()
-        self.update_shard()
-        self.gather_parameters()
-        if zero_grad:
-            self._flats()[1].fill(0.0)
+        gradient vector. Options are checked first (every rank holds the same ones); a Ctrl-C
+        during the step is delivered after it, as for ``AdamW``."""
+        with defer_keyboard_interrupt():
+            self._check_groups()
+            if not self._reduced:
+                self.reduce_gradients()
+            self.update_shard()
+            self.gather_parameters()
+            if zero_grad:
+                self._flats()[1].fill(0.0)
 
     def update_shard(self) -> None:
         """AdamW on this rank's slice of the parameters from its reduced gradient (one

@@ -70,7 +70,7 @@ def _map(module: Module, tprefix: str, bprefix: str) -> list:
                (tprefix + "bias", bprefix + "beta", False)]
     elif isinstance(module, MLP):
         out, slot = [], 0
-        for i, act in enumerate(module.activations):
+        for i, act in enumerate(module.reference_activations):
             out += _linear(f"{tprefix}{slot}.", f"{bprefix}{i}.W",
                            f"{bprefix}{i}.b" if f"{i}.b" in own else None)
             slot += 1 if act is None else 2  # Linear, then its activation layer (if any)

@@ -37,6 +37,7 @@ MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (
 MODELS += ("gmlp-lm",)  # the character language model of engine/lm.py (--task text)
 SCHEDULES = ("constant", "cosine", "linear", "step")
 HELD_OUT = 4096  # fresh samples drawn (with another seed) to measure generalisation
+MAX_CLASSES = 1 << 20  # labels of --data: one output unit (and a weight column) per class
 
 
 def _version() -> str:
@@ -361,7 +362,7 @@ def _own_data(args, dt):
                           f"shape {X.shape}")
     if is_csv:
         import csv
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # as load read it
             header = [h.strip() for h in next(csv.reader(f))]
         y_names = list(args.y_cols)
         x_names = list(args.x_cols) if args.x_cols else [h for h in header if h not in y_names]
@@ -385,6 +386,10 @@ def _own_data(args, dt):
         if Y.min() < 0:
             raise _UsageError(f"--data: class labels must be integers >= 0 (0 .. classes-1), "
                               f"got {int(Y.min())}; use --task regression for a numeric target")
+        if Y.max() >= MAX_CLASSES:  # one output per class: 10^12 labels would build 10^12
+            raise _UsageError(f"--data: class labels must be 0 .. classes-1 with at most "
+                              f"{MAX_CLASSES} classes, got a label {int(Y.max())}; use --task "
+                              f"regression for a numeric target")
     if y_names is None:
         y_names = (["y"] if kind == "classification" or Y.shape[1] == 1
                    else [f"y{j}" for j in range(Y.shape[1])])
@@ -393,10 +398,10 @@ def _own_data(args, dt):
 
 def _scheduler(args, opt, total: int):
     """``(scheduler or None, description)`` for --schedule and --warmup over ``total`` steps."""
-    w = args.warmup
-    if args.schedule != "constant" and w >= total:
-        raise _UsageError(f"--warmup {w}: the run has {total} optimizer steps; the warmup must "
-                          f"leave at least one for the {args.schedule} schedule")
+    try:
+        w = _lrs.check_warmup(args.warmup, total, "--warmup")
+    except ValueError as e:
+        raise _UsageError(str(e)) from None
     rest = total - w
     if args.schedule == "constant":
         main, text = None, "constant lr"
@@ -472,6 +477,9 @@ def train(args) -> int:
     except _UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except checkpoint.SaveError as e:  # the run is done; where its model went is the message
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def _train(args) -> int:
@@ -664,9 +672,9 @@ def _train(args) -> int:
             if rank:
                 return 0
         elif tensors:
-            checkpoint.save(path, model, **meta)
+            checkpoint.save_or_rescue(path, model, **meta)
         else:
-            checkpoint.save(path, model, opt, scheduler=sched, **meta)
+            checkpoint.save_or_rescue(path, model, opt, scheduler=sched, **meta)
         fresh = build_model(args, d_in, d_out, args.seed + 1)
         checkpoint.load(path, fresh)
         reloaded, _ = evaluate(fresh, loss, X, Y, bs)

@@ -27,14 +27,58 @@ from ..nn.embedding import Embedding
 from ..nn.gmlp_block import GMLPBlock
 from ..nn.layers import Linear, Sequential
 from ..nn.losses import CrossEntropyLoss
-from ..nn.module import check_dtype, check_positive_int, make_rng
+from ..nn.module import Module, check_dtype, check_float, check_positive_int, make_rng
 from ..optim.optimizers import AdamW
 from ..training.loop import evaluate, fit
 
 __all__ = ["LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split", "windows",
-           "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train"]
+           "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train",
+           "check_config"]
 
 LN2 = math.log(2.0)
+
+
+# ----------------------------------------------------------------------------- checks
+def _count(name: str, v, low: int = 1) -> int:
+    """``v`` as an int >= ``low``: TypeError naming ``name`` for a non-integer (bool and
+    float included), ValueError below ``low``."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name}: expected an integer >= {low}, got {v!r} ({type(v).__name__})")
+    if v < low:
+        raise ValueError(f"{name}: expected an integer >= {low}, got {v}")
+    return int(v)
+
+
+def _ids(name: str, ids, vocab_size: int | None = None) -> np.ndarray:
+    """``ids`` as a 1-D integer array (in [0, vocab_size) when given), else a named error."""
+    if not isinstance(ids, np.ndarray):
+        raise TypeError(f"{name}: expected a 1-D numpy array of integer ids, got "
+                        f"{type(ids).__name__}")
+    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"{name}: expected integer ids, got dtype {ids.dtype}")
+    if ids.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array of ids, got shape {ids.shape}")
+    if ids.size and (ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size)):
+        bad = int(np.argmax((ids < 0) | (ids >= (vocab_size or np.iinfo(np.int64).max))))
+        limit = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+        raise ValueError(f"{name}: expected ids in {limit}, got {int(ids[bad])} at index {bad}")
+    return ids
+
+
+def _temperature(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"temperature: expected a number > 0, got {v!r} ({type(v).__name__})")
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"temperature: expected a finite number > 0, got {v!r}")
+    return float(v)
+
+
+def _prompt(v) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"prompt: expected a non-empty str, got {type(v).__name__}")
+    if not v:
+        raise ValueError("prompt: expected a non-empty str (sampling starts from it), got ''")
+    return v
 
 
 # ----------------------------------------------------------------------------- data
@@ -55,6 +99,8 @@ class Vocabulary:
     """The distinct characters of a text, sorted, each with its id (its index)."""
 
     def __init__(self, chars):
+        if not isinstance(chars, str):
+            raise TypeError(f"chars: expected a str (a text), got {type(chars).__name__}")
         chars = "".join(sorted(set(chars)))
         if not chars:
             raise ValueError("chars: expected at least one character")
@@ -76,29 +122,50 @@ class Vocabulary:
         return np.fromiter((index[c] for c in text), np.int64, len(text))
 
     def decode(self, ids) -> str:
-        chars = self.chars
-        return "".join(chars[int(i)] for i in ids)
+        """The text of integer ``ids`` (a sequence or array), each in [0, len(self));
+        TypeError/ValueError naming the first that is not (no wrap-around, no truncation)."""
+        chars, n = self.chars, len(self.chars)
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise TypeError(f"ids: expected a sequence of integer ids, got {type(ids).__name__}")
+        out = []
+        for k, i in enumerate(ids):
+            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+                raise TypeError(f"ids[{k}]: expected an integer id, got {i!r} "
+                                f"({type(i).__name__})")
+            if not 0 <= i < n:
+                raise ValueError(f"ids[{k}]: expected an id in [0, {n}), got {i}")
+            out.append(chars[i])
+        return "".join(out)
 
 
 def split(ids: np.ndarray, held_out: float = 0.1, block: int = 4096):
     """``(train, held)``: every ``round(1 / held_out)``-th block of ``block`` ids (the last of
     each group) is held out; the rest, in order, is for training. Blocks keep the held-out text
     contiguous, so no training window overlaps it, while it still samples the whole corpus."""
+    ids = _ids("ids", ids)
+    if isinstance(held_out, bool) or not isinstance(held_out, (int, float, np.floating)):
+        raise TypeError(f"held_out: expected a fraction in (0, 0.5), got {held_out!r}")
     if not 0.0 < held_out < 0.5:
         raise ValueError(f"held_out: expected a fraction in (0, 0.5), got {held_out!r}")
+    block = _count("block", block)
     k = round(1.0 / held_out)
     nb = -(-len(ids) // block)
     held_blocks = [b for b in range(nb) if b % k == k - 1]
     mask = np.zeros(len(ids), bool)
     for b in held_blocks:
         mask[b * block:(b + 1) * block] = True
+    if not mask.any():  # fewer than k blocks: a split that holds nothing out measures nothing
+        raise ValueError(f"block: {len(ids)} ids make {nb} block(s) of {block}; holding out every "
+                         f"{k}th needs at least {k} (use a smaller block)")
     return ids[~mask], ids[mask]
 
 
 def windows(ids: np.ndarray, seq_len: int, stride: int | None = None):
     """``(X, Y)`` of shape (N, seq_len): windows of ``ids`` starting every ``stride`` (default
     ``seq_len``: no overlap) and the same windows shifted by one (the next characters)."""
-    stride = seq_len if stride is None else stride
+    ids = _ids("ids", ids)
+    seq_len = _count("seq_len", seq_len)
+    stride = seq_len if stride is None else _count("stride", stride)
     n = (len(ids) - 1 - seq_len) // stride + 1
     if n < 1:
         raise ValueError(f"ids: {len(ids)} characters make no window of seq_len + 1 = "
@@ -112,6 +179,11 @@ def unigram_bits(train_ids: np.ndarray, eval_ids: np.ndarray, vocab_size: int) -
     """Bits per character of ``eval_ids`` under the training split's character frequencies
     (add-one smoothed, so an unseen character costs finite bits): the baseline a model that
     ignores context can reach."""
+    vocab_size = _count("vocab_size", vocab_size)
+    train_ids = _ids("train_ids", train_ids, vocab_size)
+    eval_ids = _ids("eval_ids", eval_ids, vocab_size)
+    if eval_ids.size == 0:
+        raise ValueError("eval_ids: expected at least one id to score, got none")
     counts = np.bincount(train_ids, minlength=vocab_size).astype(np.float64) + 1.0
     logp = np.log2(counts / counts.sum())
     return float(-logp[eval_ids].mean())
@@ -134,7 +206,7 @@ def build_model(vocab_size: int, seq_len: int = 64, d_model: int = 128, d_ffn: i
 
 def bits_per_char(model, X, Y, batch_size: int = 64) -> float:
     """Mean cross-entropy of the next character over every position of ``(X, Y)``, in bits."""
-    loss, _ = evaluate(model, CrossEntropyLoss(), X, Y, batch_size)
+    loss, _ = evaluate(model, CrossEntropyLoss(), X, Y, _count("batch_size", batch_size))
     return loss / LN2
 
 
@@ -143,14 +215,17 @@ def sample(model, vocab: Vocabulary, prompt: str, length: int, seq_len: int,
     """``prompt`` followed by ``length`` characters drawn one at a time from the model's
     next-character distribution (softmax of logits / ``temperature``), each conditioned on
     the last ``seq_len`` characters (a causal model takes any shorter prefix as it is)."""
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"prompt: expected a non-empty str, got {prompt!r}")
-    if not temperature > 0.0:
-        raise ValueError(f"temperature: expected a number > 0, got {temperature!r}")
-    length = int(length)
-    if length < 0:
-        raise ValueError(f"length: expected an integer >= 0, got {length}")
-    ids = list(vocab.encode(prompt))
+    if not isinstance(vocab, Vocabulary):
+        raise TypeError(f"vocab: expected a Vocabulary, got {type(vocab).__name__}")
+    prompt = _prompt(prompt)
+    temperature = _temperature(temperature)
+    length = _count("length", length, 0)
+    seq_len = _count("seq_len", seq_len)
+    _check_vocab_fits(model, vocab, seq_len)
+    try:
+        ids = list(vocab.encode(prompt))
+    except ValueError as e:
+        raise ValueError(f"prompt: {str(e).partition(': ')[2]}") from None
     rng = make_rng(rng)
     was_training = model.training
     model.eval()
@@ -166,6 +241,25 @@ def sample(model, vocab: Vocabulary, prompt: str, length: int, seq_len: int,
     finally:
         model.train(was_training)
     return vocab.decode(ids)
+
+
+def _check_vocab_fits(model, vocab: Vocabulary, seq_len: int = 1) -> None:
+    """The model reads ids up to len(vocab) - 1 in windows of ``seq_len`` and predicts
+    len(vocab) characters (asked through the module protocol), else ValueError: a sample
+    from another text's vocabulary would print the wrong characters."""
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected an engine Module, got {type(model).__name__}")
+    try:
+        out = model.check_input(np.array([[len(vocab) - 1]], np.int64), "ids")
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"vocab: {len(vocab)} characters do not fit the model ({e})") from None
+    try:
+        model.check_input(np.zeros((1, seq_len), np.int64), "ids")
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"seq_len: the model does not take windows of {seq_len} ({e})") from None
+    if out[-1] != len(vocab):
+        raise ValueError(f"vocab: {len(vocab)} characters, the model predicts {out[-1]} (a "
+                         f"vocabulary of another text?)")
 
 
 # ----------------------------------------------------------------------------- training
@@ -232,7 +326,7 @@ class LMResult:
 
 def _steps_scheduler(opt, total: int, warmup: int):
     from ..optim import lr_scheduler as lrs
-    warmup = min(warmup, max(total - 1, 0))
+    warmup = lrs.check_warmup(warmup, total)  # refused, never shortened: the banner tells
     rest = max(total - warmup, 1)
     cosine = lrs.CosineAnnealingLR(opt, T_max=rest)
     if warmup == 0:
@@ -242,9 +336,28 @@ def _steps_scheduler(opt, total: int, warmup: int):
     return lrs.SequentialLR(opt, [warm, cosine], milestones=[warmup])
 
 
+def check_config(c) -> "LMConfig":
+    """``c`` if every field of the ``LMConfig`` is usable, else TypeError/ValueError naming
+    the field: all of it before any training (a prompt, temperature or sample length that
+    sampling would reject is found now, not after the run)."""
+    if not isinstance(c, LMConfig):
+        raise TypeError(f"config: expected an LMConfig, got {type(c).__name__}")
+    for name in ("seq_len", "d_model", "d_ffn", "blocks", "batch_size", "block"):
+        _count(f"config.{name}", getattr(c, name))
+    for name in ("epochs", "warmup", "seed", "sample_length"):
+        _count(f"config.{name}", getattr(c, name), 0)
+    for name in ("lr", "weight_decay"):
+        check_float(f"config.{name}", getattr(c, name), 0.0)
+    check_float("config.held_out", c.held_out, 0.0, 0.5, low_open=True, high_open=True)
+    check_dtype(c.dtype)
+    _prompt(c.prompt)
+    _temperature(c.temperature)
+    return c
+
+
 def setup(config: LMConfig | None = None, text: str | None = None) -> LMSetup:
     """The data, model and optimizer of ``config`` for ``text`` (default: ``corpus()``)."""
-    c = config or LMConfig()
+    c = check_config(LMConfig() if config is None else config)
     dt = check_dtype(c.dtype)
     text = corpus() if text is None else text
     vocab = Vocabulary(text)
@@ -270,7 +383,9 @@ def train(config: LMConfig | None = None, progress=True, text: str | None = None
     with AdamW, linear warmup and cosine decay per step; report held-out bits per character,
     the unigram baseline and a sample from ``config.prompt``."""
     s = prepared or setup(config, text)
-    c = s.config
+    c = check_config(s.config)  # again: a prepared setup's config may have been edited
+    s.vocab.encode(c.prompt)
+    _check_vocab_fits(s.model, s.vocab)
     t0 = time.perf_counter()
     history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, c.epochs,
                   batch_size=c.batch_size, rng=c.seed, validation=(s.Xh, s.Yh),
@@ -365,7 +480,7 @@ def run_cli(args, out=None) -> int:
           f"{kernels.get_num_threads()} BLAS thread(s)", file=out)
     try:
         s = setup(c)
-    except ValueError as e:  # e.g. a prompt with characters the corpus does not have
+    except (ValueError, TypeError) as e:  # e.g. a prompt with characters the corpus does not have
         print(f"error: {e}", file=sys.stderr)
         return 2
     v = len(s.vocab)
@@ -400,10 +515,14 @@ def run_cli(args, out=None) -> int:
     try:
         meta = dict(model="gmlp-lm", vocab=s.vocab.chars, held_bits=r.held_bits,
                     config=asdict(c))
-        if path.lower().endswith(".safetensors"):
-            checkpoint.save(path, s.model, **meta)
-        else:
-            checkpoint.save(path, s.model, s.optimizer, **meta)
+        try:
+            if path.lower().endswith(".safetensors"):
+                checkpoint.save_or_rescue(path, s.model, **meta)
+            else:
+                checkpoint.save_or_rescue(path, s.model, s.optimizer, **meta)
+        except checkpoint.SaveError as e:  # the trained model is in e.rescued
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         fresh = build_model(v, c.seq_len, c.d_model, c.d_ffn, c.blocks, check_dtype(c.dtype),
                             c.seed + 1)
         checkpoint.load(path, fresh)

@@ -347,6 +347,10 @@ class AddNorm(Module):
             v.mask = ws.get("mask", n, d)  # (n, d) dropout mask for backward
         return v
 
+    def check_input(self, x, name: str = "x") -> tuple:
+        raise TypeError(f"{name}: an AddNorm takes two inputs, forward(x, sub); it cannot be "
+                        f"fed one array (use FFNSublayer, or put it inside a block)")
+
     def forward(self, x, sub):
         """``LayerNorm(x + Dropout(sub))`` for ``x`` and ``sub`` of one shape."""
         x2, lead = as_rows(x, self.d_model, self.dtype, "x")

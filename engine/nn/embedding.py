@@ -40,23 +40,28 @@ class Embedding(Module):
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, dim={self.dim}, dtype={self.dtype}"
 
-    def _check_ids(self, ids):
+    def check_input(self, x, name: str = "ids") -> tuple:
+        """``ids.shape + (dim,)`` for integer ``ids`` in range, else the forward's error."""
+        self._check_ids(x, name)
+        return (*x.shape, self.dim)
+
+    def _check_ids(self, ids, name: str = "ids"):
         if not isinstance(ids, np.ndarray):
-            raise TypeError(f"ids: expected a numpy.ndarray of integer ids, got "
+            raise TypeError(f"{name}: expected a numpy.ndarray of integer ids, got "
                             f"{type(ids).__name__}")
         if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
-            raise TypeError(f"ids: expected an integer array (token ids), got dtype {ids.dtype}"
+            raise TypeError(f"{name}: expected an integer array (token ids), got dtype {ids.dtype}"
                             f" (convert with .astype(np.int64) if the values are whole numbers)")
         if ids.ndim == 0:
-            raise ValueError("ids: expected an array of at least 1 dimension, got a scalar")
+            raise ValueError(f"{name}: expected an array of at least 1 dimension, got a scalar")
         if ids.size:
             v = self.num_embeddings
             lo, hi = ids.min(), ids.max()
             if lo < 0 or hi >= v:
                 bad = (ids < 0) | (ids >= v)
                 where = np.unravel_index(int(np.argmax(bad)), ids.shape)
-                raise ValueError(f"ids: expected ids in [0, {v}), got {int(ids[where])} at index "
-                                 f"{tuple(int(i) for i in where)}")
+                raise ValueError(f"{name}: expected ids in [0, {v}), got {int(ids[where])} at "
+                                 f"index {tuple(int(i) for i in where)}")
 
     def forward(self, ids, *, residual=None):
         """The rows of ``W`` for ``ids`` (+ ``residual``, an array of the output's shape)."""

@@ -27,21 +27,21 @@ def _check_bool(name, v) -> bool:
     return bool(v)
 
 
-def _check_sequences(x, seq_len: int, causal: bool, d: int, what: str):
+def _check_sequences(x, seq_len: int, causal: bool, d: int, what: str, name: str = "x"):
     """(B, T) of a (B, T, d) input ``x``, else ValueError/TypeError (before anything changes)."""
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"x: expected a numpy.ndarray of shape (B, T, {d}), got "
+        raise TypeError(f"{name}: expected a numpy.ndarray of shape (B, T, {d}), got "
                         f"{type(x).__name__}")
     if x.ndim != 3:
-        raise ValueError(f"x: expected shape (B, T, {d}) (sequences: {what} mixes the T "
+        raise ValueError(f"{name}: expected shape (B, T, {d}) (sequences: {what} mixes the T "
                          f"tokens of each), got {x.shape}")
     b, t = x.shape[0], x.shape[1]
     if causal:
         if not 1 <= t <= seq_len:
-            raise ValueError(f"x: expected 1 <= T <= seq_len = {seq_len} tokens (a causal {what} "
-                             f"takes any prefix length), got T = {t} in shape {x.shape}")
+            raise ValueError(f"{name}: expected 1 <= T <= seq_len = {seq_len} tokens (a causal "
+                             f"{what} takes any prefix length), got T = {t} in shape {x.shape}")
     elif t != seq_len:
-        raise ValueError(f"x: expected T == seq_len = {seq_len} tokens (a non-causal {what} "
+        raise ValueError(f"{name}: expected T == seq_len = {seq_len} tokens (a non-causal {what} "
                          f"mixes exactly seq_len; causal=True allows shorter), got T = {t} in "
                          f"shape {x.shape}")
     return b, t
@@ -63,6 +63,10 @@ class _TokenMixing(Module):
 
     def extra_repr(self):
         return ", ".join(f"{k}={getattr(self, k)}" for k in self._repr_fields)
+
+    def check_input(self, x, name: str = "x") -> tuple:
+        _check_sequences(x, self.seq_len, self.causal, self.in_features, self._what, name)
+        return super().check_input(x, name)
 
     def forward(self, x, *, residual=None):
         """The module on ``x`` of shape (B, T, in_features) (``+ residual`` when given); the

@@ -13,8 +13,8 @@ import numpy as np
 from kernels import ops
 from kernels.activations import ACTIVATIONS, REGISTRY
 
-from .module import (INITS, Module, Parameter, Workspace, _rows_of, check_float,
-                     check_positive_int, init_weight, make_rng)
+from .module import (_MODE_GEN, INITS, Module, Parameter, Workspace, _rows_of, check_float,
+                     check_positive_int, init_weight, input_spec, make_rng)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
            "Tanh", "Identity", "Softmax", "LogSoftmax", "Sequential", "MLP", "check_activation",
@@ -361,9 +361,23 @@ class Sequential(Module):
             self._states = [None] * (len(modules) + 1)  # generator states before child i
             self._keys = [f"in{i}" for i in range(len(modules))]
             self._inputs = [None] * len(modules)  # each child's input: x by reference, copies
+            self._moded = [m for _, m in self.named_modules()]  # whose train/eval flag counts
+            self._c.modes = None     # their flags at the last forward: the reruns repeat them
+            self._c.modes_gen = -1   # _MODE_GEN when they were read
 
     def extra_repr(self) -> str:
         return "checkpoint=True" if self.checkpoint else ""
+
+    def check_input(self, x, name: str = "x") -> tuple:
+        """Each child's ``check_input`` in turn, on the shape the one before gives."""
+        if not self._seq:
+            return super().check_input(x, name)
+        shape = self._seq[0].check_input(x, name)
+        for i in range(1, len(self._seq)):
+            prev, m = self._seq[i - 1], self._seq[i]
+            shape = m.check_input(input_spec(shape, prev.dtype),
+                                  f"{name} (as child {i}, {type(m).__name__}, gets it)")
+        return shape
 
     def out_features(self, d_in: int) -> int:
         for m in self._seq:
@@ -445,6 +459,11 @@ class Sequential(Module):
         s, seq = self._s, self._seq
         last = len(seq) - 1
         inputs = self._inputs
+        c, gen = self._c, _MODE_GEN[0]
+        if c.modes_gen != gen:  # a train()/eval() somewhere since they were read
+            modes = [m.training for m in self._moded]
+        else:
+            modes = c.modes
         self._snap(0)
         # The first child checks x before it changes anything: a rejected x changes nothing.
         y = seq[0].forward(x, residual=residual if last == 0 else None)
@@ -455,10 +474,18 @@ class Sequential(Module):
             self._snap(i)
             y = seq[i].forward(xi, residual=residual if i == last else None)
         self._snap(last + 1)
+        c.modes, c.modes_gen = modes, gen
         return y
 
     def _backward_checkpointed(self, dy, dx_acc):
         s, seq, inputs = self._s, self._seq, self._inputs
+        c = self._c
+        if c.modes_gen != _MODE_GEN[0] and [m.training for m in self._moded] != c.modes:
+            # The reruns would recompute in the other mode (dropout on/off): wrong gradients.
+            raise RuntimeError("Sequential(checkpoint=True).backward: the train/eval mode "
+                               "changed since forward; the recomputed activations would not "
+                               "be the forward's. Restore the mode of the forward, or run "
+                               "forward again")
         for i in range(len(seq) - 1, 0, -1):
             d = seq[i].backward(dy)
             # Child i's input is dead now: its buffer keeps the gradient safe from the rerun
@@ -519,7 +546,9 @@ class MLP(Sequential):
       module's settings are read; the MLP builds its own fused layer.
     ``negative_slope`` is one float for every layer named "leaky_relu", or a list with one
     entry per layer; a ``LeakyReLU(slope)`` module entry carries its own slope instead.
-    ``activations`` (the attribute) lists the resolved names.
+    ``activations`` (the attribute) lists the resolved names (None for "identity", which
+    computes nothing); ``reference_activations`` the layers of the PyTorch reference
+    ``nn.Sequential``, where "identity" is an ``nn.Identity()`` in its own slot.
     """
 
     def __init__(self, sizes, activations=None, init: str = "he", bias: bool = True,
@@ -554,6 +583,11 @@ class MLP(Sequential):
                                   names[i], slopes[i]) for i in range(n_layers)])
         self.sizes = sizes
         self.activations = names
+        # The activation layer after each Linear in the PyTorch reference (nn.Sequential):
+        # "identity" keeps its nn.Identity() slot although no kernel runs for it.
+        self.reference_activations = [
+            "identity" if (a == "identity" or isinstance(a, Identity)) else n
+            for a, n in zip(activations, names)]
         self.negative_slope = negative_slope
         self.slopes = slopes
 

@@ -126,7 +126,7 @@ def as_rows(x, d, dtype, name: str = "x"):
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {x.strides} "
                          f"for shape {x.shape} (use np.ascontiguousarray)")
     if x.ndim == 3:
-        return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+        return _flat3(x), x.shape[:-1]
     return x, x.shape[:-1]
 
 
@@ -139,7 +139,14 @@ def _rows_of(a, shape, dtype, name):
             raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} "
                          f"for shape {a.shape} (use np.ascontiguousarray)")
-    return a.reshape(-1, shape[-1]) if a.ndim == 3 else a
+    return _flat3(a) if a.ndim == 3 else a
+
+
+def _flat3(a):
+    """(B, T, d) as (B*T, d) without a copy; explicit sizes, since reshape(-1, 0) of an
+    empty feature axis is ambiguous to NumPy."""
+    b, t, d = a.shape
+    return a.reshape(b * t, d)
 
 
 def _shaped(a2, lead):
@@ -149,6 +156,7 @@ def _shaped(a2, lead):
 
 # ----------------------------------------------------------------------------- arena
 _GENERATION = [0]  # bumped whenever parameters move to another arena
+_MODE_GEN = [0]    # bumped by every train()/eval() call
 
 
 class Arena:
@@ -415,6 +423,23 @@ class Module(metaclass=_ModuleMeta):
             self._pack()
 
     # -- the protocol ---------------------------------------------------------------------
+    def check_input(self, x, name: str = "x") -> tuple:
+        """The output shape for input ``x``, or the TypeError/ValueError ``forward`` would
+        raise for it, without running anything (``fit`` checks a whole data set with it
+        before the first step). This default: float rows (N, d) or (B, T, d) of the module's
+        dtype with d == ``in_features``. A module whose ``forward`` takes other input says so
+        by overriding this too."""
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"{name}: expected dtype {self.dtype} (the model's), got {x.dtype} "
+                            f"(convert with .astype(np.{self.dtype}))")
+        d = self.in_features
+        if x.ndim not in (2, 3) or (d is not None and x.shape[-1] != d):
+            want = "(N, d) or (B, T, d)" if d is None else f"(N, {d}) or (B, T, {d})"
+            raise ValueError(f"{name}: expected shape {want}, got {x.shape}")
+        return (*x.shape[:-1], self.out_features(x.shape[-1]))
+
     def out_features(self, d_in: int) -> int:
         """The last output dimension for inputs of last dimension ``d_in``."""
         return d_in
@@ -502,7 +527,7 @@ class Module(metaclass=_ModuleMeta):
                                  f"forward), got {dy.shape}")
             raise ValueError(f"{name}: expected a C-contiguous array, got strides {dy.strides}")
         self._no_overlap(name, dy)
-        return dy.reshape(-1, shape[-1]) if dy.ndim == 3 else dy
+        return _flat3(dy) if dy.ndim == 3 else dy
 
     def _workspace_ids(self):
         s = self._s
@@ -635,6 +660,7 @@ class Module(metaclass=_ModuleMeta):
 
     # -- modes ------------------------------------------------------------------------------
     def train(self, mode: bool = True):
+        _MODE_GEN[0] += 1  # lets a checkpointed Sequential skip re-reading unchanged modes
         object.__setattr__(self, "training", bool(mode))
         for m in self._modules.values():
             m.train(mode)
@@ -691,3 +717,21 @@ class Module(metaclass=_ModuleMeta):
             child = repr(m).replace("\n", "\n  ")
             lines.append(f"  ({name}): {child}")
         return "\n".join(lines) + "\n)" + f"  # {self.num_parameters():,} parameters"
+
+
+def _defined_by(cls, name: str):
+    return next(c for c in cls.__mro__ if name in c.__dict__)
+
+
+def describes_input(model) -> bool:
+    """Whether ``check_input`` of every module in ``model`` describes what its ``forward``
+    takes: true unless a class overrides ``forward`` below the class that defines its
+    ``check_input`` (a user's subclass with its own forward and no check_input of its own)."""
+    return all(issubclass(_defined_by(type(m), "check_input"), _defined_by(type(m), "forward"))
+               for _, m in model.named_modules())
+
+
+def input_spec(shape: tuple, dtype) -> np.ndarray:
+    """A read-only array of ``shape`` and ``dtype`` backed by one element: what a composite
+    passes to its next child's ``check_input`` (the values are never read)."""
+    return np.broadcast_to(np.zeros((), dtype), shape)

@@ -14,7 +14,8 @@ import math
 import numbers
 import weakref
 
-__all__ = ["LRScheduler", "LambdaLR", "StepLR", "LinearLR", "CosineAnnealingLR", "SequentialLR"]
+__all__ = ["LRScheduler", "LambdaLR", "StepLR", "LinearLR", "CosineAnnealingLR", "SequentialLR",
+           "check_warmup"]
 
 # Each optimizer's initial rates, recorded by the first scheduler built on it (PyTorch keeps
 # them as group["initial_lr"]; blasnet's optimizers accept only their own options in a group).
@@ -29,6 +30,21 @@ def _int(where: str, v, low: int) -> int:
     if v < low:
         raise ValueError(f"{where}: expected an integer >= {low}, got {v!r}")
     return int(v)
+
+
+def check_warmup(warmup, total_steps, what: str = "warmup") -> int:
+    """``warmup`` if the run of ``total_steps`` optimizer steps has at least one step after a
+    linear warmup of that many steps (a warmup of 0, or a run of no step, always fits), else
+    ValueError naming
+    ``what``: the one rule for every schedule, so no run trains at a fraction of its rate
+    for lack of steps and no warmup is silently shortened."""
+    w = _int(what, warmup, 0)
+    total = _int("total_steps", total_steps, 0)
+    if 0 < total <= w:
+        raise ValueError(f"{what} {w}: the run has {total} optimizer step(s); the warmup must "
+                         f"leave at least one at the full learning rate (use at most "
+                         f"{max(total - 1, 0)})")
+    return w
 
 
 def _real(where: str, v, low: float, high: float | None = None, low_open: bool = False) -> float:

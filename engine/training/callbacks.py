@@ -7,7 +7,9 @@ after that epoch if any callback returns True. Optional hooks: ``on_train_begin(
 optimizer, scheduler)`` before the first step and ``on_train_end(model, optimizer,
 scheduler)`` after the last epoch (also after an early stop, not after an exception). A
 callback with a ``monitor`` attribute must name a figure the run records ("loss",
-"accuracy", "val_loss", "val_accuracy"); ``fit`` checks that before the first step.
+"accuracy", "val_loss", "val_accuracy"), and so must each name in its ``figures`` (a tuple
+of the figures it reads, e.g. those a ModelCheckpoint path names); ``fit`` checks that
+before the first step.
 
     class StopAtLoss:                      # stop once the training loss is below a target
         def __init__(self, target):
@@ -20,7 +22,8 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import tempfile
+import re
+import string
 
 from . import checkpoint as _checkpoint
 
@@ -50,9 +53,10 @@ def _latest(history, monitor: str, who: str) -> float:
 
 def check_output_path(path, what: str = "path", suffixes=None) -> str:
     """``path`` as a str if a file can be written there, else ValueError naming ``what``: the
-    directory exists and is writable, ``path`` is not a directory, the file name (and the
-    temporary name an atomic write uses next to it) fits the file system, and the suffix is
-    one of ``suffixes`` (if given). A probe file is created next to it and removed."""
+    directory exists and is writable, ``path`` is not a directory, the file name fits the file
+    system, an existing file is not read-only (by its mode bits, also for root), and the
+    suffix is one of ``suffixes`` (if given). As ``checkpoint.save`` would, a file with its
+    short temporary name is created next to it and removed."""
     try:
         p = os.fspath(path)
     except TypeError:
@@ -63,31 +67,42 @@ def check_output_path(path, what: str = "path", suffixes=None) -> str:
         raise ValueError(f"{what}: expected a file name ending in {' or '.join(suffixes)}, got {p!r}")
     full = os.path.abspath(p)
     directory, name = os.path.split(full)
-    if not name:
+    if not name or p.endswith(("/", os.sep)):
         raise ValueError(f"{what}: {p!r} names a directory, not a file")
     if not os.path.isdir(directory):
         raise ValueError(f"{what}: the directory {directory!r} does not exist")
     if os.path.isdir(full):
         raise ValueError(f"{what}: {p!r} is a directory, not a file")
-    if os.path.exists(full) and not os.access(full, os.W_OK):
-        raise ValueError(f"{what}: {p!r} exists and is not writable")
     try:
         name_max = os.pathconf(directory, "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):
         name_max = 255
-    # Atomic writes go through "." + name + "." + 8 random characters + ".tmp" (mkstemp).
-    if len(name.encode()) + 14 > name_max:
+    if len(name.encode()) > name_max:
         raise ValueError(f"{what}: the file name is {len(name.encode())} bytes long; at most "
-                         f"{name_max - 14} fit here (with the temporary name used to write it)")
-    # The one sure test of writability (root passes os.access almost everywhere): create and
-    # remove a file with the temporary name an atomic write would use.
-    try:
-        fd, probe = tempfile.mkstemp(dir=directory, prefix="." + name + ".", suffix=".tmp")
-    except OSError as e:
-        raise ValueError(f"{what}: cannot write in {directory!r} ({e.strerror or e})") from None
-    os.close(fd)
-    os.unlink(probe)
+                         f"{name_max} fit here")
+    # What save checks and does (read-only files refused, a probe with its temporary name).
+    _checkpoint.check_target(p, what)
     return p
+
+
+def _template_fields(path: str) -> tuple:
+    """The figures (of ``MONITORS``) the path template ``path`` names; ValueError for a
+    field that is neither one of them nor ``epoch``, or a template that does not parse."""
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(path) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"path: cannot parse the template {path!r} ({e})") from None
+    fields = []
+    for f in names:
+        base = re.split(r"[.\[]", f, maxsplit=1)[0]
+        if base == "epoch":
+            continue
+        if base not in MONITORS:
+            raise ValueError(f"path: the template {path!r} names {{{f}}}; it may use {{epoch}} "
+                             f"and {list(MONITORS)}")
+        if base not in fields:
+            fields.append(base)
+    return tuple(fields)
 
 
 class Callback:
@@ -190,6 +205,7 @@ class ModelCheckpoint(Callback):
             raise TypeError(f"path: expected a path, got {type(path).__name__}") from None
         if not isinstance(save_best_only, bool):
             raise TypeError(f"save_best_only: expected a bool, got {save_best_only!r}")
+        self.figures = _template_fields(self.path)
         self.monitor, self.mode, self.save_best_only = monitor, mode, save_best_only
         self.best = math.inf if self._mode == "min" else -math.inf
         self.saved: list = []
@@ -201,7 +217,7 @@ class ModelCheckpoint(Callback):
     def _format(self, epoch: int, figures: dict) -> str:
         try:
             return self.path.format(epoch=epoch, **figures)
-        except (KeyError, IndexError, ValueError) as e:
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"path: cannot fill in {self.path!r} ({type(e).__name__}: {e}); "
                              f"it may use {{epoch}} and {sorted(figures)}") from None
 

@@ -9,7 +9,10 @@ and the scheduler are left as they were. A damaged file (flipped bits, a truncat
 header declaring more data than the file holds) is a ``CheckpointError``, found before any
 large allocation: every array's declared size is checked against the bytes stored for it,
 and its CRC-32 (the zip member's for ``.npz``, one per tensor in the metadata of the
-``.safetensors`` files blasnet writes) against its contents.
+``.safetensors`` files blasnet writes) against its contents. A ``.safetensors`` file blasnet
+writes also carries the CRC-32 of its length prefix and whole header (the metadata
+included), so every byte is covered; a file written by another tool has no checksums and
+is read as it is.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ import zlib
 
 import numpy as np
 
-__all__ = ["save", "load", "CheckpointError", "FORMAT_VERSION"]
+__all__ = ["save", "load", "check_target", "save_or_rescue", "SaveError", "CheckpointError",
+           "FORMAT_VERSION"]
 
 FORMAT = "blasnet-checkpoint"
 FORMAT_VERSION = 1
@@ -59,7 +63,7 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
     appears under ``path`` only once it is complete; a failure part-way leaves any previous
     file there untouched.
     """
-    path = _fspath(path)
+    path = _file_path(path)
     _check_model(model)
     if optimizer is not None:
         _check_optimizer(optimizer, model, saving=True)
@@ -100,16 +104,88 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
     _atomic_write(target, lambda f: np.savez(f, **arrays))
 
 
+class SaveError(OSError):
+    """``save_or_rescue`` could not write the file asked for; ``rescued`` is where the model
+    went instead (None if that failed too)."""
+
+    def __init__(self, message: str, rescued):
+        super().__init__(message)
+        self.rescued = rescued
+
+
+def save_or_rescue(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
+    """``save``; if writing fails (a full disk, a directory made read-only during the run),
+    save the same checkpoint to a new file in the temporary directory instead and raise
+    ``SaveError`` naming both: a run's end never loses the trained model."""
+    try:
+        save(path, model, optimizer, scheduler=scheduler, **metadata)
+        return
+    except OSError as e:
+        reason = e.strerror or str(e)
+    suffix = SAFETENSORS if _fspath(path).lower().endswith(SAFETENSORS) else ".npz"
+    rescued = None
+    try:
+        fd, rescued = tempfile.mkstemp(prefix="blasnet-rescued-", suffix=suffix)
+        os.close(fd)
+        save(rescued, model, optimizer, scheduler=scheduler, **metadata)
+        where = f"the model was saved to {rescued} instead"
+    except OSError as e2:
+        where = f"saving it to {rescued} failed too ({e2.strerror or e2})"
+        rescued = None
+    raise SaveError(f"{_fspath(path)}: could not save the checkpoint ({reason}); {where}",
+                    rescued)
+
+
 def _save_safetensors(path: str, model, meta_json: str) -> None:
     st = _safetensors_numpy()
     tensors = {name: np.ascontiguousarray(p.data) for name, p in model.named_parameters()}
     # safetensors metadata is str -> str: the user's metadata goes in as one JSON string;
-    # the format has no checksum of its own, so each tensor's CRC-32 goes in beside it.
+    # the format has no checksum of its own, so each tensor's CRC-32 goes in beside it, and
+    # the CRC-32 of the length prefix and the whole header (metadata and tensor offsets
+    # included) in a fixed-width field filled in after serialising.
     header = {"format": FORMAT, "version": str(FORMAT_VERSION), "model": type(model).__name__,
               "metadata": meta_json,
-              "crc32": json.dumps({k: _crc32(v) for k, v in tensors.items()})}
-    data = st.save(tensors, metadata=header)
+              "crc32": json.dumps({k: _crc32(v) for k, v in tensors.items()}),
+              _HEADER_CRC: _CRC_PLACEHOLDER}
+    data = bytearray(st.save(tensors, metadata=header))
+    end = 8 + int.from_bytes(data[:8], "little")
+    at = _header_crc_span(bytes(data[:end]), _CRC_PLACEHOLDER)
+    data[at:at + 8] = f"{zlib.crc32(data[:end]):08x}".encode()
     _atomic_write(path, lambda f: f.write(data))
+
+
+# The key of the header checksum; it names blasnet, so a blasnet file holds "blasnet" twice
+# (here and in the format) and no single flipped bit makes it look like a foreign file.
+_HEADER_CRC = "blasnet_header_crc32"
+_CRC_PLACEHOLDER = "00000000"
+# The metadata keys of files written before the header checksum (read as they were).
+_LEGACY_KEYS = {"format", "version", "model", "metadata", "crc32"}
+_MARKS = (FORMAT.encode(), _HEADER_CRC.encode())  # either one says "written by blasnet"
+
+
+def _header_crc_span(raw: bytes, value: str) -> int:
+    """Offset in ``raw`` (length prefix + header) of the 8 characters of the header checksum
+    field holding ``value``; -1 unless it appears exactly once."""
+    field = f'"{_HEADER_CRC}":"{value}"'.encode()
+    at = raw.find(field)
+    if at < 0 or raw.find(field, at + 1) >= 0:
+        return -1
+    return at + len(field) - 9
+
+
+def _check_header_crc(path: str, raw: bytes, value) -> None:
+    """The CRC-32 of ``raw`` (length prefix + header) with the checksum field reset to its
+    placeholder must be ``value``; else CheckpointError."""
+    at = -1
+    if isinstance(value, str) and len(value) == 8:
+        at = _header_crc_span(raw, value)
+    if at < 0:
+        raise CheckpointError(f"{path}: corrupt safetensors file (its header checksum field "
+                              f"is damaged)")
+    crc = zlib.crc32(raw[:at] + _CRC_PLACEHOLDER.encode() + raw[at + 8:])
+    if f"{crc:08x}" != value:
+        raise CheckpointError(f"{path}: corrupt safetensors file (its header, with the "
+                              f"metadata, fails its CRC-32 check)")
 
 
 def _crc32(a: np.ndarray) -> int:
@@ -123,6 +199,17 @@ def _fspath(path) -> str:
         return os.fspath(path)
     except TypeError:
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+
+
+def _file_path(path) -> str:
+    """``path`` as a str naming a file: an empty path or one ending in a separator (a
+    directory's name) is a ValueError naming it, not a file written under another name."""
+    p = _fspath(path)
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if not p or p.endswith(("/", os.sep)) or os.path.basename(p) in (".", ".."):
+        raise ValueError(f"path: expected a file name, got {p!r} (a directory's name or empty)")
+    return p
 
 
 def _check_model(model) -> None:
@@ -163,30 +250,22 @@ def _writable_target(path: str) -> str:
 
 # ----------------------------------------------------------------------------- writing
 _TMP_END = ".tmp"
+_TMP_START = ".blasnet-"
 
 
-def _temp_prefix(directory: str, base: str) -> str:
-    """``.<name>.<crc>.<pid>.``: mkstemp appends 8 random characters and ``.tmp``. The name
-    is cut to fit the file system's name limit; the CRC-32 of the whole name keeps two long
-    names with one beginning apart."""
-    try:
-        limit = os.pathconf(directory, "PC_NAME_MAX")
-    except (AttributeError, OSError, ValueError):
-        limit = 255
-    raw = os.fsencode(base)
-    tag = f"{zlib.crc32(raw):08x}"
-    tail = f".{tag}.{os.getpid()}."
-    room = max(0, limit - 1 - len(tail) - 8 - len(_TMP_END))
-    short = os.fsdecode(raw[:room]) if len(raw) > room else base
-    return "." + short + tail
+def _temp_prefix(base: str) -> str:
+    """``.blasnet-<crc>-<pid>-``: mkstemp appends 8 random characters and ``.tmp``. A short
+    hidden name of fixed length (38 characters) fits beside any file name the file system
+    takes; the CRC-32 of the target's name tells whose temporary file it is."""
+    return f"{_TMP_START}{zlib.crc32(os.fsencode(base)):08x}-{os.getpid()}-"
 
 
 def _remove_stale_temps(directory: str, prefix: str) -> None:
     """Remove the temporary files that earlier saves of the same target left behind when
-    their process was killed: names ``prefix`` (without its pid) + ``<pid>.<8 chars>.tmp``
+    their process was killed: names ``prefix`` (without its pid) + ``<pid>-<8 chars>.tmp``
     whose process no longer runs on this machine. Others' and our own are left alone."""
-    stem = prefix[:prefix.rstrip(".").rfind(".") + 1]  # ".<name>.<crc>."
-    pattern = re.compile(re.escape(stem) + r"(\d+)\.[A-Za-z0-9_]{8}" + re.escape(_TMP_END) + "$")
+    stem = prefix[:prefix.rstrip("-").rfind("-") + 1]  # ".blasnet-<crc>-"
+    pattern = re.compile(re.escape(stem) + r"(\d+)-[A-Za-z0-9_]{8}" + re.escape(_TMP_END) + "$")
     try:
         names = os.listdir(directory)
     except OSError:
@@ -199,6 +278,33 @@ def _remove_stale_temps(directory: str, prefix: str) -> None:
             os.unlink(os.path.join(directory, name))
         except OSError:
             pass
+
+
+def check_target(path, what: str = "path") -> str:
+    """``path`` if ``save`` can write it, else ValueError naming ``what``: the checks ``save``
+    makes (a file name, not a directory; an existing file is writable, by its mode bits too,
+    since ``save`` does not replace a read-only file even for root), then a probe file with
+    the temporary name ``save`` writes first, created and removed in the directory (the one
+    sure test of writability: root passes ``os.access`` almost everywhere)."""
+    try:
+        p = _file_path(path)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+    try:
+        real = _writable_target(p)
+    except OSError as e:
+        raise ValueError(f"{what}: {e.strerror}") from None
+    directory = os.path.dirname(os.path.abspath(real))
+    if not os.path.isdir(directory):
+        raise ValueError(f"{what}: the directory {directory!r} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=_temp_prefix(os.path.basename(real)),
+                                     suffix=_TMP_END)
+    except OSError as e:
+        raise ValueError(f"{what}: cannot write in {directory!r} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return p
 
 
 def _alive(pid: int) -> bool:
@@ -215,9 +321,13 @@ def _atomic_write(path: str, write) -> None:
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``
     (after removing stale temporary files of killed saves of the same ``path``)."""
     directory = os.path.dirname(os.path.abspath(path))
-    prefix = _temp_prefix(directory, os.path.basename(path))
+    prefix = _temp_prefix(os.path.basename(path))
     _remove_stale_temps(directory, prefix)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=_TMP_END)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=_TMP_END)
+    except OSError as e:  # same type and errno, naming the target rather than the temp file
+        raise type(e)(e.errno, f"{path}: cannot create a file in {directory!r} "
+                      f"({e.strerror})", path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -261,9 +371,17 @@ def _is_safetensors(head: bytes, size: int) -> bool:
 
 
 def _read_safetensors(path: str):
-    """A safetensors file as ``(header, arrays)`` in the shape ``_read`` gives for .npz."""
+    """A safetensors file as ``(header, arrays)`` in the shape ``_read`` gives for .npz.
+
+    A file blasnet wrote (its header names blasnet anywhere) must pass every check: the
+    header checksum, then each tensor's; one written before the header checksum must have
+    exactly that older layout. A file from another tool (no blasnet metadata) has no
+    checksums: it only needs to parse and fit the model."""
     _safetensors_numpy()  # the install hint if the package is missing
     from safetensors import safe_open
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        raw = prefix + f.read(int.from_bytes(prefix, "little"))  # _read checked it fits
     try:
         # The package checks every tensor's offsets against the file before reading it.
         with safe_open(path, framework="numpy") as f:
@@ -274,25 +392,31 @@ def _read_safetensors(path: str):
                               f"({type(e).__name__}: {e})") from None
     header = {"model": meta.get("model", "a safetensors file"), "optimizer": None,
               "metadata": {}, "safetensors": True}
-    if "format" in meta:  # written by blasnet: check it; other files need only fit the model
-        if meta["format"] != FORMAT:
-            raise CheckpointError(f"{path}: not a blasnet checkpoint (header format "
-                                  f"{meta['format']!r})")
-        version = meta.get("version", "")
-        if not (version.isascii() and version.isdigit()) or not 1 <= int(version) <= FORMAT_VERSION:
-            raise CheckpointError(f"{path}: checkpoint format version {version!r}; this "
-                                  f"blasnet reads versions 1 to {FORMAT_VERSION}")
-        header["metadata"] = _json_field(path, "metadata", meta.get("metadata", "{}"), dict)
-        if "crc32" in meta:
-            crcs = _json_field(path, "crc32", meta["crc32"], dict)
-            names = {k[len(_PARAM):] for k in arrays}
-            if set(crcs) != names:
-                raise CheckpointError(f"{path}: corrupt safetensors file (its checksums name "
-                                      f"{sorted(crcs)}, its tensors {sorted(names)})")
-            for name in sorted(names):
-                if crcs[name] != _crc32(arrays[_PARAM + name]):
-                    raise CheckpointError(f"{path}: corrupt safetensors file (tensor {name} "
-                                          f"fails its CRC-32 check)")
+    if not any(m in raw for m in _MARKS) and "format" not in meta:
+        return header, arrays  # another tool's file: nothing to check it against
+    if _HEADER_CRC in meta:
+        _check_header_crc(path, raw, meta[_HEADER_CRC])
+    elif not set(meta) <= _LEGACY_KEYS or "format" not in meta:
+        raise CheckpointError(f"{path}: corrupt safetensors file (blasnet metadata without "
+                              f"its header checksum; keys {sorted(meta)})")
+    if meta["format"] != FORMAT:
+        raise CheckpointError(f"{path}: not a blasnet checkpoint (header format "
+                              f"{meta['format']!r})")
+    version = meta.get("version", "")
+    if not (version.isascii() and version.isdigit()) or not 1 <= int(version) <= FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {version!r}; this "
+                              f"blasnet reads versions 1 to {FORMAT_VERSION}")
+    header["metadata"] = _json_field(path, "metadata", meta.get("metadata", "{}"), dict)
+    if "crc32" in meta or _HEADER_CRC in meta:
+        crcs = _json_field(path, "crc32", meta.get("crc32"), dict)
+        names = {k[len(_PARAM):] for k in arrays}
+        if set(crcs) != names:
+            raise CheckpointError(f"{path}: corrupt safetensors file (its checksums name "
+                                  f"{sorted(crcs)}, its tensors {sorted(names)})")
+        for name in sorted(names):
+            if crcs[name] != _crc32(arrays[_PARAM + name]):
+                raise CheckpointError(f"{path}: corrupt safetensors file (tensor {name} "
+                                      f"fails its CRC-32 check)")
     return header, arrays
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..nn.losses import CrossEntropyLoss, MSELoss
-from ..nn.module import Module, make_rng
+from ..nn.module import Module, describes_input, make_rng
 from ..optim.optimizers import Optimizer, check_optimizer_of, defer_keyboard_interrupt
 from ..optim.optimizers import clip_grad_norm as _clip_grad_norm
 
@@ -86,7 +86,7 @@ class History:
     def to_csv(self, path) -> None:
         """Write one row per epoch (``epoch,loss,...``; full float precision) to ``path``."""
         cols = self.columns()
-        with open(os.fspath(path), "w", newline="") as f:
+        with open(_path(path), "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(list(cols))
             for row in zip(*cols.values()):
@@ -101,18 +101,21 @@ class History:
                "seconds": self.seconds}
         doc.update({k: [clean(x) for x in v] if k != "epoch" else v
                     for k, v in self.columns().items()})
-        with open(os.fspath(path), "w") as f:
+        with open(_path(path), "w") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
 
     def plot(self, path, title: str | None = None):
-        """Save a PNG (640x400 pixels) of the training loss (and validation loss) per epoch to
-        ``path`` and return the matplotlib ``Figure``; the y axis is logarithmic when the
-        plotted losses are positive and span more than a decade. Needs matplotlib (the
-        optional extra ``plot``: ``pip install 'blasnet[plot]'``)."""
+        """Save a plot (6.4x4 inches; 640x400 pixels as PNG) of the training loss (and
+        validation loss) per epoch to ``path``, in the format its suffix names (``.png``,
+        ``.pdf``, ``.svg``, ...; another suffix is a ValueError before anything is drawn), and
+        return the matplotlib ``Figure``; the y axis is logarithmic when the plotted losses
+        are positive and span more than a decade. Needs matplotlib (the optional extra
+        ``plot``: ``pip install 'blasnet[plot]'``)."""
         if not self.loss:
             raise ValueError("History.plot: the history is empty (no epoch to plot)")
         Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
+        fmt = _plot_format(path, FigureCanvasAgg)
         epochs = np.arange(1, len(self.loss) + 1)
         fig = Figure(figsize=(6.4, 4.0), dpi=100)
         FigureCanvasAgg(fig)  # render without pyplot: no GUI backend, no global state
@@ -132,7 +135,7 @@ class History:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(os.fspath(path), format="png")
+        fig.savefig(os.fspath(path), format=fmt)
         return fig
 
     @property
@@ -143,6 +146,28 @@ class History:
     def samples_per_second(self) -> float:
         s = self.seconds
         return self.samples / s if s > 0 else float("nan")
+
+
+# Formats matplotlib writes by itself (pgf needs LaTeX; raw/rgba have no header).
+_PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff",
+                 "webp")
+
+
+def _path(path) -> str:
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+
+
+def _plot_format(path, canvas) -> str:
+    """The format ``path``'s suffix names, if matplotlib writes it; else ValueError."""
+    ext = os.path.splitext(_path(path))[1][1:].lower()
+    known = [f for f in _PLOT_FORMATS if f in canvas.get_supported_filetypes()]
+    if ext not in known:
+        raise ValueError(f"path: expected a file name ending in one of "
+                         f"{', '.join('.' + f for f in known)}, got {os.fspath(path)!r}")
+    return ext
 
 
 def _matplotlib():
@@ -191,35 +216,19 @@ def _check_model(model) -> None:
                         f"{type(model).__name__}")
 
 
+def _instance(what: str, v) -> None:
+    """A class where an object is expected (``loss=MSELoss``) passes duck-typing checks (its
+    methods are attributes) and fails mid-run: TypeError naming ``what`` first."""
+    if isinstance(v, type):
+        raise TypeError(f"{what}: expected an instance, got the class {v.__name__} (write "
+                        f"{v.__name__}(...))")
+
+
 def _check_loss(loss) -> None:
+    _instance("loss", loss)
     if not (callable(getattr(loss, "forward", None)) and callable(getattr(loss, "backward", None))):
         raise TypeError(f"loss: expected a loss with forward(pred, target) and backward() "
                         f"(MSELoss, CrossEntropyLoss), got {type(loss).__name__}")
-
-
-def _known(model) -> bool:
-    """Whether ``model`` and all its children are engine classes, whose ``dtype``,
-    ``in_features`` and ``out_features`` describe what they compute (a user's subclass
-    may override ``forward`` without them: its data is checked by the model and the loss)."""
-    return all(type(m).__module__.startswith("engine.") for _, m in model.named_modules())
-
-
-def _takes_rows(model) -> bool:
-    """Whether the model's first layer takes float rows through the protocol's own forward,
-    so that X must have the model's dtype and ``in_features`` (not, e.g., an Embedding's
-    integer ids, or a block with its own input rules)."""
-    m = model
-    while getattr(m, "_seq", None):  # Sequential, MLP: their first layer
-        m = m._seq[0]
-    return type(m).forward is Module.forward
-
-
-def _in_features(model):
-    """The last input dimension ``model`` takes (None: any), for an engine model."""
-    f = model.in_features
-    if f is None and model.children() and getattr(model, "_seq", None):
-        return _in_features(model._seq[0])  # Sequential, MLP: the first layer's
-    return f
 
 
 def _check_c(name: str, a) -> None:
@@ -237,33 +246,24 @@ def _check_finite(name: str, a) -> None:
 
 
 def _check_x(model, X, name: str, finite: bool):
-    """Check ``X`` for ``model``; return the output width for it (None: unknown)."""
+    """Check ``X`` for ``model`` through the module protocol (``check_input``); return the
+    model's output shape for it (None: the model does not describe its input)."""
     _check_c(name, X)
-    if not (_known(model) and _takes_rows(model)):
-        if finite and np.issubdtype(X.dtype, np.floating):
-            _check_finite(name, X)
-        return None
-    if X.dtype != model.dtype:
-        raise TypeError(f"{name}: expected dtype {model.dtype} (the model's), got {X.dtype} "
-                        f"(convert with .astype(np.{model.dtype}))")
-    d = _in_features(model)
-    if X.ndim not in (2, 3) or (d is not None and X.shape[-1] != d):
-        want = "(N, d) or (B, T, d)" if d is None else f"(N, {d}) or (B, T, {d})"
-        raise ValueError(f"{name}: expected shape {want}, got {X.shape}")
-    if finite:
+    out = model.check_input(X, name) if describes_input(model) else None
+    if finite and np.issubdtype(X.dtype, np.floating):
         _check_finite(name, X)
-    return model.out_features(X.shape[-1])
+    return out
 
 
-def _check_target(model, loss, X, Y, width, name: str, finite: bool) -> None:
-    """Check ``Y`` for ``loss`` on ``model``'s outputs for ``X`` (``width`` wide, or None)."""
+def _check_target(model, loss, X, Y, out, name: str, finite: bool) -> None:
+    """Check ``Y`` for ``loss`` on ``model``'s outputs for ``X`` (of shape ``out``, or None)."""
     _check_c(name, Y)
-    lead = X.shape[:-1]
-    known = width is not None
+    known = out is not None
+    lead, width = (out[:-1], out[-1]) if known else (X.shape[:-1], None)
     if isinstance(loss, CrossEntropyLoss) and np.issubdtype(Y.dtype, np.integer):
         if known and Y.shape != lead:
-            raise ValueError(f"{name}: expected integer labels of shape {lead} (X's without "
-                             f"the feature axis), got {Y.shape}")
+            raise ValueError(f"{name}: expected integer labels of shape {lead} (the model's "
+                             f"output for X without its class axis), got {Y.shape}")
         lo, hi = (int(np.min(Y)), int(np.max(Y))) if Y.size else (0, -1)
         if lo < 0 or (known and hi >= width):
             classes = f"[0, {width})" if known else "[0, classes)"
@@ -288,8 +288,8 @@ def _check_target(model, loss, X, Y, width, name: str, finite: bool) -> None:
 
 def _check_data(model, loss, X, Y, what: str = "", finite: bool = True) -> None:
     _check_xy(X, Y, what)
-    width = _check_x(model, X, what + "X", finite)
-    _check_target(model, loss, X, Y, width, what + "Y", finite)
+    out = _check_x(model, X, what + "X", finite)
+    _check_target(model, loss, X, Y, out, what + "Y", finite)
 
 
 @contextlib.contextmanager
@@ -502,7 +502,8 @@ def fit(model, loss, optimizer, X, Y, epochs: int, batch_size=None, shuffle: boo
                                validation, progress, callbacks, scheduler, scheduler_interval,
                                clip_grad_norm)
         else:  # every rank learns whether any rank rejected its arguments (none waits alone)
-            from ..distributed import _agree
+            from ..distributed import _agree, _comm
+            _comm(comm)  # a TypeError naming comm, before it is used to agree on anything
             error = setup = None
             try:
                 setup = _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle,
@@ -556,6 +557,7 @@ def _check_fit(model, loss, optimizer, X, Y, epochs, batch_size, shuffle, rng, v
     """Every check of ``fit``'s arguments; changes nothing."""
     _check_model(model)
     _check_loss(loss)
+    _instance("optimizer", optimizer)
     for name in ("step", "zero_grad"):
         if not callable(getattr(optimizer, name, None)):
             raise TypeError(f"optimizer: expected an optimizer with step() and zero_grad(), "
@@ -744,16 +746,23 @@ def _check_callbacks(callbacks, classify: bool, validation: bool) -> list:
     if validation:
         recorded += ["val_loss"] + (["val_accuracy"] if classify else [])
     for i, cb in enumerate(callbacks):
+        _instance(f"callbacks[{i}]", cb)
         if not callable(getattr(cb, "on_epoch_end", None)):
             raise TypeError(f"callbacks[{i}]: expected an object with on_epoch_end(epoch, "
                             f"history), got {type(cb).__name__}")
-        monitor = getattr(cb, "monitor", None)
-        if monitor is not None and monitor not in recorded:
-            hint = (" (pass validation=(X_val, Y_val))" if str(monitor).startswith("val_")
-                    and not validation else "")
-            raise ValueError(f"callbacks[{i}]: {type(cb).__name__} monitors {monitor!r}, which "
-                             f"this run does not record; it records {recorded}{hint}")
+        for monitor in (getattr(cb, "monitor", None), *getattr(cb, "figures", ())):
+            _check_monitor(i, cb, monitor, recorded, validation)
     return list(callbacks)
+
+
+def _check_monitor(i: int, cb, monitor, recorded: list, validation: bool) -> None:
+    """A figure callback ``i`` reads (its monitor, or one of its ``figures``) must be one the
+    run records."""
+    if monitor is not None and monitor not in recorded:
+        hint = (" (pass validation=(X_val, Y_val))" if str(monitor).startswith("val_")
+                and not validation else "")
+        raise ValueError(f"callbacks[{i}]: {type(cb).__name__} reads {monitor!r}, which this "
+                         f"run does not record; it records {recorded}{hint}")
 
 
 def _check_scheduler(scheduler, interval, optimizer) -> None:
@@ -761,6 +770,7 @@ def _check_scheduler(scheduler, interval, optimizer) -> None:
         raise ValueError(f"scheduler_interval: expected 'step' or 'epoch', got {interval!r}")
     if scheduler is None:
         return
+    _instance("scheduler", scheduler)
     if not callable(getattr(scheduler, "step", None)):
         raise TypeError(f"scheduler: expected a learning-rate scheduler with step(), got "
                         f"{type(scheduler).__name__}")

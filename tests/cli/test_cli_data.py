@@ -101,7 +101,7 @@ def test_npz_regression_saves_safetensors(tmp_path, capsys):
     (["--y-cols", "kind", "--save", "{tmp}/missing/m.npz"], "--save: the directory"),
     (["--y-cols", "kind", "--save", "{tmp}/m.pt"], "--save: expected a file name ending"),
     (["--y-cols", "kind", "--history", "{tmp}/h.txt"], "--history: expected"),
-    (["--y-cols", "kind", "--plot", "{tmp}/" + "p" * 250 + ".png"], "--plot: the file name"),
+    (["--y-cols", "kind", "--plot", "{tmp}/" + "p" * 252 + ".png"], "--plot: the file name"),
     (["--y-cols", "kind", "--val-fraction", "0", "--early-stopping", "3"], "--early-stopping"),
     (["--y-cols", "kind", "--task", "spiral"], "--task spiral: with --data"),
     (["--y-cols", "u", "--task", "classification"], "integer class labels"),
