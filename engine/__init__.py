@@ -30,6 +30,7 @@ from .optim import lr_scheduler
 # --- data, training, callbacks, checkpoints (engine/data.py, engine/training/) ---
 from . import data
 from .training.checkpoint import CheckpointError, load, save
+from .training.load_model import LoadedModel, load_model
 from .training.loop import History, NonFiniteLossError, evaluate, fit, predict
 from .training.callbacks import Callback, EarlyStopping, ModelCheckpoint
 # --- PyTorch state dicts (engine/interop.py) ---
