@@ -252,3 +252,14 @@ def test_checkpoint_without_config_names_why(tmp_path):
     engine.save(p, NoConfig(2))
     h = engine.checkpoint.read_header(p)
     assert h["model_config"] is None and "NoConfig.get_config()" in h["model_config_error"]
+
+
+def test_history_dict_is_the_per_epoch_lists():
+    # Check that History.history maps each logged figure to one value per epoch (Keras)
+    X, Y = _data()
+    m = engine.Linear(4, 3, rng=0)
+    h = engine.fit(m, engine.MSELoss(), engine.SGD(m.parameters(), lr=0.01), X, Y, 3,
+                   batch_size=8, validation=(X[:8], Y[:8]), progress=False)
+    assert set(h.history) == {"loss", "val_loss", "lr"}
+    assert h.history["loss"] == [float(v) for v in h.loss] and len(h.history["val_loss"]) == 3
+    assert h.history["lr"] == [0.01] * 3
