@@ -18,7 +18,7 @@ import numpy as np
 
 from .nn.module import check_dtype, make_rng
 
-__all__ = ["load", "train_val_split", "Standardizer", "infer_task", "regression",
+__all__ = ["load", "load_inputs", "train_val_split", "Standardizer", "infer_task", "regression",
            "regression_targets", "spiral", "xor", "sine", "TASKS", "make_task"]
 
 REGRESSION_OUTPUTS = ("sin(0.3(x0+x1+x2))", "tanh(0.25(x0-x3+x4-x5+x6))",
@@ -164,6 +164,35 @@ def load(path, x=None, y=None, dtype=np.float32):
     if low.endswith(".csv"):
         return _load_csv(path, xs, ys, dt)
     raise ValueError(f"path: expected a .npz or .csv file, got {path!r}")
+
+
+def load_inputs(path, x=None, dtype=np.float32) -> np.ndarray:
+    """The inputs alone of a file ``load`` reads, for prediction: the ``x`` columns of a CSV
+    (default: all) or the ``x`` array of an .npz (default "x"), as ``(N, d)`` of ``dtype``,
+    with ``load``'s checks and messages; no target is needed."""
+    dt = check_dtype(dtype)
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+    xs = _names("x", x)
+    low = path.lower()
+    if low.endswith(".csv"):
+        return _load_csv(path, xs, [], dt)[0]
+    if not low.endswith(".npz"):
+        raise ValueError(f"path: expected a .npz or .csv file, got {path!r}")
+    if xs is not None and len(xs) != 1:
+        raise ValueError(f"x: an .npz file holds one array per name; got {xs}")
+    xname = xs[0] if xs else "x"
+    (X,) = _read_npz(path, {"x": xname})
+    if not (np.issubdtype(X.dtype, np.number) or X.dtype == np.bool_) or np.iscomplexobj(X):
+        raise ValueError(f"{path}: array {xname!r}: expected real numbers, got dtype {X.dtype}")
+    if X.ndim == 0 or X.shape[0] == 0:
+        raise ValueError(f"{path}: array {xname!r} holds no samples (shape {X.shape})")
+    if np.issubdtype(X.dtype, np.inexact) and not np.all(np.isfinite(X)):
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(X))[0])
+        raise ValueError(f"{path}: array {xname!r}: non-finite value {X[bad]} at index {bad}")
+    return _cast(path, f"array {xname!r}", X.reshape(-1, 1) if X.ndim == 1 else X, dt)
 
 
 def _load_npz(path, xs, ys, dt):

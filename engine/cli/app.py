@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"Run '{prog} train --help' for the training options. Threads: "
                "--threads, or BLASNET_NUM_THREADS=N in the environment.")
     parser.add_argument("--version", action="version", version=f"blasnet {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{train,info}")
+    sub = parser.add_subparsers(dest="command",
+                                metavar="{train,info,inspect,predict,sample}")
     sub.required = True
     d = _HelpFormatter
     t = sub.add_parser(
@@ -234,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
                    description="Print the versions of Python, numpy, scipy, threadpoolctl and "
                                "blasnet, the BLAS/OpenMP libraries loaded with their thread "
                                "counts, and the thread-related environment variables.")
+    from . import inspect_cmd, predict_cmd, sample_cmd  # a saved model's uses
+    for command in (inspect_cmd, predict_cmd, sample_cmd):
+        command.add_parser(sub)
     return parser
 
 
@@ -718,7 +722,10 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # re-read by engine/lm.py
-        code = info(args) if args.command == "info" else train(args)
+        if hasattr(args, "run"):
+            code = args.run(args)
+        else:
+            code = info(args) if args.command == "info" else train(args)
         sys.stdout.flush()  # here, so a closed pipe surfaces inside the try
         return code
     except BrokenPipeError:
