@@ -81,7 +81,7 @@ def test_predict_reads_the_training_columns_by_name_without_the_target(classifie
     with open(d / "new.csv", "w") as f:
         f.write("c,extra,b,a\n")
         for a, b, c in X[:5]:
-            f.write(f"{c!r},7,{b!r},{a!r}\n")
+            f.write(f"{float(c)!r},7,{float(b)!r},{float(a)!r}\n")
     capsys.readouterr()
     assert main(["predict", str(ckpt), "--data", str(d / "new.csv")]) == 0
     new = capsys.readouterr().out.splitlines()
