@@ -92,6 +92,14 @@ def _sizes(text: str) -> list:
     return sizes
 
 
+class _SizesAction(argparse.Action):
+    """``--hidden 64 64``, the space-separated form every list flag takes; ``64,64`` (the
+    older spelling) is read too. The values land as one flat list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [n for v in values for n in v])
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """Appends "(default: ...)" unless the help text already explains its default."""
 
@@ -134,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gMLP d_hidden (width after W_in); d_model of the ffn/sublayer models")
     g.add_argument("--d-ff", type=_positive, default=512, metavar="N",
                    help="gMLP d_ffn (width of the gate and projection); d_ff of ffn/sublayer")
-    g.add_argument("--hidden", type=_sizes, default="64,32", metavar="N,N,...",
-                   help="hidden layer sizes of the mlp model")
+    g.add_argument("--hidden", type=_sizes, nargs="+", action=_SizesAction, default=[64, 32],
+                   metavar="N", help="hidden layer sizes of the mlp model, e.g. --hidden 64 32 "
+                                     "(default: 64 32)")
     g.add_argument("--activation", default="relu", choices=kernels.ACTIVATIONS,
                    help="activation of the ffn, sublayer and mlp models (gMLP uses GELU and "
                         "a sigmoid gate)")

@@ -127,3 +127,12 @@ def test_sample_refuses_a_checkpoint_that_is_not_a_language_model(classifier, ca
     _, ckpt, _ = classifier
     assert main(["sample", str(ckpt)]) == 2
     assert "not a language model checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spelling", [["8", "4"], ["8,4"]])
+def test_hidden_takes_space_separated_sizes_like_every_list_flag(spelling, capsys):
+    # Check that --hidden 8 4 (the one documented list syntax) builds 2 -> 8 -> 4 -> 2, and
+    # that the older 8,4 still means the same
+    assert main(["train", "--task", "xor", "--model", "mlp", "--hidden", *spelling,
+                 "--epochs", "1"]) == 0
+    assert "mlp 2 -> 8 -> 4 -> 2" in capsys.readouterr().out
