@@ -166,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data", default=None, metavar="FILE",
                    help="train on your own data: a .csv file (header row, numbers only) or a "
                         ".npz file (arrays x and y)")
+    g.add_argument("--delimiter", default=None, metavar="CHAR",
+                   type=lambda t: "\t" if t in ("\\t", "tab") else t,
+                   help="field separator of the CSV (default: the one of , ; tab | found most "
+                        "often in its header line)")
     g.add_argument("--x-cols", nargs="+", default=None, metavar="NAME",
                    help="input columns of the CSV (default: all but --y-cols), or the input "
                         "array of the .npz (default: x)")
@@ -364,7 +368,8 @@ def _own_data(args, dt):
         raise _UsageError(f"--data: no such file: {path!r}")
     is_csv = path.lower().endswith(".csv")
     try:
-        X, Y = _data.load(path, x=args.x_cols, y=args.y_cols, dtype=dt)
+        X, Y = _data.load(path, x=args.x_cols, y=args.y_cols, dtype=dt,
+                          delimiter=args.delimiter)
     except (ValueError, TypeError, OSError) as e:
         msg = str(e)
         if msg.startswith("y: name the target"):

@@ -22,6 +22,10 @@ def add_parser(sub) -> None:
     p.add_argument("--data", required=True, metavar="FILE",
                    help="the inputs: a .csv with a header row (the training columns are "
                         "picked by name; other columns are ignored) or an .npz (array x)")
+    p.add_argument("--delimiter", default=None, metavar="CHAR",
+                   type=lambda t: "\t" if t in ("\\t", "tab") else t,
+                   help="field separator of the CSV (default: the one of , ; tab | found most "
+                        "often in its header line)")
     p.add_argument("--x-cols", nargs="+", default=None, metavar="NAME",
                    help="input columns (default: the ones the model was trained on, as saved "
                         "in the checkpoint; else all columns)")
@@ -53,7 +57,7 @@ def run(args) -> int:
         meta = r.metadata if isinstance(r.metadata, dict) else {}
         x_cols = args.x_cols or meta.get("x_cols")
         X = load_inputs(args.data, x_cols if args.data.lower().endswith(".csv") else
-                        args.x_cols, dtype=r.model.dtype)
+                        args.x_cols, dtype=r.model.dtype, delimiter=args.delimiter)
         if r.standardizer is not None:
             X = r.standardizer.transform(X)
         if args.batch_size < 1:
