@@ -32,6 +32,7 @@ from ..nn.losses import CrossEntropyLoss, MSELoss
 from ..optim.optimizers import SGD, AdamW
 from ..training.loop import NonFiniteLossError, evaluate, fit, mean_absolute_error, predict, r2_score
 from ..training.loop import TrainingInterrupted
+from .task_rule import refusal, small_label_set
 
 MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
 MODELS += ("gmlp-lm",)  # the character language model of engine/lm.py (--task text)
@@ -388,6 +389,9 @@ def _own_data(args, dt):
         x_names = [f"x{j}" for j in range(X.shape[1])]
         y_names = None  # named below from the target's width
     inferred = _data.infer_task(Y)
+    if inferred == "classification" and args.task is None and not small_label_set(Y):
+        raise _UsageError(refusal(Y, repr(y_names[0]) if y_names else
+                                  f"array {(args.y_cols or ['y'])[0]!r}"))
     kind = args.task or inferred
     note = "given" if args.task else ("inferred: integer targets are class labels"
                                       if kind == "classification" else
