@@ -233,6 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "temporary directory, removed at exit)")
     g.add_argument("--history", default=None, metavar="PATH",
                    help="write the per-epoch history here (.csv or .json)")
+    loud = g.add_mutually_exclusive_group()
+    loud.add_argument("--quiet", action="store_true",
+                      help="print nothing but errors and warnings (the exit status says how "
+                           "it went)")
+    loud.add_argument("--verbose", action="store_true",
+                      help="also time one training step against its own GEMMs, replayed on a "
+                           "copy of the model (~0.2 s), in the time line")
     g.add_argument("--plot", default=None, metavar="PATH",
                    help="save a PNG of the loss (and validation loss) per epoch here (needs "
                         "matplotlib: pip install 'blasnet[plot]')")
@@ -563,7 +570,7 @@ def _train(args) -> int:
                                 restore_best_weights=True)
         callbacks.append(stopper)
 
-    out = sys.stdout if rank == 0 else open(os.devnull, "w")  # rank 0 prints
+    out = sys.stdout if rank == 0 and not args.quiet else open(os.devnull, "w")  # rank 0 prints
     threads = f"{kernels.get_num_threads()} BLAS thread(s)"
     if comm is not None:
         shard = ", AdamW sharded (ZeRO-1)" if args.shard_optimizer else ""
@@ -600,7 +607,7 @@ def _train(args) -> int:
     t0 = time.perf_counter()
     try:
         h = fit(model, loss, opt, X, Y, args.epochs, batch_size=bs, rng=args.seed,
-                progress=every, validation=val, callbacks=callbacks, scheduler=sched,
+                progress=False if args.quiet else every, validation=val, callbacks=callbacks, scheduler=sched,
                 scheduler_interval="step", clip_grad_norm=args.clip_grad_norm, comm=comm)
     except (NonFiniteLossError, distributed.RankError) as e:  # raised on every rank
         if rank == 0:
@@ -611,7 +618,7 @@ def _train(args) -> int:
         return 130
     t_fit = time.perf_counter() - t0
     gemm_s = n_gemms = None
-    if comm is None and h.steps > 0:  # one process: the step's own GEMMs, for the time line
+    if comm is None and h.steps > 0 and args.verbose:  # the step's own GEMMs, one process
         rows = bs or n
         gemm_s, n_gemms = step_gemm_time(args, model, d_in, d_out, loss, X[:rows], Y[:rows])
     if args.early_stopping is not None:

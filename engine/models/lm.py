@@ -438,6 +438,8 @@ def cli_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_number(int, 1, "a positive integer"), default=None)
     p.add_argument("--save", default=None)
     p.add_argument("--log-every", type=_number(int, 1, "a positive integer"), default=1)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--verbose", action="store_true")  # accepted: the LM prints no GEMM line
     p.add_argument("--prompt", default=c.prompt)
     p.add_argument("--sample-length", type=_number(int, 0, "an integer >= 0"),
                    default=c.sample_length)
@@ -473,6 +475,8 @@ def run_cli(args, out=None) -> int:
     except SystemExit as e:  # argparse has printed the usage and the error
         return 2 if e.code else 0
     c = config_from_options(o)
+    if o.quiet:
+        out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
     if o.threads is not None:
         kernels.set_num_threads(o.threads)
     t_all = time.perf_counter()
@@ -494,7 +498,7 @@ def run_cli(args, out=None) -> int:
           f"steps then cosine; {c.epochs} epochs x {s.steps // max(c.epochs, 1)} steps of "
           f"{c.batch_size} windows of {c.seq_len}; seed {c.seed}", file=out)
     out.flush()
-    r = train(progress=o.log_every, prepared=s)
+    r = train(progress=False if o.quiet else o.log_every, prepared=s)
     chars = r.history.samples * c.seq_len
     print(f"time      {r.seconds:.1f} s for {r.history.steps} steps "
           f"({chars / r.seconds if r.seconds > 0 else 0:,.0f} characters/s)", file=out)

@@ -65,3 +65,26 @@ def test_many_classes_train_when_asked_for(tmp_path, capsys):
     code, out, err = _train(capsys, "--data", p, "--y-cols", "y", "--task", "classification")
     assert code == 0, err
     assert "150 classes" in out
+
+
+def test_quiet_prints_nothing_and_verbose_adds_the_gemm_ratio(tmp_path, capsys):
+    # Check that --quiet prints nothing (and still saves), that the default time line has
+    # no GEMM ratio, and that --verbose adds it
+    ck = tmp_path / "q.npz"
+    code = main(["train", "--samples", "64", "--epochs", "3", "--quiet", "--save", str(ck)])
+    out = capsys.readouterr()
+    assert code == 0 and out.out == "" and out.err == "" and ck.stat().st_size > 0
+    assert main(["train", "--samples", "64", "--epochs", "3"]) == 0
+    plain = capsys.readouterr().out
+    assert "epoch" in plain and "GEMMs" not in plain
+    assert main(["train", "--samples", "64", "--epochs", "3", "--verbose"]) == 0
+    assert "x its 9 GEMMs" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # one or the other
+        main(["train", "--quiet", "--verbose"])
+
+
+def test_quiet_language_model_prints_nothing(capsys):
+    # Check that --quiet reaches the language model's own options too
+    assert main(["train", "--model", "gmlp-lm", "--task", "text", "--d-hidden", "8", "--d-ff",
+                 "8", "--epochs", "0", "--sample-length", "3", "--quiet"]) == 0
+    assert capsys.readouterr().out == ""
