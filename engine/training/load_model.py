@@ -28,8 +28,8 @@ class LoadedModel:
 
 def _optimizer_types() -> dict:
     from ..optim.optimizers import SGD, AdamW
-    # A sharded AdamW's gathered state is a whole AdamW state: one process resumes it as one.
-    return {"AdamW": AdamW, "SGD": SGD, "ShardedAdamW": AdamW}
+    # A ShardedAdamW saves the gathered state of the equivalent AdamW (type "AdamW").
+    return {"AdamW": AdamW, "SGD": SGD}
 
 
 def _scheduler_types() -> dict:
