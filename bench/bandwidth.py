@@ -2,9 +2,8 @@
 
 ``triad_fn`` is a STREAM-style triad (McCalpin's STREAM), a = b + s*c over three float32
 arrays each at least 4x the last-level cache, split over blasnet's threads like the
-elementwise kernels (``kernels.parallel.split``). NumPy has no fused a = b + s*c, so each
-thread runs it in L2-sized blocks through a scratch block (t = s*c; a = b + t): the scratch
-stays in cache, and what crosses the memory bus is b and c read and a written.
+elementwise kernels (``kernels.parallel.split``), compiled as they are (kernels.jit): one
+pass, b and c read and a written, as the optimizer's compiled update is.
 
 Bytes counted: 4 arrays per triad, STREAM's 3 plus the write-allocate read of a. NumPy's
 stores are ordinary cached stores, so the CPU reads each line of a before it overwrites
@@ -26,6 +25,7 @@ import os
 import numpy as np
 
 from kernels import memory, parallel
+from kernels.jit import jit
 
 # Row names of the kernel table (bench/test_bench_kernels.py) that run.py reads.
 TRIAD_ROW = "memory triad a=b+s*c"
@@ -36,7 +36,7 @@ ADAMW_COLD_ROW = "AdamW.step, cold cache"
 TRIAD_ARRAYS = 4         # b, c read; a read (write-allocate) and written
 UPDATE_ARRAYS = 3        # a, c read; a written
 ADAMW_ARRAYS = 7         # p, g, m, v read; p, m, v written
-TRIAD_BLOCK = 128 * 1024  # elements per scratch block: 512 KiB of float32, inside L2
+TRIAD_BLOCK = 128 * 1024  # elements per call of the compiled loop (each thread's slice in blocks)
 FALLBACK_LLC = 32 << 20  # bytes, when the OS does not say
 
 
@@ -76,16 +76,22 @@ def _arrays(n, dtype):
     return a, b, c
 
 
-def _blocked(n, dtype, body):
-    """A callable running ``body(i, j, t)`` over blocks of ``range(n)`` with a per-thread
-    scratch block ``t``, split over blasnet's threads."""
+@jit
+def _triad(a, b, c, s, i0, i1):
+    a, b, c = a[i0:i1], b[i0:i1], c[i0:i1]
+    for i in range(i1 - i0):
+        a[i] = b[i] + s * c[i]
+    return 0
+
+
+def _blocked(n, body):
+    """A callable running ``body(i, j)`` over blocks of ``range(n)``, split over blasnet's
+    threads."""
     blk = TRIAD_BLOCK
 
     def part(i0, i1, slot):
-        t = memory.scratch("bench.triad", blk, dtype)
         for i in range(i0, i1, blk):
-            j = min(i + blk, i1)
-            body(i, j, t[:j - i])
+            body(i, min(i + blk, i1))
 
     def run():
         parallel.split(part, n, 1, 0)  # min_elements=0: always over every thread
@@ -100,11 +106,7 @@ def triad_fn(n: int | None = None, dtype=np.float32, scalar: float = 3.0):
     n = triad_elements(dtype) if n is None else int(n)
     a, b, c = _arrays(n, dtype)
     s = dtype.type(scalar)
-
-    def body(i, j, t):
-        np.multiply(c[i:j], s, out=t)
-        np.add(b[i:j], t, out=a[i:j])
-    run = _blocked(n, dtype, body)
+    run = _blocked(n, lambda i, j: _triad(a, b, c, s, i, j))
     run.bytes = TRIAD_ARRAYS * n * dtype.itemsize
     run.arrays = (a, b, c)
     return run
@@ -117,11 +119,7 @@ def update_fn(n: int | None = None, dtype=np.float32, scalar: float = 3.0):
     n = triad_elements(dtype) if n is None else int(n)
     a, _, c = _arrays(n, dtype)
     s = [dtype.type(scalar)]
-
-    def body(i, j, t):
-        np.multiply(c[i:j], s[0], out=t)
-        np.add(a[i:j], t, out=a[i:j])
-    inner = _blocked(n, dtype, body)
+    inner = _blocked(n, lambda i, j: _triad(a, a, c, s[0], i, j))
 
     def run():
         inner()

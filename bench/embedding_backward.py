@@ -7,8 +7,7 @@ timed side by side: what kernels.embedding chose and why.
 - one-hot GEMM: ``dW += onehot(ids)^T dY`` through BLAS (cost grows with V * N * d).
 - ``scipy.sparse`` product: build the (V, N) one-hot CSR matrix and multiply (allocates it and
   the (V, d) result every call).
-- ``csc_matvecs`` (the engine's): the same one-hot matrix in compressed-column form, SciPy's
-  compiled kernel adding into dW in place.
+- the engine's compiled scatter-add (kernels.embedding): one row add per id, in place.
 
 Run: ``python -m bench.embedding_backward`` (one BLAS thread; medians of 7, in microseconds).
 """
@@ -55,11 +54,11 @@ def alternatives(v, n, d, rng):
         m = sp.csr_matrix((np.ones(n, np.float32), (ids, np.arange(n))), shape=(v, n))
         g[...] += m @ dy
 
-    def csc_matvecs():
+    def compiled():
         embedding.embedding_backward_unchecked(g, ids, dy)
 
     out = {"np.add.at": add_at, "sort + reduceat": sort_reduceat,
-           "scipy.sparse product": sparse_product, "csc_matvecs (engine)": csc_matvecs}
+           "scipy.sparse product": sparse_product, "compiled (engine)": compiled}
     if v * n <= 20_000_000:
         onehot = np.zeros((n, v), np.float32)
         flat, offs = onehot.reshape(-1), np.arange(n) * v

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -49,6 +50,10 @@ STEP_CASE_LIMIT = {("MLP", "batch64"): 1.5, ("GMLP", "run"): 1.15}
 # Step time at one thread / at two: two threads must never be slower, at any case.
 THREADS_RATIO_MIN = 1.0
 ADAMW_SPEEDUP_MIN = 4.0
+# AdamW.step at 321k parameters: speed-up per parameter over the NumPy chain it replaced
+# (bench/baselines.py: measured once, the chain is gone).
+ADAMW_CHAIN_SPEEDUP_MIN = 5.0
+ADAMW_321K_ROW = "AdamW.step 321k (engine)"
 # AdamW.step with its state coming from memory, GB/s as a fraction of the triad's.
 ADAMW_BANDWIDTH_MIN = 0.8
 SCALING_MIN = 1.7
@@ -222,12 +227,15 @@ def kernel_rows(benchmarks) -> list:
             g[b["impl"]] = b["median"]
             if b.get("bytes") and b["impl"] == "fast":
                 g["bytes"] = b["bytes"]
+            if b.get("params") and b["impl"] == "fast":
+                g["params"] = b["params"]
     rows = []
     for (name, size, thr), g in groups.items():
         rows.append(dict(kernel=name, size=size, threads=thr, fast_ms=_ms(g.get("fast")),
                          checked_ms=_ms(g.get("checked")), ref_ms=_ms(g.get("ref")),
                          speedup=_div(g.get("ref"), g.get("fast")), bytes=g.get("bytes"),
-                         gbs=_div(g.get("bytes") and g["bytes"] / 1e9, g.get("fast"))))
+                         gbs=_div(g.get("bytes") and g["bytes"] / 1e9, g.get("fast")),
+                         ns_per_param=_div(g.get("fast") and 1e9 * g["fast"], g.get("params"))))
     triad = {r["threads"]: r["gbs"] for r in rows if r["kernel"] == bandwidth.TRIAD_ROW}
     for r in rows:
         r["of_triad"] = _div(r["gbs"], triad.get(r["threads"]))
@@ -348,6 +356,11 @@ def target_checks(rows, krows, scaling, memory, thread_ratios=()) -> list:
         if k["threads"] == thr and k["kernel"] in ("adamw_update_many", "AdamW.step (engine)"):
             add(f"{k['kernel']} 2.1M params, x naive ({thr} thr)", k["speedup"],
                 ADAMW_SPEEDUP_MIN, le=False, kind="adamw", block=k["kernel"])
+        if k["threads"] == thr and k["kernel"] == ADAMW_321K_ROW:
+            from bench import baselines
+            add(f"{k['kernel']} x NumPy chain per parameter ({thr} thr)",
+                _div(baselines.ns_per_element("adamw", thr), k["ns_per_param"]),
+                ADAMW_CHAIN_SPEEDUP_MIN, le=False, kind="adamw_chain", block=k["kernel"])
         if k["threads"] == thr and k["kernel"] == bandwidth.ADAMW_COLD_ROW:
             add(f"{k['kernel']} GB/s / triad GB/s ({thr} thr)", k["of_triad"],
                 ADAMW_BANDWIDTH_MIN, le=False, kind="adamw_bw", block=k["kernel"])
@@ -478,13 +491,15 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None,
             "count.\nBytes: triad a=b+s*c 4 arrays (b, c read; a write-allocated and written), "
             "update a+=s*c\n3 (no write-allocate: both at one GB/s confirms the triad's 4), "
             "AdamW 7 per parameter\n(p, g, m, v read; p, m, v written); cold cache = the last-"
-            "level cache evicted before each call.")
+            "level cache evicted before each call.\nns/param = fast / parameters (AdamW.step "
+            "321k; the NumPy chain it replaced: bench/baselines.py).")
         hdr = ["kernel", "size", "thr", "fast ms", "checked ms", "baseline ms", "speed-up",
-               "GB/s", "of triad"]
+               "GB/s", "of triad", "ns/param"]
         body = [[k["kernel"], k["size"], k["threads"], _fmt(k["fast_ms"], ".3f"),
                  _fmt(k["checked_ms"], ".3f"), _fmt(k["ref_ms"], ".3f"),
                  "-" if k["speedup"] is None else _fmt(k["speedup"], ".2f") + "x",
-                 _fmt(k.get("gbs"), ".1f"), _fmt(k.get("of_triad"), ".2f")] for k in krows]
+                 _fmt(k.get("gbs"), ".1f"), _fmt(k.get("of_triad"), ".2f"),
+                 _fmt(k.get("ns_per_param"), ".3f")] for k in krows]
         out.append(table(hdr, body, left=2))
     if memory:
         out.append("")
@@ -508,6 +523,10 @@ def format_report(rows, krows, scaling, memory, checks, profile=(), noise=None,
         out.append("")
         out.append(format_small_profiles(small_profile))
         starred |= any(p.get("fallback") for p in small_profile)
+    costs = format_costs(list(profile or ()) + list(small_profile or ()))
+    if costs:
+        out.append("")
+        out.append(costs)
     if checks:
         out.append("")
         out.append("TARGETS. pairs = undisturbed pairs kept / pairs run.")
@@ -572,6 +591,49 @@ def format_profile(profile) -> str:
                                     for p in profile])
     body.append(["undisturbed steps kept"] + [_star(f"{p['kept'][0]}/{p['kept'][1]}",
                                                     p["fallback"]) for p in profile])
+    lines.append(table(hdr, body, left=1))
+    return "\n".join(lines)
+
+
+def format_costs(profiles) -> str:
+    """WHERE THE TIME GOES per element: each compiled elementwise kernel's ns per element in
+    the profiled steps (its time over the step / the elements its calls process), the
+    median and range over the profiled cases per thread count, beside what the NumPy chain
+    it replaced cost (bench/baselines.py, measured once before the chains were deleted)."""
+    from bench import baselines
+    per: dict = {}
+    for p in profiles:
+        for op, ns in (p.get("ns_per_element") or {}).items():
+            per.setdefault(op, {}).setdefault(p["threads"], []).append((ns, p))
+    if not per:
+        return ""
+    threads = sorted({t for d in per.values() for t in d})
+    lines = ["WHERE THE TIME GOES per element: each compiled kernel's ns per element in the "
+             "profiled steps\n(time per call / elements it processes: parameters for adamw, "
+             "the largest array otherwise),\nmedian [min-max] over the profiled cases, beside "
+             "the NumPy chain it replaced (ns per element at\nits own size, measured once: "
+             "bench/baselines.py and docs/performance.md, \"Compiled kernels\").\n"
+             "Small calls are bound by their fixed cost per call, not per element."]
+    hdr = ["kernel"]
+    for t in threads:
+        hdr += [f"ns/el {t} thr", f"NumPy {t} thr"]
+    hdr.append("elements/step")
+    body = []
+    from bench import step_profile as prof
+    for op in prof.order_parts(per):
+        row = [op]
+        for t in threads:
+            vals = sorted(v for v, _ in per[op].get(t, []))
+            if vals:
+                med = statistics.median(vals)
+                row.append(f"{med:.3f} [{vals[0]:.3f}-{vals[-1]:.3f}]")
+            else:
+                row.append("-")
+            base = baselines.ns_per_element(op, t)
+            row.append("-" if base is None else f"{base:.3f}")
+        sizes = sorted({p["elements"][op] for d in per[op].values() for _, p in d})
+        row.append(f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}")
+        body.append(row)
     lines.append(table(hdr, body, left=1))
     return "\n".join(lines)
 
@@ -744,6 +806,17 @@ def format_misses(checks, rows, krows, profile, thread_ratios=()) -> str:
             if opt:
                 text += "; in the profiled steps the optimizer takes " + ", ".join(
                     f"{b} {1e3 * v:.1f} ms" for b, v in opt)
+            out.append(text + ".")
+        elif kind == "adamw_chain":
+            from bench import baselines
+            k = next((k for k in krows if k["kernel"] == block
+                      and k["threads"] == c["threads"]), None)
+            base = baselines.ns_per_element("adamw", c["threads"])
+            text = head
+            if k and base:
+                text += (f": {_fmt(k['ns_per_param'], '.3f')} ns per parameter vs the chain's "
+                         f"{base:.3f}; {ADAMW_CHAIN_SPEEDUP_MIN:g}x needs <= "
+                         f"{base / ADAMW_CHAIN_SPEEDUP_MIN:.3f}")
             out.append(text + ".")
         elif kind == "adamw_bw":
             k = next((k for k in krows if k["kernel"] == block

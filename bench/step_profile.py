@@ -51,6 +51,18 @@ ROUND_S = 0.05 if timing.QUICK else 0.3
 MAX_REPS = 30 if timing.QUICK else 200
 
 
+def elements_of(name: str, args) -> int:
+    """The elements a ``kernels.ops`` call ``name(*args)`` processes: the parameters of an
+    optimizer call, the rows of the output gradient of an embedding backward, else the
+    largest array it is given (the one it streams over)."""
+    import numpy as np
+    if name == "adamw":
+        return sum(item[0][0].size for item in args[0])
+    if name == "embedding_backward":
+        return args[2].size
+    return max((a.size for a in args if isinstance(a, np.ndarray)), default=0)
+
+
 def order_parts(names) -> list:
     """Kernel part names in ``kernels.ops.NAMES`` order (gemm first), unknown ones last."""
     rank = {n: i for i, n in enumerate((GEMM,) + tuple(n for n in ops.NAMES if n != GEMM))}
@@ -60,7 +72,8 @@ def order_parts(names) -> list:
 def instrumented_step(case: dict):
     """cases.step_fn's step inside ``record(timed=True)``: returns (wall seconds of the step,
     {phase: seconds} for each call of PHASES, {ops name: seconds} and {ops name: calls} of the
-    kernels that forward and backward called, {phase: kernels.ops calls made inside it})."""
+    kernels that forward and backward called, {phase: kernels.ops calls made inside it},
+    {ops name: (seconds, elements)} over every call of the whole step)."""
     module, x, target = case["module"], case["x"], case["target"]
     fwd, bwd = module.forward, module.backward
     lfwd, lbwd, ostep = case["loss"].forward, case["loss"].backward, case["opt"].step
@@ -88,7 +101,12 @@ def instrumented_step(case: dict):
             timed("backward", bwd, g)
             timed(OPTIMIZER, ostep, zero_grad=True)  # as cases.step_fn and fit
             wall = clock() - t_start
-        return wall, phase, kernel_s, kernel_n, ops_n
+        per_element = {}
+        for c in rec.calls:
+            if c.name != GEMM:
+                s, n = per_element.get(c.name, (0.0, 0))
+                per_element[c.name] = (s + c.seconds, n + elements_of(c.name, c.args))
+        return wall, phase, kernel_s, kernel_n, ops_n, per_element
     return run
 
 
@@ -118,6 +136,7 @@ def profile_case(block: str, shape_name="large", reps: int | None = None, dtype=
     t_floor = timing.warm_up(floor, floor.restore)  # back to back: restored (floors.replay_fn)
     for _ in range(2):
         t_instr = instr()[0]
+    elements = {k: n for k, (_, n) in instr()[5].items()}
     if reps is None:
         reps = _reps_for(t_plain + t_floor + t_instr)
     p = timing.probe()
@@ -135,7 +154,7 @@ def profile_case(block: str, shape_name="large", reps: int | None = None, dtype=
         for what in ("floor", "plain", "instr")[len(rounds) % 3:] + \
                 ("floor", "plain", "instr")[:len(rounds) % 3]:
             if what == "instr":
-                r["instr"], phase, kernel_s, kernel_n, ops_n = instr()
+                r["instr"], phase, kernel_s, kernel_n, ops_n, per_el = instr()
             else:
                 t0 = clock()
                 (floor if what == "floor" else plain)()
@@ -146,6 +165,7 @@ def profile_case(block: str, shape_name="large", reps: int | None = None, dtype=
         parts[OTHER] = sum(phase[k] for k in SPLIT) - sum(kernel_s.values())
         parts.update({k: phase[k] for k in WHOLE})
         r["parts"], r["calls"], r["ops_calls"] = parts, kernel_n, ops_n
+        r["kernel_s"] = {k: t for k, (t, _) in per_el.items()}
         r["fwd_bwd"] = sum(phase[k] for k in SPLIT)
         if len(rounds) >= reps:  # a replacement round
             timing.spend_extra(clock() - t_round)
@@ -159,6 +179,9 @@ def profile_case(block: str, shape_name="large", reps: int | None = None, dtype=
     calls = {k: use[0]["calls"].get(k, 0) for k in kernels_seen}
     calls.update({k: 1 for k in WHOLE})
     ops_calls = {k: use[0]["ops_calls"].get(k, 0) for k in PHASES}
+    # ns per element of each elementwise kernel over the whole step (loss and optimizer too)
+    ns_per_element = {k: 1e9 * _median([r["kernel_s"].get(k, 0.0) for r in use]) / n
+                      for k, n in elements.items() if n}
     why: dict = {}
     for w in reasons:
         if w is not None:
@@ -170,6 +193,7 @@ def profile_case(block: str, shape_name="large", reps: int | None = None, dtype=
                 step_instrumented=_median([r["instr"] for r in use]),
                 fwd_bwd=_median([r["fwd_bwd"] for r in use]), parts=parts, calls=calls,
                 ops_calls=ops_calls, ops_calls_total=sum(ops_calls.values()),
+                elements=elements, ns_per_element=ns_per_element,
                 kept=[len(clean), len(rounds)], fallback=fallback, dropped=why)
 
 

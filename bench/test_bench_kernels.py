@@ -124,6 +124,24 @@ def _adamw_engine():
     return run
 
 
+def _adamw_engine_321k():
+    """engine.optim.AdamW.step over a Linear(512, 627): 321,651 parameters, the size the
+    compiled update is held to 5x the NumPy chain at (bench/baselines.py); ``run.params``
+    gives the report its ns per parameter."""
+    from engine.layers import Linear
+    from engine.optim import AdamW
+    module = Linear(512, 627, rng=0)
+    rng = np.random.default_rng(0)
+    for p in module.parameters():
+        p.grad[...] = _rand(rng, p.shape, 1e-3)
+    step = AdamW(module.parameters(), lr=1e-4).step
+
+    def run():
+        step()
+    run.params = sum(p.size for p in module.parameters())
+    return run
+
+
 def _adamw_engine_cold():
     """_adamw_engine's step with the caches evicted before each timed call (setup): the
     optimizer state comes from memory, as after a forward and backward."""
@@ -132,6 +150,7 @@ def _adamw_engine_cold():
     return run
 
 
+ADAMW_321K_ROW = "AdamW.step 321k (engine)"
 _MEM_ARRAY = f"{bandwidth.triad_elements(F32) * np.dtype(F32).itemsize >> 20} MiB"
 
 LARGE, SMALL = (2048, 2048, 512), (8, 800, 200)
@@ -158,6 +177,7 @@ KERNELS = [
     ("adamw_update_many", "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
     (bandwidth.ADAMW_ROW, "2.1M params (large FFN)", "fast", _adamw_engine),
     (bandwidth.ADAMW_ROW, "2.1M params (large FFN)", "ref", lambda: _adamw("ref")),
+    (ADAMW_321K_ROW, "321,651 params (Linear 512x627)", "fast", _adamw_engine_321k),
     (bandwidth.TRIAD_ROW, f"3 x {_MEM_ARRAY} f32", "fast", bandwidth.triad_fn),
     (bandwidth.UPDATE_ROW, f"2 x {_MEM_ARRAY} f32", "fast", bandwidth.update_fn),
     (bandwidth.ADAMW_COLD_ROW, "2.1M params (large FFN)", "fast", _adamw_engine_cold),
@@ -171,4 +191,6 @@ def test_kernel(benchmark, name, size, impl, factory):
     info = dict(kernel=name, size=size, impl=impl)
     if getattr(fn, "bytes", None) is not None:  # a bandwidth row: GB/s = bytes / median
         info["bytes"] = fn.bytes
+    if getattr(fn, "params", None) is not None:  # ns per parameter in the report
+        info["params"] = fn.params
     run_benchmark(benchmark, fn, setup=getattr(fn, "setup", None), **info)

@@ -26,7 +26,7 @@ from .nn.module import Module, Parameter, Workspace
 # --- modules (engine/nn/) ---
 from .nn.layers import (GELU, MLP, Identity, LeakyReLU, Linear, ReLU, Sequential, Sigmoid, SiLU,
                         Tanh)
-from .nn.blocks import FFN, GMLP, AddNorm, Dropout, FFNSublayer, LayerNorm
+from .nn.blocks import FFN, GMLP, AddNorm, ChannelGatedMLP, Dropout, FFNSublayer, LayerNorm
 from .nn.losses import CrossEntropyLoss, MSELoss
 # --- optimizers and schedules (engine/optim/) ---
 from .optim import SGD, AdamW, Optimizer, clip_grad_norm
@@ -52,7 +52,7 @@ except _NotFound:  # a source tree that was never installed
 # character LM (engine/models/) ---
 from .nn.layers import LogSoftmax, Softmax
 from .nn.gated import GatedFFN
-from .nn.gmlp_block import GMLPBlock, SpatialGatingUnit
+from .nn.gmlp_block import GMLPBlock, SpatialGatingUnit, SpatialGMLPBlock
 from .nn.embedding import Embedding
 from . import models
 from .models import lm

@@ -17,19 +17,18 @@ import zipfile
 
 import numpy as np
 
+from ._checks import check_int, check_real
 from .nn.module import check_dtype, make_rng
 
-__all__ = ["load", "load_inputs", "train_val_split", "Standardizer", "infer_task", "regression",
-           "regression_targets", "spiral", "xor", "sine", "TASKS", "make_task"]
+__all__ = ["load", "load_inputs", "csv_columns", "train_val_split", "Standardizer", "infer_task",
+           "regression", "regression_targets", "spiral", "xor", "sine", "TASKS", "make_task"]
 
 REGRESSION_OUTPUTS = ("sin(0.3(x0+x1+x2))", "tanh(0.25(x0-x3+x4-x5+x6))",
                       "0.1(x7+x8)^2-0.6", "0.1*x9*x10+0.2*x11")
 
 
 def _check_n(n, minimum: int = 1) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < minimum:
-        raise ValueError(f"n: expected an integer >= {minimum}, got {n!r}")
-    return int(n)
+    return check_int("n", n, minimum)
 
 
 def regression_targets(X: np.ndarray) -> np.ndarray:
@@ -58,8 +57,7 @@ def regression(n: int = 1024, d_in: int = 16, dtype=np.float32, rng=0):
     about 0.45 to 0.7 over the input box)."""
     dt = check_dtype(dtype)
     n = _check_n(n)
-    if isinstance(d_in, bool) or not isinstance(d_in, (int, np.integer)) or d_in < 12:
-        raise ValueError(f"d_in: expected an integer >= 12 (the targets use inputs 0..11), got {d_in!r}")
+    check_int("d_in", d_in, 12, what="an integer >= 12 (the targets use inputs 0..11)")
     X = make_rng(rng).uniform(-3.0, 3.0, size=(n, int(d_in)))  # float64, then cast once
     return X.astype(dt), regression_targets(X).astype(dt)
 
@@ -343,6 +341,14 @@ def _records(path: str, reader):
 _DELIMITERS = (",", ";", "\t", "|")
 
 
+def csv_columns(path, delimiter=None) -> list:
+    """The column names of the CSV at ``path`` (its header row, stripped), split as ``load``
+    splits them."""
+    text = _csv_text(os.fspath(path))
+    with io.StringIO(text, newline="") as f:
+        return [h.strip() for h in next(csv.reader(f, delimiter=_delimiter(text, delimiter)), [])]
+
+
 def _delimiter(text: str, delimiter) -> str:
     """``delimiter`` checked, or the one of ``_DELIMITERS`` the header line holds most often."""
     if delimiter is not None:
@@ -520,9 +526,7 @@ def train_val_split(X, Y, val_fraction: float, rng=0):
     n = X.shape[0]
     if Y.shape[0] != n:
         raise ValueError(f"Y: expected {n} samples (X has {n}), got {Y.shape[0]}")
-    if (isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real)
-            or not 0.0 < float(val_fraction) < 1.0):
-        raise ValueError(f"val_fraction: expected a number in (0, 1), got {val_fraction!r}")
+    check_real("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
     n_val = int(round(n * float(val_fraction)))
     if n_val < 1 or n_val > n - 1:
         raise ValueError(f"val_fraction: {val_fraction} of {n} samples leaves "

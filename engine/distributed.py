@@ -25,8 +25,10 @@ from kernels import ops
 from kernels.memory import aligned_empty
 from kernels.optim import adamw_consts
 
-from .nn.module import _GENERATION, Module, check_float, make_rng, runs
-from .optim.optimizers import AdamW, Optimizer, check_optimizer_of, clip_grad_norm, defer_keyboard_interrupt
+from ._checks import check_int
+from .nn.module import Module, arena_layout_version, check_float, make_rng, runs
+from .optim.optimizers import (AdamW, Optimizer, check_optimizer_of, clip_grad_norm,
+                               defer_keyboard_interrupt)
 
 __all__ = ["DataParallel", "ShardedAdamW", "RankError", "mpi", "world", "launched_size",
            "rank_rng", "save", "load", "INSTALL"]
@@ -138,8 +140,7 @@ def rank_rng(seed: int, comm=None, out=None) -> np.random.Generator:
     ranks and are reproducible. With ``out`` (the Generator a model was built with) that
     Generator is switched to the stream in place, so the model's dropout layers draw from
     it; ``out`` is returned."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
+    check_int("seed", seed, 0)
     rank = _comm(comm).Get_rank()
     seq = np.random.SeedSequence(int(seed), spawn_key=(rank,))
     if out is None:
@@ -392,11 +393,11 @@ class ShardedAdamW(AdamW):
         self._arena = ranges[0][2]
         self._lo, self._n = ranges[0][0], ranges[-1][1] - ranges[0][0]
         self._dtype = self._arena.dtype
-        self._range_gen = _GENERATION[0]
+        self._range_gen = arena_layout_version()
 
     def flat_range(self):
         """``(id(arena), lo, hi)``: the flat parameter range this optimizer shards."""
-        if self._range_gen != _GENERATION[0]:
+        if self._range_gen != arena_layout_version():
             self._find_range()
         return (id(self._arena), self._lo, self._lo + self._n)
 
@@ -415,7 +416,7 @@ class ShardedAdamW(AdamW):
     def _shard_plan(self) -> list:
         """Per group: ``(data, grad, m, v)`` views of each run of its parameters inside this
         rank's shard; the reduced gradient of arena element ``lo + s0 + i`` is ``grad[i]``."""
-        if self._pieces_gen == _GENERATION[0]:
+        if self._pieces_gen == arena_layout_version():
             return self._pieces
         self.flat_range()
         a, base, s0, s1 = self._arena, self._lo, self._s0, self._s1
@@ -429,7 +430,7 @@ class ShardedAdamW(AdamW):
                     pieces.append((a.data[base + x0:base + x1], a.grad[base + i0:base + i1],
                                    self._m[i0:i1], self._v[i0:i1]))
             plan.append(pieces)
-        self._pieces, self._pieces_gen = plan, _GENERATION[0]
+        self._pieces, self._pieces_gen = plan, arena_layout_version()
         return plan
 
     def reduce_gradients(self, weight=None) -> None:
@@ -532,12 +533,12 @@ class ShardedAdamW(AdamW):
         sd["type"], sd["state"] = "AdamW", state
         return sd
 
-    def _check_state_dict(self, sd):
+    def validate_state_dict(self, sd):
         if isinstance(sd, dict) and sd.get("type") == "AdamW":
             sd = dict(sd, type=type(self).__name__)  # AdamW checkpoints load as they are
-        return super()._check_state_dict(sd)
+        return super().validate_state_dict(sd)
 
-    def _apply_state(self, checked) -> None:
+    def apply_state(self, checked) -> None:
         steps, options, state = checked
         for group, opts in zip(self.param_groups, options):
             group.update(opts)
@@ -630,3 +631,29 @@ def load(path, model, optimizer=None, scheduler=None, *, comm=None) -> dict:
     if error is not None:
         raise error
     return meta
+
+
+class FitRanks:
+    """The ranks of ``comm`` as ``fit`` sees them (the interface of
+    ``engine.training.parallel.SingleProcess``): the argument checks run on every rank and
+    every rank learns whether any rejected its arguments (none waits alone); ``start`` is
+    ``fit_setup``."""
+
+    def __init__(self, comm):
+        _comm(comm)  # a TypeError naming comm, before it is used to agree on anything
+        self.comm = comm
+
+    def checked(self, check):
+        error = result = None
+        try:
+            result = check()
+        except (TypeError, ValueError) as e:
+            error = e
+        _agree(self.comm, error)
+        if error is not None:
+            raise error
+        return result
+
+    def start(self, model, optimizer, X, Y, plan) -> DataParallel:
+        return fit_setup(self.comm, model, optimizer, X, Y, epochs=plan.epochs,
+                         batch_size=plan.batch_size, shuffle=plan.shuffle, rng=plan.rng)

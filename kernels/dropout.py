@@ -1,87 +1,67 @@
 """Inverted dropout: keep each element with probability 1 - p and scale it by 1/(1 - p).
 
-The uniform draws go straight into the caller's ``mask`` block by block and are turned into
-{0, 1/(1-p)} in place, so nothing the size of ``x`` is allocated. Same Generator state, same
-mask as ``reference.dropout_forward`` (one rng.random stream in C order). With several
-blasnet threads, large arrays are pipelined: the caller draws block after block (one
-Generator, in order) while pool threads finish the blocks already drawn.
+The uniform draws go straight into the caller's ``mask`` (one ``rng.random`` call, C order:
+the stream, and so the mask, of ``reference.dropout_forward``); one compiled pass then turns
+them into {0, 1/(1-p)} and writes ``out = x * mask``, split over blasnet's threads when
+large. Nothing the size of ``x`` is allocated. The generator's draw is most of the time: a
+Generator is not thread-safe, and drawing in pieces on several would change the stream.
 """
 from __future__ import annotations
-
-import queue
 
 import numpy as np
 
 from . import parallel as _par
 from .gemm import check_array
-from .memory import bundle, scratch
+from .jit import jit
 
 __all__ = ["dropout_forward", "dropout_backward",
            "dropout_forward_unchecked", "dropout_backward_unchecked"]
 
-# Inline blocks: the draw, the compare/scale and x * mask touch each block while it is in L2
-# (the generator dominates the time, not the block size: docs/performance.md, "Dropout").
-_BLOCK_BYTES = 256 * 1024
-# Pipelined blocks: long draws on the caller (GIL released) against the pool threads' four
-# short passes per block.
-_PIPE_BLOCK_BYTES = 1024 * 1024
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
+COST = 1
+
 
 def _same(a, b):
     return a is b or a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
-def _finish_block(of, mf, xf, i, j, p, scale, keep):
-    """mask[i:j] = (u >= p) * scale from the draws u already in it; out[i:j] = x * mask."""
-    mb, kb = mf[i:j], keep[:j - i]
-    # u >= p in x's dtype (p is a Python float, like the reference's comparison). The bool
-    # goes through copyto (0.0 / 1.0): a float out= on the comparison would make numpy
-    # allocate a cast buffer. Then mask is exactly 0 or dtype(1/(1-p)).
-    np.greater_equal(mb, p, kb)
-    np.copyto(mb, kb)
-    np.multiply(mb, scale, mb)
-    np.multiply(xf[i:j], mb, of[i:j])
+@jit
+def _apply(out, mask, x, p, scale, i0, i1):
+    """mask = scale where the draw u in mask is >= p, else 0; out = x * mask (out may be x)."""
+    out, mask, x = out[i0:i1], mask[i0:i1], x[i0:i1]
+    zero = scale - scale
+    if out.ctypes.data == x.ctypes.data:  # one name for in-place memory: vectorises
+        for i in range(i1 - i0):
+            m = scale if mask[i] >= p else zero
+            mask[i] = m
+            x[i] *= m
+    else:
+        for i in range(i1 - i0):
+            m = scale if mask[i] >= p else zero
+            mask[i] = m
+            out[i] = x[i] * m
+    return 0
 
 
-def _keeps(k, blk):
-    """A (blk,) bool block per slot of a k-thread pipelined pass, taken on the caller."""
-    return [scratch(("dropout.keep", s), blk, np.bool_) for s in range(k)]
+@jit
+def _mul(out, a, b, i0, i1):
+    out, a, b = out[i0:i1], a[i0:i1], b[i0:i1]
+    if out.ctypes.data == a.ctypes.data:  # one name for in-place memory: vectorises
+        for i in range(i1 - i0):
+            a[i] *= b[i]
+    else:
+        for i in range(i1 - i0):
+            out[i] = a[i] * b[i]
+    return 0
 
 
-def _forward_pipelined(of, mf, xf, p, scale, rng):
-    """The caller draws every block in order into the mask (the Generator is not
-    thread-safe, and one stream keeps the reference's mask) and queues it; pool threads
-    finish queued blocks; once all are drawn the caller finishes what is still queued. A
-    pool thread that starts late (it must wake up first, or its core is busy) just
-    finishes fewer blocks."""
-    dt = mf.dtype
-    n = mf.size
-    blk = _PIPE_BLOCK_BYTES // dt.itemsize
-    drawn = queue.SimpleQueue()  # start index of each drawn block, then one end mark (None)
-    put = drawn.put
-    k = _par.threads_for(n)
-    keeps = bundle(("dropout.keeps", k, blk), _keeps, k, blk)
-
-    def finish(keep):
-        while True:
-            i = drawn.get()  # waits with the GIL released
-            if i is None:
-                put(None)    # pass the end mark on to the next finisher
-                return
-            _finish_block(of, mf, xf, i, min(i + blk, n), p, scale, keep)
-
-    def run(_i0, _i1, slot):
-        if slot:
-            finish(keeps[slot])
-            return
-        random = rng.random
-        try:
-            for i in range(0, n, blk):
-                random(out=mf[i:i + blk], dtype=dt)
-                put(i)
-        finally:
-            put(None)  # also on error: the pool threads finish what is queued and stop
-        finish(keeps[0])
-    _par.split(run, n, k=k)
+def _flat_run(kernel, n, args):
+    """``kernel(*args, i0, i1)`` over n flat elements, split over threads when large."""
+    k = _par.threads_for(n, passes=COST)
+    if k == 1:
+        kernel(*args, 0, n)
+    else:
+        _par.split(lambda i0, i1, _: kernel(*args, i0, i1), n, k=k)
 
 
 def dropout_forward_unchecked(out, mask, x, p, rng):
@@ -94,33 +74,18 @@ def dropout_forward_unchecked(out, mask, x, p, rng):
         mask.fill(1.0)
         return out
     dt = x.dtype
-    scale = 1.0 / (1.0 - p)
-    n = x.size
-    step = max(1, _BLOCK_BYTES // dt.itemsize)
-    ge, mul, copyto, random = np.greater_equal, np.multiply, np.copyto, rng.random
-    if n <= step:  # one block: no flattening or slicing (small arrays are call-bound)
-        keep = scratch("dropout.keep", x.shape, np.bool_)
-        random(out=mask, dtype=dt)
-        ge(mask, p, out=keep)
-        copyto(mask, keep)
-        mul(mask, scale, out=mask)
-        mul(x, mask, out=out)
-        return out
-    xf, mf, of = x.reshape(-1), mask.reshape(-1), out.reshape(-1)  # views (C-contiguous)
-    if _par.threads_for(n) > 1:
-        _forward_pipelined(of, mf, xf, p, scale, rng)
-        return out
-    keep = scratch("dropout.keep", step, np.bool_)
-    for i in range(0, n, step):
-        # Block draws continue one stream: the concatenation equals rng.random(x.shape, dtype).
-        random(out=mf[i:i + step], dtype=dt)       # u ~ U[0, 1)
-        _finish_block(of, mf, xf, i, min(i + step, n), p, scale, keep)
+    rng.random(out=mask, dtype=dt)                 # u ~ U[0, 1), the reference's stream
+    # u >= p and the scale in x's dtype, as the reference's comparison and product round.
+    t = dt.type
+    _flat_run(_apply, x.size, (out.reshape(-1), mask.reshape(-1), x.reshape(-1), t(p),
+                               t(1.0 / (1.0 - p))))
     return out
 
 
 def dropout_backward_unchecked(dx, dout, mask):
-    """``dx = dout * mask`` (one streaming pass; no checks)."""
-    return np.multiply(dout, mask, out=dx)
+    """``dx = dout * mask`` (one pass; no checks)."""
+    _flat_run(_mul, dx.size, (dx.reshape(-1), dout.reshape(-1), mask.reshape(-1)))
+    return dx
 
 
 def _check_alias(out_name, out, in_name, x):
@@ -160,4 +125,4 @@ def dropout_backward(dx, dout, mask):
     check_array("mask", mask, dtype=dout.dtype, shape=dout.shape)
     _check_alias("dx", dx, "dout", dout)
     _check_alias("dx", dx, "mask", mask)
-    return np.multiply(dout, mask, out=dx)
+    return dropout_backward_unchecked(dx, dout, mask)

@@ -1,28 +1,25 @@
 """Embedding lookup (rows of a table gathered by integer ids) and its backward (rows of the
 output gradient added into the table's gradient, repeated ids accumulating).
 
-The backward is a scatter-add. ``np.add.at`` does it one element at a time through a generic
-indexed loop; sorting the ids and summing segments (``np.add.reduceat``) needs a sort and a
-gather per call. Here the ids are read as the one-hot matrix ``A`` (V x N, column j holding a 1
-in row ids[j]) in compressed-column form, and SciPy's compiled sparse kernel ``csc_matvecs``
-computes ``dW += A dY`` in place: one row axpy per id, nothing allocated, repeats accumulated
-in order. The measured alternatives are in docs/lm.md.
+The backward is a scatter-add, one compiled pass (kernels.jit): for each id in order, one
+row add ``dW[ids[i]] += dY[i]``, nothing allocated, repeats accumulated in order of i. Large
+calls are split over blasnet's threads by columns (every thread walks all ids over its own
+columns), so repeats never race and the sums do not depend on the thread count.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from . import parallel as _par
 from .gemm import check_array
-from .memory import constant, ones
-
-try:
-    from scipy.sparse._sparsetools import csc_matvecs as _csc_matvecs
-except ImportError as e:  # pragma: no cover - depends on the installed SciPy
-    raise ImportError("kernels.embedding needs scipy.sparse._sparsetools.csc_matvecs "
-                      "(SciPy >= 1.8)") from e
+from .jit import jit
 
 __all__ = ["embedding_forward", "embedding_backward", "embedding_forward_unchecked",
            "embedding_backward_unchecked"]
+
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
+COST = 1
+
 
 def embedding_forward_unchecked(out, ids, weight):
     """``out[i] = weight[ids[i]]``: ``out`` C-contiguous (N, d), ``ids`` (N,) int64 in range,
@@ -32,6 +29,15 @@ def embedding_forward_unchecked(out, ids, weight):
     return out
 
 
+@jit
+def _scatter_add(dweight, ids, dout, j0, j1):
+    for i in range(ids.shape[0]):
+        dst, src = dweight[ids[i], j0:j1], dout[i, j0:j1]
+        for j in range(j1 - j0):
+            dst[j] += src[j]
+    return 0
+
+
 def embedding_backward_unchecked(dweight, ids, dout):
     """``dweight[ids[i]] += dout[i]`` for every i (repeats accumulate, in order of i):
     ``dweight`` C-contiguous (V, d), ``ids`` (N,) int64 in [0, V) (NOT checked: an id out of
@@ -39,12 +45,11 @@ def embedding_backward_unchecked(dweight, ids, dout):
     n, d = dout.shape
     if n == 0 or d == 0:
         return dweight
-    v = dweight.shape[0]
-    # Column pointers 0, 1, ..., n of the one-hot matrix (one entry per column).
-    indptr = constant(("embedding.indptr", n), lambda: np.arange(n + 1, dtype=np.int64))
-    # Y (V x d) += A (V x N) X (N x d) with A in CSC form: column j = (row ids[j], value 1).
-    _csc_matvecs(v, n, d, indptr, ids, ones(n, dout.dtype), dout.reshape(-1),
-                 dweight.reshape(-1))
+    k = min(_par.threads_for(n, d, passes=COST), d)
+    if k == 1:
+        _scatter_add(dweight, ids, dout, 0, d)
+    else:
+        _par.split(lambda j0, j1, _: _scatter_add(dweight, ids, dout, j0, j1), d, n, k=k)
     return dweight
 
 

@@ -1,16 +1,13 @@
 """LayerNorm (Ba et al. 2016) over the last axis of an (N, d) array: forward caching mean and
 rstd, backward writing dx and accumulating dgamma/dbeta, as llm.c's layernorm kernels.
 
-Rows run in blocks small enough that the chain of passes stays in L2, on per-thread scratch
-(kernels.memory). No call broadcasts: NumPy's broadcasting ufuncs allocate an iterator buffer
-per call and run several times slower than plain passes, so row sums are gemvs, per-row
-shifts rank-1 gemm updates (K=1, beta=1; not sger, which OpenBLAS threads from a few
-thousand elements on), and per-row or per-row-and-column scales
-(rstd_i * gamma_j) one K=1 gemm into scratch followed by a plain multiply; the variance is
-np.vecdot of the centred rows. The kernels run on the calling thread: every split over
-blasnet's threads measured slower, because the BLAS wrappers hold the GIL and a NumPy-only
-chain hands the GIL over between its many short calls (figures: docs/performance.md,
-"LayerNorm").
+Each is compiled (kernels.jit): the forward reads a row for its mean, again for its centred
+sum of squares (two-pass variance) and once more to write the output; the backward's dx pass
+likewise per row. Row sums go through kernels.lanes (fixed lanes: the bits do not depend on
+the vector width). Rows are split over blasnet's threads; dgamma and dbeta, sums over rows,
+are split over columns instead, each column summed in row order, so every result is the same
+whatever the thread count. Rows whose sums overflow (|x| beyond ~1e19 in float32) take a
+float64 rescue path, rescaled (forward) or in xhat form (backward).
 """
 from __future__ import annotations
 
@@ -18,38 +15,59 @@ import math
 
 import numpy as np
 
-from .gemm import check_array, routines
-from .memory import bundle, ones, scratch
+from . import fastmath, lanes
+from . import parallel as _par
+from .gemm import check_array
+from .jit import jit
 
 __all__ = ["layernorm_forward", "layernorm_backward",
            "layernorm_forward_unchecked", "layernorm_backward_unchecked"]
 
-_BLOCK_BYTES = 256 * 1024  # per scratch buffer: the block's passes stay in L2
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1): three reads of x.
+COST = 3
 
 
-def _buffers(dtype, d):
-    """(rows, A, B, r1, r2, ones_d, ones_r, gemm, gemv): this thread's scratch
-    (kernels.memory), kept transposed, (d, rows) in Fortran order: the layout BLAS wants;
-    the constants and BLAS routines (kernels.gemm) the passes call."""
-    return bundle(("layernorm", dtype, d, _BLOCK_BYTES), _make_buffers, dtype, d)
+@jit
+def _fwd_rows(out, mean, rstd, x, gamma, beta, eps, i0, i1):
+    d = x.shape[1]
+    dd, one = fastmath.const(d, x), fastmath.const(1, x)
+    for r in range(i0, i1):
+        xr, orow = x[r], out[r]
+        mu = lanes.row_sum(xr) / dd
+        rs = one / math.sqrt(lanes.row_sumsq_centred(xr, mu) / dd + eps)
+        mean[r] = mu
+        rstd[r] = rs
+        for j in range(d):                    # out may be x: element j is read first
+            orow[j] = (xr[j] - mu) * rs * gamma[j] + beta[j]
+    return 0
 
 
-def _make_buffers(dtype, d):
-    rows = max(1, _BLOCK_BYTES // (d * dtype.itemsize))
-    return (rows,
-            scratch("layernorm.a", (rows, d), dtype).T,  # (d, rows) scale (fwd); x - mean (bwd)
-            scratch("layernorm.b", (rows, d), dtype).T,  # (d, rows) dout * (x - mean), scales
-            scratch("layernorm.r1", rows, dtype),        # (rows,) per-row sums
-            scratch("layernorm.r2", rows, dtype),        # (rows,) per-row sums
-            ones(d, dtype)[:, None],                     # (d, 1) row sums and row shifts
-            ones(rows, dtype)[None, :],                  # (1, rows) column sums, beta
-            *routines(dtype))
+@jit
+def _bwd_rows(dx, dout, x, mean, rstd, gamma, i0, i1):
+    # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd
+    d = x.shape[1]
+    dd = fastmath.const(d, x)
+    for r in range(i0, i1):
+        xr, gr, dr = x[r], dout[r], dx[r]
+        mu, rs = mean[r], rstd[r]
+        c1 = lanes.row_dot(gr, gamma) / dd
+        c2 = lanes.row_dot_centred(gr, gamma, xr, mu) * rs / dd
+        for j in range(d):                    # dx may be dout or x: read before written
+            dr[j] = rs * (gr[j] * gamma[j] - c1 - (xr[j] - mu) * rs * c2)
+    return 0
 
 
-# Both passes walk transposed views: a C-contiguous (n, d) array is a Fortran (d, n) one
-# whose column block [:, i:j] is the row block i:j, Fortran-contiguous, ready for BLAS and
-# for numpy's elementwise loops (same layout everywhere). Scratch is sliced only for the
-# last, partial block: each view is ~100 bytes of Python object, and few stay alive.
+@jit
+def _bwd_params(dgamma, dbeta, dout, x, mean, rstd, j0, j1):
+    # dgamma += sum_i dout xhat, dbeta += sum_i dout: columns j0..j1, rows in order
+    dg, db = dgamma[j0:j1], dbeta[j0:j1]
+    for r in range(x.shape[0]):
+        xr, gr = x[r, j0:j1], dout[r, j0:j1]
+        mu, rs = mean[r], rstd[r]
+        for j in range(j1 - j0):
+            dg[j] += gr[j] * ((xr[j] - mu) * rs)
+            db[j] += gr[j]
+    return 0
 
 
 def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
@@ -58,31 +76,13 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
     n, d = x.shape
     if n == 0:
         return out
-    rows, S, _, _, var, ones_d, ones_r, gemm, gemv = _buffers(x.dtype, d)
-    d_eps, sqrt_d, inv_d = d * eps, math.sqrt(d), 1.0 / d
-    xT, oT = x.T, out.T                         # (d, n) Fortran views
-    mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views
-    gcol, bcol, ones_v = gamma[:, None], beta[:, None], ones_d[:, 0]
-    for i in range(0, n, rows):
-        j = min(i + rows, n)
-        if j - i < rows:
-            r = j - i
-            S, var, ones_r = S[:, :r], var[:r], ones_r[:, :r]
-        xb, ob, mb = xT[:, i:j], oT[:, i:j], mean[i:j]
-        gemv(inv_d, xb, ones_v, 0.0, mb, 0, 1, 0, 1, 1, 1)       # mean = x @ ones / d
-        np.copyto(ob, xb)
-        gemm(-1.0, ones_d, mrow[:, i:j], 1.0, ob, 0, 0, 1)      # out = x - mean
-        # Two-pass variance from the centred rows, d * var = t @ t row by row: np.vecdot
-        # reads the block once (t * t into scratch and a gemv would take two passes).
-        # rstd = sqrt(d) / sqrt(d var + d eps): three calls, not four.
-        tb = out[i:j]
-        np.vecdot(tb, tb, out=var)
-        np.add(var, d_eps, var)
-        np.sqrt(var, var)
-        np.divide(sqrt_d, var, rstd[i:j])
-        gemm(1.0, gcol, srow[:, i:j], 0.0, S, 0, 0, 1)          # S[j, i] = gamma[j] * rstd[i]
-        np.multiply(ob, S, out=ob)
-        gemm(1.0, bcol, ones_r, 1.0, ob, 0, 0, 1)               # out += beta
+    e = x.dtype.type(eps)
+    k = _par.threads_for(n, d, passes=COST)
+    if k == 1:
+        _fwd_rows(out, mean, rstd, x, gamma, beta, e, 0, n)
+    else:
+        _par.split(lambda i0, i1, _: _fwd_rows(out, mean, rstd, x, gamma, beta, e, i0, i1),
+                   n, d, k=k)
     # A row whose sum, centring or sum of squares overflowed (|x| beyond ~1e19 in float32)
     # has rstd = 0 (or NaN): the smallest rstd finds it (argmin: the cheapest reduction
     # call, and it stops at a NaN), and such rows are redone scaled.
@@ -120,42 +120,21 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
         return dx
     if rstd[rstd.argmin()] < _TINY_RSTD[x.dtype]:  # a row of huge |x| (or NaN): see below
         return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
-    rows, t, P, c1, c2, ones_d, ones_r, gemm, gemv = _buffers(x.dtype, d)
-    inv_d = 1.0 / d
-    xT, gT, dT = x.T, dout.T, dx.T              # (d, n) Fortran views
-    mrow, srow = mean[None, :], rstd[None, :]   # (1, n) views
-    c1row, c2row = c1[None, :], c2[None, :]     # (1, rows) views
-    gcol, ones_v = gamma[:, None], ones_r[0]
-    # With t = x - mean, xhat = rstd * t and g = dout * gamma:
-    #   dgamma += sum_i rstd_i * (dout * t)_i      dbeta += sum_i dout_i
-    #   c1 = mean_j(g) = (dout @ gamma) / d        c2' = ((dout * t) @ gamma) / d
-    #   dx = rstd * (g - c1 - xhat * mean(g * xhat)) = dout * S - t * (rstd^3 c2') - rstd c1
-    # with S[i, j] = rstd_i * gamma_j.
-    for i in range(0, n, rows):
-        j = min(i + rows, n)
-        if j - i < rows:
-            r = j - i
-            t, P, c1, c2, ones_v = t[:, :r], P[:, :r], c1[:r], c2[:r], ones_v[:r]
-            c1row, c2row = c1row[:, :r], c2row[:, :r]
-        gb, db, sb = gT[:, i:j], dT[:, i:j], rstd[i:j]
-        np.copyto(t, xT[:, i:j])
-        gemm(-1.0, ones_d, mrow[:, i:j], 1.0, t, 0, 0, 1)      # t = x - mean
-        np.multiply(gb, t, out=P)                              # P = dout * t
-        # Parameter gradients and row sums read dout before dx (maybe dout) is written.
-        gemv(1.0, P, sb, 1.0, dgamma, 0, 1, 0, 1, 0, 1)        # dgamma += P.T @ rstd
-        gemv(1.0, gb, ones_v, 1.0, dbeta, 0, 1, 0, 1, 0, 1)    # dbeta += column sums
-        gemv(inv_d, gb, gamma, 0.0, c1, 0, 1, 0, 1, 1, 1)      # c1 = dout @ gamma / d
-        gemv(inv_d, P, gamma, 0.0, c2, 0, 1, 0, 1, 1, 1)       # c2' = P @ gamma / d
-        c1 *= sb
-        c2 *= sb
-        c2 *= sb
-        c2 *= sb
-        gemm(1.0, gcol, srow[:, i:j], 0.0, P, 0, 0, 1)         # P = S
-        np.multiply(gb, P, out=db)
-        gemm(1.0, ones_d, c2row, 0.0, P, 0, 0, 1)              # P[:, i] = rstd^3 c2'
-        np.multiply(t, P, out=t)
-        np.subtract(db, t, out=db)
-        gemm(-1.0, ones_d, c1row, 1.0, db, 0, 0, 1)            # dx -= rstd * c1
+    k = _par.threads_for(n, d, passes=COST)
+    # The parameter gradients first: dx may overwrite dout (or x).
+    if k == 1:
+        _bwd_params(dgamma, dbeta, dout, x, mean, rstd, 0, d)
+        _bwd_rows(dx, dout, x, mean, rstd, gamma, 0, n)
+    elif np.may_share_memory(dx, dout) or np.may_share_memory(dx, x):
+        _par.split(lambda j0, j1, _: _bwd_params(dgamma, dbeta, dout, x, mean, rstd, j0, j1),
+                   d, n, k=min(k, d))
+        _par.split(lambda i0, i1, _: _bwd_rows(dx, dout, x, mean, rstd, gamma, i0, i1),
+                   n, d, k=k)
+    else:  # dx is its own memory: one region, each thread its columns, then its rows
+        def run(_i0, _i1, s):
+            _bwd_params(dgamma, dbeta, dout, x, mean, rstd, d * s // k, d * (s + 1) // k)
+            _bwd_rows(dx, dout, x, mean, rstd, gamma, n * s // k, n * (s + 1) // k)
+        _par.split(run, k, k=k)
     return dx
 
 

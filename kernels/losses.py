@@ -1,19 +1,24 @@
 """Losses: softmax + cross-entropy (integer labels or probability targets) and MSE, with the
 mean reduction of PyTorch's CrossEntropyLoss and MSELoss. Each has a forward returning the
 mean loss as a Python float and a fused backward; MSE also ``mse_forward_backward``, loss
-and gradient in one pass (what engine.MSELoss uses). Work runs in blocks of ~256 KiB with
-``probs`` (or per-thread scratch from kernels.memory) as the workspace; softmax's row max,
-row sums and per-row shifts go through numpy reductions and BLAS gemv/gemm. Large MSE calls
-are split over blasnet's threads."""
+and gradient in one pass (what engine.MSELoss uses).
+
+Each is compiled (kernels.jit): cross-entropy per row (softmax written into ``probs``, the
+row's loss into a per-row vector), MSE per block of ``BLOCK`` elements (the block's sum of
+squares into a per-block vector); rows or blocks are split over blasnet's threads, and the
+loss is the sum of those vectors in order, so it does not depend on the thread count.
+"""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
+from . import fastmath, lanes
 from . import parallel as _par
-from .gemm import check_array, check_contiguous, check_like, routines
-from .memory import bundle, constant, ones, scratch
+from .gemm import check_array, check_contiguous, check_like
+from .jit import jit
+from .memory import scratch
 from .optim import flat_view
 
 __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
@@ -22,42 +27,80 @@ __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
            "mse_forward_unchecked", "mse_backward_unchecked",
            "mse_forward_backward", "mse_forward_backward_unchecked"]
 
-_BLOCK_BYTES = 256 * 1024  # per block of rows (softmax) or of flat elements (MSE)
-# Softmax + cross-entropy is not split over blasnet's threads (its gemv/gemm calls hold the
-# GIL); MSE is (see the MSE section).
-
-
-def _rows_buffers(dtype, c):
-    """(rows, W, mx, ssum, z, idx, offs, ones_c, ones_r): this thread's softmax scratch
-    (kernels.memory) for ``c`` classes and the constants its BLAS calls read."""
-    return bundle(("losses.rows", dtype, c, _BLOCK_BYTES), _make_rows_buffers, dtype, c)
-
-
-def _make_rows_buffers(dtype, c):
-    rows = max(1, _BLOCK_BYTES // (c * dtype.itemsize))
-    return (rows,
-            scratch("losses.w", (rows, c), dtype).T,  # (C, rows) y * shifted, 1/sum rows
-            scratch("losses.mx", rows, dtype),        # row max, then 1 / row sum
-            scratch("losses.ssum", rows, dtype),      # row sums of exp, then lse
-            scratch("losses.z", rows, dtype),         # target logit or sum(y * s)
-            scratch("losses.idx", rows, np.intp),     # flat indices of the labels
-            constant(("losses.offsets", rows, c),     # flat offset of each row
-                     lambda: np.arange(rows, dtype=np.intp) * c),
-            ones(c, dtype)[:, None],                  # (C, 1) row sums, row shifts
-            ones(rows, dtype))                        # (rows,) sums of (rows,) vectors
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
+CE_COST = 3
+MSE_COST = 1
+BLOCK = 4096  # MSE: elements per partial sum (fixed: the loss's order of additions)
 
 
 # ----------------------------------------------------------------------------- softmax + CE
-# No call below broadcasts (numpy's broadcasting ufuncs allocate an iterator buffer per call
-# and run several times slower than plain passes): per-row shifts and scales are K=1 gemms,
-# row sums gemvs, label gathers np.take/np.put on flat indices. Blocks are walked as
-# Fortran (C, rows) views of the C-contiguous (rows, C) blocks.
+@jit(inline="always")
+def _softmax_row(pr, lr):
+    """pr = softmax(lr) (pr may be lr); returns (max, log sum exp(lr - max))."""
+    m = lanes.row_max(lr)
+    for j in range(lr.shape[0]):
+        pr[j] = fastmath.exp(lr[j] - m)
+    s = lanes.row_sum(pr)
+    inv = fastmath.const(1, s) / s
+    for j in range(pr.shape[0]):
+        pr[j] *= inv
+    return m, math.log(s)
 
 
-def _label_indices(idx, offs, labels, start):
-    """idx = flat indices of (row, label) for rows start.. of a C-contiguous (N, C) array."""
-    np.add(offs, labels, out=idx, casting="unsafe")  # uint64 labels go through float64
-    idx += start
+@jit
+def _ce_labels_fwd(losses, probs, logits, labels, i0, i1):
+    c = logits.shape[1]
+    for r in range(i0, i1):
+        t = min(max(np.int64(labels[r]), 0), c - 1)  # unchecked: out of range is clipped
+        lt = logits[r, t]                      # before probs (maybe logits) is written
+        m, lse = _softmax_row(probs[r], logits[r])
+        losses[r] = lse - (lt - m)             # -log softmax[t]
+    return 0
+
+
+@jit
+def _ce_probs_fwd(losses, probs, logits, target, i0, i1):
+    for r in range(i0, i1):
+        lr, yr = logits[r], target[r]
+        # -sum_j y (l - max - lse) = lse sum_j y - sum_j y (l - max)
+        m = lanes.row_max(lr)
+        ys = lanes.row_wsum_centred(yr, lr, m)
+        m, lse = _softmax_row(probs[r], lr)
+        losses[r] = lse * lanes.row_sum(yr) - ys
+    return 0
+
+
+@jit
+def _ce_labels_bwd(dlogits, probs, labels, n, i0, i1):
+    c = probs.shape[1]
+    nn = fastmath.const(n, probs)
+    for r in range(i0, i1):
+        t = min(max(np.int64(labels[r]), 0), c - 1)
+        pt = probs[r, t]                       # before dlogits (maybe probs) is written
+        pr, dr = probs[r], dlogits[r]
+        for j in range(c):
+            dr[j] = pr[j] / nn
+        dr[t] = (pt - fastmath.const(1, pt)) / nn
+    return 0
+
+
+@jit
+def _ce_probs_bwd(dlogits, probs, target, n, i0, i1):
+    nn = fastmath.const(n, probs)
+    for r in range(i0, i1):
+        pr, yr, dr = probs[r], target[r], dlogits[r]
+        for j in range(pr.shape[0]):
+            dr[j] = (pr[j] - yr[j]) / nn
+    return 0
+
+
+def _rows(kernel, n, c, args):
+    """``kernel(*args, i0, i1)`` over rows, split over blasnet's threads when large."""
+    k = _par.threads_for(n, c, passes=CE_COST)
+    if k == 1:
+        kernel(*args, 0, n)
+    else:
+        _par.split(lambda i0, i1, _: kernel(*args, i0, i1), n, c, k=k)
 
 
 def softmax_cross_entropy_forward_unchecked(probs, logits, target):
@@ -66,56 +109,10 @@ def softmax_cross_entropy_forward_unchecked(probs, logits, target):
     n, c = logits.shape
     if n == 0:
         return math.nan
-    dt = logits.dtype
-    rows, W, mx, ssum, z, idx, offs, ones_c, ones_r = _rows_buffers(dt, c)
-    gemm, gemv = routines(dt)
-    ones_cv, mxrow = ones_c[:, 0], mx[None, :]
-    lT, pT = logits.T, probs.T  # (C, N) Fortran views
-    labels = target.ndim == 1
-    if labels:
-        lflat = logits.reshape(-1)
-    else:
-        yT = target.T
-    total = 0.0
-    # exp underflows to 0 for logits far below the row max: that is the right answer, so
-    # a caller's np.seterr(under="raise") must not turn it into an error.
-    with np.errstate(under="ignore"):
-        for i in range(0, n, rows):
-            j = min(i + rows, n)
-            if j - i < rows:
-                r = j - i
-                W, mx, ssum, z, idx, offs, ones_r = (W[:, :r], mx[:r], ssum[:r], z[:r],
-                                                     idx[:r], offs[:r], ones_r[:r])
-                mxrow = mxrow[:, :r]
-            lb, pb = lT[:, i:j], pT[:, i:j]
-            np.maximum.reduce(lb, axis=0, out=mx)
-            if labels:
-                # Gather the target logits before probs (maybe logits) is overwritten:
-                # -log softmax[t] = log(sum exp(l - max)) + max - l[t].
-                _label_indices(idx, offs, target[i:j], i * c)
-                np.take(lflat, idx, out=z, mode="clip")
-                np.subtract(z, mx, out=z)
-                total -= float(np.dot(z, ones_r))
-            np.copyto(pb, lb)
-            gemm(-1.0, ones_c, mxrow, 1.0, pb, 0, 0, 1)        # shifted = logits - max
-            if not labels:
-                # -sum_j y (shifted - lse) = lse * sum_j y - sum_j y shifted
-                yb = yT[:, i:j]
-                np.multiply(yb, pb, out=W)
-                gemv(1.0, W, ones_cv, 0.0, z, 0, 1, 0, 1, 1, 1)  # z = sum_j y * shifted
-                total -= float(np.dot(z, ones_r))
-            np.exp(pb, out=pb)
-            gemv(1.0, pb, ones_cv, 0.0, ssum, 0, 1, 0, 1, 1, 1)  # ssum = row sums of exp
-            np.divide(1.0, ssum, out=mx)
-            gemm(1.0, ones_c, mxrow, 0.0, W, 0, 0, 1)          # W[:, i] = 1 / ssum[i]
-            np.multiply(pb, W, out=pb)                          # probs = exp / ssum
-            np.log(ssum, out=ssum)                              # log-sum-exp of shifted
-            if labels:
-                total += float(np.dot(ssum, ones_r))
-            else:
-                gemv(1.0, yb, ones_cv, 0.0, z, 0, 1, 0, 1, 1, 1)  # z = sum_j y
-                total += float(np.dot(ssum, z))
-    return total / n
+    losses = scratch("losses.ce_rows", n, np.float64)  # (n,) each row's loss
+    kernel = _ce_labels_fwd if target.ndim == 1 else _ce_probs_fwd
+    _rows(kernel, n, c, (losses, probs, logits, target))
+    return float(lanes.sum_in_order(losses)) / n
 
 
 def softmax_cross_entropy_backward_unchecked(dlogits, probs, target):
@@ -124,29 +121,8 @@ def softmax_cross_entropy_backward_unchecked(dlogits, probs, target):
     n, c = probs.shape
     if n == 0:
         return dlogits
-    rows, _, _, _, z, idx, offs, _, _ = _rows_buffers(probs.dtype, c)
-    labels = target.ndim == 1
-    if labels:
-        pflat, dflat = probs.reshape(-1), dlogits.reshape(-1)
-    with np.errstate(under="ignore"):  # tiny probabilities / N may underflow to 0
-        for i in range(0, n, rows):
-            j = min(i + rows, n)
-            if j - i < rows:
-                r = j - i
-                z, idx, offs = z[:r], idx[:r], offs[:r]
-            db = dlogits[i:j]
-            if labels:
-                # (p - 1) / N at the labels, p / N elsewhere; read p before dlogits (maybe
-                # probs) is written.
-                _label_indices(idx, offs, target[i:j], i * c)
-                np.take(pflat, idx, out=z, mode="clip")
-                z -= 1.0
-                z /= n
-                np.divide(probs[i:j], n, out=db)
-                np.put(dflat, idx, z, mode="clip")
-            else:
-                np.subtract(probs[i:j], target[i:j], out=db)
-                np.divide(db, n, out=db)
+    kernel = _ce_labels_bwd if target.ndim == 1 else _ce_probs_bwd
+    _rows(kernel, n, c, (dlogits, probs, target, n))
     return dlogits
 
 
@@ -201,83 +177,53 @@ def softmax_cross_entropy_backward(dlogits, probs, target):
 
 
 # ----------------------------------------------------------------------------- MSE
-# One pass over pred and target per block: d = pred - target into dpred (or scratch), its
-# sum of squares while the block is in L2, then d * (2 / n) in place. The sum of squares is
-# np.vecdot over the block viewed as (_DOT_ROWS, cols): numpy's BLAS dot row by row, rows
-# short enough that OpenBLAS never threads them (it threads a dot above 10000 elements,
-# waking numpy's own OpenBLAS pool, not the one the GEMMs use), and more than 500 of them,
-# so numpy releases the GIL (it keeps it for a gufunc with fewer outer iterations): a split
-# call's other thread runs meanwhile; as fast as one np.dot over the block (docs/
-# performance.md, "Losses"). Per-block sums are kept and added with math.fsum (exactly
-# rounded, so in any order): the loss does not depend on the thread count.
-_DOT_ROWS = 512
-_DOT_ONE_MAX = 8192
+@jit
+def _mse_sums(part, p, t, b0, b1):
+    """part[b] = sum((p - t)^2) over block b, for blocks b0..b1."""
+    n = p.shape[0]
+    for b in range(b0, b1):
+        i, j = b * BLOCK, min((b + 1) * BLOCK, n)
+        part[b] = np.float64(lanes.row_sqdist(p[i:j], t[i:j]))
+    return 0
 
 
-def _sumsq(d, v, cols):
-    """sum(d * d) of a 1-D block as a Python float, through row-wise dots (see above); one
-    np.dot for short blocks (OpenBLAS does not thread those; fewer calls)."""
-    m = d.size
-    if m <= _DOT_ONE_MAX:
-        return float(np.dot(d, d))
-    q = m - m % cols
-    total = 0.0
-    if q:
-        r = q // cols
-        vb = v[:r]
-        d2 = d[:q].reshape(r, cols)
-        np.vecdot(d2, d2, out=vb)
-        total = float(np.add.reduce(vb))
-    if q < m:
-        tail = d[q:]
-        total += float(np.vecdot(tail, tail))
-    return total
+@jit
+def _mse_fwd_bwd(part, dp, p, t, scale, b0, b1):
+    """``_mse_sums`` and dp = (p - t) * scale (dp may be p: each block is read first)."""
+    n = p.shape[0]
+    for b in range(b0, b1):
+        i, j = b * BLOCK, min((b + 1) * BLOCK, n)
+        part[b] = np.float64(lanes.row_sqdist(p[i:j], t[i:j]))
+        db, pb, tb = dp[i:j], p[i:j], t[i:j]
+        for q in range(j - i):
+            db[q] = (pb[q] - tb[q]) * scale
+    return 0
 
 
-def _mse_block(dp, p, t, scale, part, b, i, j, slot):
-    d = slot[0][:j - i] if dp is None else dp[i:j]
-    np.subtract(p[i:j], t[i:j], d)
-    part[b] = _sumsq(d, slot[1], max(1, slot[0].size // _DOT_ROWS))
-    if dp is not None:
-        np.multiply(d, scale, d)
+@jit
+def _mse_bwd(dp, p, t, scale, i0, i1):
+    dp, p, t = dp[i0:i1], p[i0:i1], t[i0:i1]
+    for i in range(i1 - i0):
+        dp[i] = (p[i] - t[i]) * scale
+    return 0
+
+
+def _blocks(kernel, n, args):
+    """``kernel(part, *args, b0, b1)`` over the BLOCK-element blocks of n elements, split over
+    blasnet's threads when large; returns the sum of the partial sums, in block order."""
+    nb = -(-n // BLOCK)
+    part = scratch("losses.mse_part", nb, np.float64)   # (nb,) per-block sums
+    k = _par.threads_for(n, passes=MSE_COST)
+    if k == 1:
+        kernel(part, *args, 0, nb)
+    else:
+        _par.split(lambda b0, b1, _: kernel(part, *args, b0, b1), nb, BLOCK, k=min(k, nb))
+    return lanes.sum_in_order(part)
 
 
 def _grad_scale(n, dtype):
-    """2 / n as a 0-d array of ``dtype``: a multiply is cheaper than a divide, and a 0-d
-    operand is not converted on every call."""
-    return np.array(2.0 / n, dtype)
-
-
-def _mse_slots(dtype, k, blk):
-    """Per slot: a (blk,) difference block and a (_DOT_ROWS,) row-sum vector."""
-    return [(scratch(("losses.mse_d", s), blk, dtype),
-             scratch(("losses.mse_rows", s), _DOT_ROWS, dtype)) for s in range(k)]
-
-
-def _mse_run(dp, p, t):
-    """sum((p - t)^2) over flat views, as a Python float; with ``dp``, also
-    dp = (p - t) * (2 / n) (dp may be p). Large arrays are split over blasnet's threads,
-    which take blocks from a shared counter (kernels.parallel.split_blocks)."""
-    n = p.size
-    blk = _BLOCK_BYTES // p.dtype.itemsize
-    if n <= _DOT_ONE_MAX and dp is not None:  # small: no scratch, no loop (call overhead)
-        np.subtract(p, t, dp)
-        total = float(np.dot(dp, dp))
-        np.multiply(dp, 2.0 / n, dp)
-        return total
-    nb = -(-n // blk)
-    scale = _grad_scale(n, p.dtype)
-    k = _par.threads_for(n)
-    part = scratch("losses.mse_part", nb, np.float64)  # per-block sums, any order
-    slots = bundle(("losses.mse", p.dtype, k, blk), _mse_slots, p.dtype, k, blk)
-
-    def worker(blocks, s):
-        slot = slots[s]
-        for b in blocks:
-            i = b * blk
-            _mse_block(dp, p, t, scale, part, b, i, min(i + blk, n), slot)
-    _par.split_blocks(worker, nb, k)
-    return part[0] if nb == 1 else math.fsum(part)
+    """2 / n in ``dtype`` (a multiply is cheaper than a divide)."""
+    return np.dtype(dtype).type(2.0 / n)
 
 
 def mse_forward_unchecked(pred, target):
@@ -286,7 +232,7 @@ def mse_forward_unchecked(pred, target):
     n = p.size
     if n == 0:
         return math.nan
-    return float(_mse_run(None, p, t)) / n
+    return float(_blocks(_mse_sums, n, (p, t))) / n
 
 
 def mse_backward_unchecked(dpred, pred, target):
@@ -295,20 +241,12 @@ def mse_backward_unchecked(dpred, pred, target):
     n = p.size
     if n == 0:  # nothing to write (the loss of nothing is nan, its gradient empty)
         return dpred
-    blk = _BLOCK_BYTES // p.dtype.itemsize
     scale = _grad_scale(n, p.dtype)
-    if n <= blk:  # one block: no slicing, no split (small arrays are bound by call overhead)
-        np.subtract(p, t, dp)
-        np.multiply(dp, scale, dp)
-        return dpred
-
-    def run(i0, i1, _):
-        ds, ps, ts = dp[i0:i1], p[i0:i1], t[i0:i1]  # this thread's range: slices stop at it
-        for i in range(0, i1 - i0, blk):
-            db = ds[i:i + blk]
-            np.subtract(ps[i:i + blk], ts[i:i + blk], db)
-            np.multiply(db, scale, db)
-    _par.split(run, n)
+    k = _par.threads_for(n, passes=MSE_COST)
+    if k == 1:
+        _mse_bwd(dp, p, t, scale, 0, n)
+    else:
+        _par.split(lambda i0, i1, _: _mse_bwd(dp, p, t, scale, i0, i1), n, k=k)
     return dpred
 
 
@@ -318,7 +256,7 @@ def mse_forward_backward_unchecked(dpred, pred, target):
     n = p.size
     if n == 0:
         return math.nan
-    return float(_mse_run(dp, p, t)) / n
+    return float(_blocks(_mse_fwd_bwd, n, (dp, p, t, _grad_scale(n, p.dtype)))) / n
 
 
 def mse_forward(pred, target):

@@ -1,15 +1,15 @@
 """In-place optimizer updates: AdamW (Loshchilov & Hutter 2019) and SGD with the semantics of
 PyTorch's ``torch.optim.AdamW`` and ``torch.optim.SGD``.
 
-Parameters and their state are walked as flat views (C- or Fortran-contiguous, never
-copied) in blocks that stay in L2, through small per-thread scratch buffers, so no temporary
-the size of a parameter is ever made (the reference's whole-array AdamW makes 12).
-``adamw_update_many`` updates a list of parameters (or flat segments of a parameter arena,
-as llm.c's ``params_memory``) as one concatenated range: one parallel region over
-blasnet's threads for all of them. The update is bound by memory traffic, so it can also
-zero the gradient in the same pass (``zero_grad``). Every element goes through the same
-correctly rounded ufuncs whatever the split, so results do not depend on it. Block sizes and
-pass order were chosen by measurement: docs/performance.md, "AdamW and SGD"."""
+Each update is one compiled pass (kernels.jit) that reads every element of the parameter and
+its state once and writes it once, the gradient zeroed in the same pass on request
+(``zero_grad``): the update is bound by memory traffic, and the gradient is then in cache.
+Parameters and their state are walked as flat views (C- or Fortran-contiguous, never copied).
+``adamw_update_many`` updates a list of parameters (or flat runs of a parameter arena, as
+llm.c's ``params_memory``) as one concatenated range: one parallel region over blasnet's
+threads for all of them, each thread a contiguous slice. Every element's result depends on
+that element alone, so it does not depend on the split.
+"""
 from __future__ import annotations
 
 import math
@@ -19,22 +19,19 @@ import numpy as np
 
 from . import parallel as _par
 from .gemm import check_contiguous, check_like
-from .memory import ALIGN as _ALIGN
-from .memory import bundle, scratch
+from .jit import jit
+from .lanes import sum_in_order
+from .memory import scratch
 
 __all__ = ["adamw_update", "sgd_update", "adamw_update_unchecked", "sgd_update_unchecked",
-           "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view"]
+           "adamw_update_many", "adamw_update_many_unchecked", "adamw_consts", "flat_view",
+           "sum_of_squares", "scale_"]
 
-# No BLAS axpy: OpenBLAS threads it on its own, and its fused multiply-add would round
-# differently from the ufunc chain, making results depend on the thread count.
-_BLOCK_BYTES = 256 * 1024          # per array, one thread: the block's passes stay in L2
-# Split over threads, each ufunc call takes the GIL back (kernels.parallel): longer blocks,
-# still within a core's L2 for the 3 arrays of the AdamW chain.
-_PAR_BLOCK_BYTES = 640 * 1024
-_SGD_PAR_BLOCK_BYTES = 512 * 1024  # SGD keeps up to 5 arrays in use per block
-# Ufunc passes per element (kernels.parallel.threads_for splits by work).
-_ADAMW_PASSES = 13
-_SGD_PASSES = 5
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1): 7 arrays moved.
+ADAMW_COST = 3
+SGD_COST = 2
+NORM_COST = 1
+NORM_BLOCK = 8192  # elements per partial sum of squares (fixed: the order of additions)
 
 
 def flat_view(a):
@@ -43,114 +40,71 @@ def flat_view(a):
     return a.reshape(-1) if a.flags.c_contiguous else a.T.reshape(-1)
 
 
-def _head(a):
-    """How many elements of the flat array ``a`` come before its first 64-byte boundary
-    (0 if its address is not a multiple of its itemsize). Blocks start there, so that
-    block and scratch are both cache-line aligned: NumPy's buffers start 16 bytes past a
-    boundary, and in-place passes over such blocks run slower (kernels.memory)."""
-    addr = a.__array_interface__["data"][0]
-    size = a.itemsize
-    return 0 if addr % size else (-addr % _ALIGN) // size
-
-
-def _slot_scratch(dtype, k, blk):
-    """Two (blk,) scratch blocks per slot of a k-thread pass, taken on the calling thread."""
-    return [(scratch(("optim.a", s), blk, dtype), scratch(("optim.b", s), blk, dtype))
-            for s in range(k)]
-
-
-def _run(chain, items, total, block_bytes=_PAR_BLOCK_BYTES, zero_grad=False,
-         passes=_ADAMW_PASSES):
-    """``chain(*blocks_of_arrays, scratch_a, scratch_b, *consts)`` over every
-    ``(arrays, consts)`` item: one pass over the items' concatenated elements (``total`` in
-    all), split over blasnet's threads in ``block_bytes`` blocks when large, else inline in
-    ``_BLOCK_BYTES`` blocks. With ``zero_grad`` each block of the second array (the
-    gradient) is set to 0 after the chain, while it is still in cache. Each item's first
-    block ends on its first array's 64-byte boundary (``_head``), its last one is shorter;
-    block boundaries do not change any result. The threads take blocks from a shared
-    counter (kernels.parallel.split_blocks). Bookkeeping is per item, not per block."""
-    k = _par.threads_for(total, passes=passes)
-    if k == 1:
-        block_bytes = _BLOCK_BYTES
-    plan, nblocks, scratch_of = [], 0, {}
-    for arrays, consts in items:
-        a0 = arrays[0]
-        dt, n = a0.dtype, a0.size
-        blk = block_bytes // dt.itemsize
-        sc = scratch_of.get(dt)
-        if sc is None:  # [(scratch_a, scratch_b) per slot]
-            sc = scratch_of[dt] = bundle(("optim", dt, k, blk), _slot_scratch, dt, k, blk)
-        h = _head(a0) if n > blk else 0
-        first = nblocks + (h > 0)  # the item's first block after its head
-        nblocks = first + -(-(n - h) // blk)
-        plan.append((nblocks, first, h, blk, n, arrays, consts, sc))
-
-    def worker(blocks, s):
-        q = 0  # the item of this thread's last block (a thread's blocks come in order)
-        end, first, h, blk, n, arrays, consts, sc = plan[0]
-        for b in blocks:
-            while b >= end:
-                q += 1
-                end, first, h, blk, n, arrays, consts, sc = plan[q]
-            if b < first:  # the head
-                i, j = 0, h
-            else:
-                i = h + (b - first) * blk
-                j = min(i + blk, n)
-            ta, tb = sc[s]
-            # The whole item is not sliced (small ones are bound by call overhead).
-            views = arrays if j - i == n else [a[i:j] for a in arrays]
-            chain(*views, ta[:j - i], tb[:j - i], *consts)
-            if zero_grad:
-                views[1].fill(0)
-    _par.split_blocks(worker, nblocks, k)
-
-
 # ----------------------------------------------------------------------------- AdamW
-def _adamw_chain(pb, gb, mb, vb, tb, _, decay, b1_a1, a1, beta2, a2, eps_hat, step_size):
-    """One AdamW block in 13 passes (12 without decay), each a plain ufunc on blocks that
-    stay in L2, so L3 or DRAM sees each array once. Binary ufuncs cannot do it in fewer: v
-    needs a square, two scalings and an add, m two scalings and an add, the update a sqrt,
-    +eps, a divide and a scaling, p its decay and a subtract.
+@jit(inline="always")
+def _adamw_at(p, g, m, v, i, decay, b1, a1, b2, a2, eps_hat, step_size):
+    """Element i of one AdamW step (constants from ``adamw_consts``)."""
+    gi = g[i]
+    mi = b1 * m[i] + a1 * gi                     # m = b1 m + (1 - b1) g
+    vi = b2 * v[i] + a2 * (gi * gi)              # v = b2 v + (1 - b2) g^2
+    m[i] = mi
+    v[i] = vi
+    # p = (1 - lr wd) p - lr/bc1 m / (sqrt(v)/sbc2 + eps), the bias corrections folded in
+    p[i] = decay * p[i] - step_size * mi / (math.sqrt(vi) + eps_hat)
 
-    Order: v and the denominator (g, v, scratch), then m in place without scratch (m, g),
-    then the update (m, scratch) and p. Between two uses of a block at most two other
-    arrays are touched, except for g, which is only read until the end (clean lines:
-    nothing to write back if evicted); in the textbook order (m, v, update) the written m
-    waits while g, v and the scratch pass. So blocks can be larger in the same L2, and
-    fewer, longer ufunc calls wait less for the GIL when split over threads. m is updated
-    in place as ((m * (b1/a1)) + g) * a1 with a1 = 1 - b1: three roundings like
-    b1 m + a1 g, and b1/a1 is finite (b1 < 1)."""
-    np.multiply(gb, a2, tb)                    # v = b2 v + (1 - b2) g g
-    tb *= gb
-    vb *= beta2
-    vb += tb
-    np.sqrt(vb, tb)                            # den = sqrt(v) + eps_hat
-    tb += eps_hat
-    mb *= b1_a1                                # m = (m b1/(1 - b1) + g) (1 - b1)
-    mb += gb
-    mb *= a1
-    np.divide(mb, tb, tb)                      # u = step_size * m / den
-    tb *= step_size
-    if decay is not None:                      # p = decay p - u
-        pb *= decay
-    pb -= tb
+
+@jit
+def _adamw_range(p, g, m, v, i0, i1, decay, b1, a1, b2, a2, eps_hat, step_size):
+    p, g, m, v = p[i0:i1], g[i0:i1], m[i0:i1], v[i0:i1]  # indices from 0: vectorises
+    for i in range(i1 - i0):
+        _adamw_at(p, g, m, v, i, decay, b1, a1, b2, a2, eps_hat, step_size)
+    return 0
+
+
+@jit
+def _adamw_range_zero(p, g, m, v, i0, i1, decay, b1, a1, b2, a2, eps_hat, step_size):
+    """``_adamw_range`` and g = 0 (a kernel of its own: a read-only g is legal without)."""
+    p, g, m, v = p[i0:i1], g[i0:i1], m[i0:i1], v[i0:i1]
+    for i in range(i1 - i0):
+        _adamw_at(p, g, m, v, i, decay, b1, a1, b2, a2, eps_hat, step_size)
+        g[i] = 0
+    return 0
 
 
 def adamw_consts(dtype, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2):
     """The constants of one AdamW step for parameters of ``dtype``, in the form
-    ``adamw_update_many_unchecked`` takes: 0-d arrays of ``dtype`` (a Python float operand
-    is converted on every ufunc call, and rounded to the array's dtype all the same), the
-    decay None when it is exactly 1. The bias corrections are folded in:
-    lr/bc1 * m / (sqrt(v)/sbc2 + eps) == (lr/bc1 * sbc2) * m / (sqrt(v) + eps*sbc2), one
-    multiply fewer per element, and no division by lr (which may be 0)."""
+    ``adamw_update_many_unchecked`` takes (scalars of ``dtype``). The bias corrections are
+    folded in: lr/bc1 * m / (sqrt(v)/sbc2 + eps) == (lr/bc1 * sbc2) * m / (sqrt(v) +
+    eps*sbc2), one multiply fewer per element, and no division by lr (which may be 0)."""
     bc1 = 1.0 - beta1 ** step
     sbc2 = math.sqrt(1.0 - beta2 ** step)
-    decay = np.array(1.0 - lr * weight_decay, dtype)
-    a1 = 1.0 - beta1  # > 0: beta1 < 1
-    return ((None if decay == 1 else decay),) + tuple(
-        np.array(x, dtype) for x in (beta1 / a1, a1, beta2, 1.0 - beta2, eps * sbc2,
-                                     lr / bc1 * sbc2))
+    t = np.dtype(dtype).type
+    return tuple(t(x) for x in (1.0 - lr * weight_decay, beta1, 1.0 - beta1, beta2,
+                                1.0 - beta2, eps * sbc2, lr / bc1 * sbc2))
+
+
+def _run_items(kernel, items, cost):
+    """``kernel(*arrays, i0, i1, *consts)`` over every ``(arrays, consts)`` item as
+    one range of their concatenated elements, split over blasnet's threads in contiguous
+    slices when large (kernels.parallel)."""
+    total = 0
+    for arrays, _ in items:
+        total += arrays[0].shape[0]
+    k = _par.threads_for(total, passes=cost)
+    if k == 1:
+        for arrays, consts in items:
+            kernel(*arrays, 0, arrays[0].shape[0], *consts)
+        return
+
+    def run(lo, hi, _):
+        off = 0
+        for arrays, consts in items:
+            n = arrays[0].shape[0]
+            i0, i1 = max(lo - off, 0), min(hi - off, n)
+            if i0 < i1:
+                kernel(*arrays, i0, i1, *consts)
+            off += n
+    _par.split(run, total, k=k)
 
 
 def adamw_update_many_unchecked(updates, zero_grad=False):
@@ -158,9 +112,8 @@ def adamw_update_many_unchecked(updates, zero_grad=False):
     of ``((param, grad, exp_avg, exp_avg_sq), consts)``: four distinct flat views
     (``flat_view``) of one size and dtype, and ``adamw_consts`` of that dtype (each
     parameter may have its own, e.g. one per parameter group). With ``zero_grad`` every
-    grad is set to 0 in the same pass (the block is in cache: one pass over the gradient
-    fewer than a separate fill)."""
-    _run(_adamw_chain, updates, sum(u[0][0].size for u in updates), zero_grad=zero_grad)
+    grad is set to 0 in the same pass."""
+    _run_items(_adamw_range_zero if zero_grad else _adamw_range, updates, ADAMW_COST)
 
 
 def adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9,
@@ -170,43 +123,55 @@ def adamw_update_unchecked(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9
     p = flat_view(param)
     item = ((p, flat_view(grad), flat_view(exp_avg), flat_view(exp_avg_sq)),
             adamw_consts(p.dtype, step, lr, beta1, beta2, eps, weight_decay))
-    _run(_adamw_chain, (item,), p.size, zero_grad=zero_grad)
+    _run_items(_adamw_range_zero if zero_grad else _adamw_range, (item,), ADAMW_COST)
     return param
 
 
 # ----------------------------------------------------------------------------- SGD
-def _sgd_chain(pb, gb, bb, t1, t2, lr, momentum, weight_decay, a, nesterov, first_step):
-    """One SGD block; ``bb`` is None without momentum."""
-    if weight_decay != 0.0:                    # d = grad + wd * param (grad left intact)
-        d = t1
-        np.multiply(pb, weight_decay, d)
-        d += gb
-    else:
-        d = gb
-    u = t2                                     # the update, times lr
-    if bb is None:
-        np.multiply(d, lr, u)
-    else:
+@jit(inline="always")
+def _sgd_at(p, g, buf, i, lr, momentum, weight_decay, a, nesterov, first_step):
+    """Element i of one SGD step; ``buf`` is None without momentum."""
+    d = g[i]
+    if weight_decay != 0:                        # d = grad + wd * param
+        d = d + weight_decay * p[i]
+    if buf is not None:
         if first_step:
-            np.copyto(bb, d)
-        else:                                  # buf = momentum buf + (1 - dampening) d
-            bb *= momentum
-            if a == 1.0:
-                bb += d
-            else:
-                np.multiply(d, a, u)
-                bb += u
-        if nesterov:                           # d + momentum buf
-            np.multiply(bb, momentum, u)
-            u += d
-            u *= lr
-        else:
-            np.multiply(bb, lr, u)
-    pb -= u
+            b = d
+        else:                                    # buf = momentum buf + (1 - dampening) d
+            b = momentum * buf[i] + a * d
+        buf[i] = b
+        d = d + momentum * b if nesterov else b
+    p[i] = p[i] - lr * d
 
 
-def _sgd_chain_no_buf(pb, gb, t1, t2, *consts):
-    _sgd_chain(pb, gb, None, t1, t2, *consts)
+@jit
+def _sgd_range(p, g, buf, i0, i1, lr, momentum, weight_decay, a, nesterov, first_step):
+    p, g = p[i0:i1], g[i0:i1]  # indices from 0: vectorises
+    if buf is None:
+        for i in range(i1 - i0):
+            _sgd_at(p, g, None, i, lr, momentum, weight_decay, a, nesterov, first_step)
+    else:
+        b = buf[i0:i1]
+        for i in range(i1 - i0):
+            _sgd_at(p, g, b, i, lr, momentum, weight_decay, a, nesterov, first_step)
+    return 0
+
+
+@jit
+def _sgd_range_zero(p, g, buf, i0, i1, lr, momentum, weight_decay, a, nesterov, first_step):
+    """``_sgd_range`` and g = 0 in the same loop (a kernel of its own: a read-only g is legal
+    without)."""
+    p, g = p[i0:i1], g[i0:i1]
+    if buf is None:
+        for i in range(i1 - i0):
+            _sgd_at(p, g, None, i, lr, momentum, weight_decay, a, nesterov, first_step)
+            g[i] = 0
+    else:
+        b = buf[i0:i1]
+        for i in range(i1 - i0):
+            _sgd_at(p, g, b, i, lr, momentum, weight_decay, a, nesterov, first_step)
+            g[i] = 0
+    return 0
 
 
 def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
@@ -214,14 +179,101 @@ def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_dec
     """``sgd_update`` without argument checks (hot path); ``grad`` is only read, unless
     ``zero_grad`` sets it to 0 in the same pass."""
     p, g = flat_view(param), flat_view(grad)
-    consts = (lr, momentum, weight_decay, 1.0 - dampening, nesterov, first_step)
-    if momentum != 0.0:
-        _run(_sgd_chain, (((p, g, flat_view(momentum_buf)), consts),), p.size,
-             _SGD_PAR_BLOCK_BYTES, zero_grad, _SGD_PASSES)
-    else:
-        _run(_sgd_chain_no_buf, (((p, g), consts),), p.size, _SGD_PAR_BLOCK_BYTES, zero_grad,
-             _SGD_PASSES)
+    t = p.dtype.type
+    consts = (t(lr), t(momentum), t(weight_decay), t(1.0 - dampening), bool(nesterov),
+              bool(first_step))
+    buf = flat_view(momentum_buf) if momentum != 0.0 else None
+    _run_items(_sgd_range_zero if zero_grad else _sgd_range, (((p, g, buf), consts),),
+               SGD_COST)
     return param
+
+
+# ----------------------------------------------------------------------------- norm, scale
+@jit
+def _sumsq_blocks(part, first, g, b0, b1):
+    """part[first + b] = sum(g^2) over block b of g, for blocks b0..b1, in float64 in eight
+    fixed lanes (the order does not depend on the vector width or the split)."""
+    n = g.shape[0]
+    for b in range(b0, b1):
+        x = g[b * NORM_BLOCK:min((b + 1) * NORM_BLOCK, n)]
+        m = x.shape[0] - x.shape[0] % 8
+        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+        for i in range(0, m, 8):
+            v0, v1, v2, v3 = np.float64(x[i]), np.float64(x[i + 1]), np.float64(x[i + 2]), \
+                np.float64(x[i + 3])
+            v4, v5, v6, v7 = np.float64(x[i + 4]), np.float64(x[i + 5]), \
+                np.float64(x[i + 6]), np.float64(x[i + 7])
+            s0 += v0 * v0
+            s1 += v1 * v1
+            s2 += v2 * v2
+            s3 += v3 * v3
+            s4 += v4 * v4
+            s5 += v5 * v5
+            s6 += v6 * v6
+            s7 += v7 * v7
+        for i in range(m, x.shape[0]):
+            v = np.float64(x[i])
+            s0 += v * v
+        part[first + b] = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    return 0
+
+
+@jit
+def _scale_range(g, c, i0, i1):
+    g = g[i0:i1]
+    for i in range(i1 - i0):
+        g[i] *= c
+    return 0
+
+
+def _blocks_of(n):
+    return -(-n // NORM_BLOCK)
+
+
+def sum_of_squares(flats) -> float:
+    """sum(g**2) over every element of the 1-D contiguous float arrays ``flats`` (e.g. the
+    runs of a gradient arena), in float64, as a Python float. Partial sums over fixed blocks
+    of each array, added in order: the same bits whatever the thread count. No checks."""
+    total = 0
+    for g in flats:
+        total += g.shape[0]
+    nb = 0
+    for g in flats:
+        nb += _blocks_of(g.shape[0])
+    if nb == 0:
+        return 0.0
+    part = scratch("optim.norm_part", nb, np.float64)  # (nb,) per-block sums
+    k = _par.threads_for(total, passes=NORM_COST)
+    if k == 1:
+        first = 0
+        for g in flats:
+            m = _blocks_of(g.shape[0])
+            _sumsq_blocks(part, first, g, 0, m)
+            first += m
+    else:
+        def run(lo, hi, _):
+            first = 0
+            for g in flats:
+                m = _blocks_of(g.shape[0])
+                b0, b1 = max(lo - first, 0), min(hi - first, m)
+                if b0 < b1:
+                    _sumsq_blocks(part, first, g, b0, b1)
+                first += m
+        _par.split(run, nb, NORM_BLOCK, k=min(k, nb))
+    return float(sum_in_order(part))
+
+
+def scale_(flats, coef) -> None:
+    """``g *= coef`` for each 1-D contiguous float array of ``flats`` (``coef`` rounded to its
+    dtype first, as NumPy's ``g *= coef`` does), split over threads when large. No checks."""
+    for g in flats:
+        n = g.shape[0]
+        c = g.dtype.type(coef)
+        k = _par.threads_for(n, passes=NORM_COST)
+        if k == 1:
+            _scale_range(g, c, 0, n)
+        else:
+            _par.split(lambda i0, i1, _, g=g, c=c: _scale_range(g, c, i0, i1), n, k=k)
 
 
 # ----------------------------------------------------------------------------- checks

@@ -1,12 +1,12 @@
 """Row-parallel execution of elementwise kernels on blasnet's thread setting.
 
-NumPy ufuncs release the GIL while they loop, so row chunks of a large array can run on
-several Python threads at once (the scipy gemm wrapper holds the GIL, so GEMMs are left to
-OpenBLAS's own threads). Each ufunc call still needs the GIL to start, so a chunk must be
-large (``MIN_ELEMENTS_PER_THREAD`` elements per thread, blocks of ~512 KiB) or the threads
-just queue on it (docs/performance.md, "Row-parallel elementwise passes").
-The thread count is the one set by ``BLASNET_NUM_THREADS`` / ``set_num_threads`` /
-``num_threads`` (kernels.threads), so one setting governs GEMMs and elementwise passes.
+The compiled kernels (kernels.jit) release the GIL for the whole of their slice, so row or
+flat slices of a large array run on several Python threads at once (the scipy gemm wrapper
+holds the GIL, so GEMMs are left to OpenBLAS's own threads). What a split costs is the
+hand-off to the pool (waking a worker and waiting for it): a slice must be worth several of
+those (``SPLIT_WORK``; docs/performance.md, "Compiled kernels"). The thread count is the one
+set by ``BLASNET_NUM_THREADS`` / ``set_num_threads`` / ``num_threads`` (kernels.threads), so
+one setting governs GEMMs and elementwise passes.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from . import threads as _threads
 __all__ = ["split", "split_blocks", "threads_for", "chunks",
            "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
-# Below this many elements per thread the GIL hand-offs cost more than the second core gives.
+# Elements per thread below which ``chunks`` does not split (kernels that give no cost).
 MIN_ELEMENTS_PER_THREAD = 256 * 1024
 
 class _Worker:
@@ -73,20 +73,21 @@ def chunks(n: int, elements_per_row: int) -> int:
 
 SPLIT_MIN = 2 * MIN_ELEMENTS_PER_THREAD  # elements: smaller passes always run inline
 
-# For kernels that state their cost in ufunc passes per element: below this much work
-# (elements x passes) a split loses to the pool hand-off and the GIL hand-offs of every
-# ufunc call; above it each thread gets at least half of it (docs/performance.md,
-# "Threads per call").
-SPLIT_WORK = 16 * 1024 * 1024
+# For kernels that state their cost per element (``passes``: relative to a compiled streaming
+# copy, 1; AdamW is 3): below this much work (elements x cost) a split loses to the pool
+# hand-off; above it each thread gets at least half of it. A copy-element is ~0.1-0.3 ns, so
+# each thread gets >= ~100 us: several hand-offs even on a busy machine (docs/performance.md,
+# "Compiled kernels").
+SPLIT_WORK = 2 * 1024 * 1024
 
 
 def threads_for(n: int, row_len: int = 1, min_elements: int = SPLIT_MIN,
                 passes: int | None = None) -> int:
     """The thread count ``split`` uses for ``n`` rows of ``row_len`` elements. Without
     ``passes``: ``chunks`` when ``n * row_len >= min_elements``, else 1. With ``passes`` (the
-    kernel's ufunc passes per element): split when the work ``n * row_len * passes`` reaches
-    ``SPLIT_WORK``, at least ``SPLIT_WORK / 2`` of it per thread. For kernels that size their
-    blocks (or pick a loop) by it before splitting."""
+    kernel's relative cost per element: a compiled streaming copy is 1, AdamW's update 3):
+    split when the work ``n * row_len * passes`` reaches ``SPLIT_WORK``, at least
+    ``SPLIT_WORK / 2`` of it per thread."""
     if passes is None:
         return chunks(n, row_len) if n * row_len >= min_elements else 1
     work = n * row_len * passes

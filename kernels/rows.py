@@ -1,58 +1,96 @@
 """Row fills and adds the blocks need around their GEMMs: ``fill_rows`` (y = b, or y = res + b,
-before a GEMM that accumulates with beta=1) and ``add``, split over blasnet's threads when large.
-
-A broadcasting ufunc (``y += b``) makes NumPy allocate iterator buffers on every call, so a
-bias is added by copying it into the rows, or through a tile of it with plain adds.
+before a GEMM that accumulates with beta=1) and ``add`` (residual adds), each one compiled pass
+(kernels.jit), split over blasnet's threads when large.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from . import parallel as _par
-from .memory import scratch
+from .jit import jit
 
 __all__ = ["fill_rows", "add"]
 
-_SPLIT_BLOCK_BYTES = 512 * 1024  # rows of the bias tile: long ufunc calls (kernels.parallel)
-_SPLIT_MIN = _par.SPLIT_MIN       # elements: smaller passes run inline, in one call
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
+COST = 1
+
+
+@jit
+def _fill_bias(y, b, i0, i1):
+    for r in range(i0, i1):
+        yr = y[r]
+        for j in range(b.shape[0]):
+            yr[j] = b[j]
+    return 0
+
+
+@jit
+def _fill_res_bias(y, res, b, i0, i1):
+    for r in range(i0, i1):
+        yr, rr = y[r], res[r]
+        for j in range(b.shape[0]):           # y may be res: element j is read first
+            yr[j] = rr[j] + b[j]
+    return 0
+
+
+@jit
+def _add(out, a, b, i0, i1):
+    out, a, b = out[i0:i1], a[i0:i1], b[i0:i1]
+    # In place, a loop that stores through out and loads through a (the same memory) would
+    # fail LLVM's overlap check and run unvectorised: name one array only.
+    if out.ctypes.data == a.ctypes.data:
+        for i in range(i1 - i0):
+            a[i] += b[i]
+    elif out.ctypes.data == b.ctypes.data:
+        for i in range(i1 - i0):
+            b[i] += a[i]
+    else:
+        for i in range(i1 - i0):
+            out[i] = a[i] + b[i]
+    return 0
+
+
+def _rows(kernel, n, d, args):
+    k = _par.threads_for(n, d, passes=COST)
+    if k == 1:
+        kernel(*args, 0, n)
+    else:
+        _par.split(lambda i0, i1, _: kernel(*args, i0, i1), n, d, k=k)
 
 
 def fill_rows(y, b=None, res=None):
     """``y[i] = b`` (``b`` of shape (d,)), ``y = res`` or ``y[i] = res[i] + b`` for a C-contiguous
     (n, d) ``y`` and ``res`` (no checks; ``b`` and ``res`` not both None). ``y`` may be ``res``."""
     n, d = y.shape
+    if not (n and d):
+        return y
     if res is None:
-        if n * d < _SPLIT_MIN:
-            np.copyto(y, b)
-        else:
-            _par.split(lambda i, j, _: np.copyto(y[i:j], b), n, d)
-        return y
-    if b is None:
-        np.copyto(y, res)
-        return y
-    if n * d < _SPLIT_MIN:
-        if np.may_share_memory(y, res):  # y is res: filling y with b first would lose res
-            np.add(y, b, out=y)
-        else:
-            np.copyto(y, b)
-            np.add(y, res, out=y)
-        return y
-    rows = max(1, min(n, _SPLIT_BLOCK_BYTES // (d * y.itemsize)))
-    tile = scratch("rows.tile", (rows, d), y.dtype)  # shared read-only by the threads
-    np.copyto(tile, b)
-
-    def run(i0, i1, _):
-        for i in range(i0, i1, rows):
-            j = min(i + rows, i1)
-            np.add(res[i:j], tile[:j - i], out=y[i:j])
-    _par.split(run, n, d)
+        _rows(_fill_bias, n, d, (y, b))
+    elif b is None:
+        if not (y is res or y.__array_interface__["data"][0]
+                == res.__array_interface__["data"][0]):
+            _rows(_copy_rows, n, d, (y, res))
+    else:
+        _rows(_fill_res_bias, n, d, (y, res, b))
     return y
+
+
+@jit
+def _copy_rows(y, res, i0, i1):
+    """y = res (rows i0..i1)."""
+    for r in range(i0, i1):
+        yr, rr = y[r], res[r]
+        for j in range(yr.shape[0]):
+            yr[j] = rr[j]
+    return 0
 
 
 def add(out, a, b):
     """``out = a + b`` for C-contiguous arrays of one shape (out may be a or b; no checks)."""
-    if out.ndim != 2 or out.size < _SPLIT_MIN:
-        np.add(a, b, out=out)
-        return out
-    _par.split(lambda i, j, _: np.add(a[i:j], b[i:j], out=out[i:j]), *out.shape)
+    n = out.size
+    if n:
+        o, x, y = out.reshape(-1), a.reshape(-1), b.reshape(-1)
+        k = _par.threads_for(n, passes=COST)
+        if k == 1:
+            _add(o, x, y, 0, n)
+        else:
+            _par.split(lambda i0, i1, _: _add(o, x, y, i0, i1), n, k=k)
     return out

@@ -1,110 +1,99 @@
 """Row-wise softmax and log-softmax over the last axis, forward and backward.
 
-Each pass walks (N, C) row blocks of ~128 KiB, so a block's chain stays in L2. A per-row
-value (the row max, the row sum) is spread over the block by copying it into a tile
-(``np.copyto(tile, v[:, None])``): a broadcasting ufunc would make NumPy allocate an iterator
-buffer on every call, a broadcast copy does not. Large arrays are split over blasnet's threads.
+Each is one compiled kernel over rows (kernels.jit): a row's max and sums through
+kernels.lanes, exp through kernels.fastmath (vectorised in float32). Rows are split over
+blasnet's threads when large; every row is computed alone, so the result does not depend on
+the split.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from . import fastmath, lanes
 from . import parallel as _par
 from .gemm import check_array
+from .jit import jit
 from .memory import scratch
 
 __all__ = ["softmax_forward", "softmax_backward", "log_softmax_forward",
            "log_softmax_backward", "softmax_forward_unchecked", "softmax_backward_unchecked",
            "log_softmax_forward_unchecked", "log_softmax_backward_unchecked"]
 
-_BLOCK_BYTES = 128 * 1024
-_SPLIT_BLOCK_BYTES = 512 * 1024
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
+COST = 3
 
 
-def _rows(c, itemsize, split):
-    return max(1, (_SPLIT_BLOCK_BYTES if split else _BLOCK_BYTES) // (c * itemsize))
+@jit
+def _softmax_fwd(y, x, i0, i1):
+    one = fastmath.const(1, x)
+    for r in range(i0, i1):
+        xr, yr = x[r], y[r]
+        m = lanes.row_max(xr)
+        for j in range(xr.shape[0]):          # x - max: exp stays <= 1
+            yr[j] = fastmath.exp(xr[j] - m)
+        inv = one / lanes.row_sum(yr)
+        for j in range(yr.shape[0]):
+            yr[j] *= inv
+    return 0
 
 
-def _run(block_fn, *arrays):
-    """``block_fn(i, j, vec, tile, tmp, *arrays)`` over row blocks of the (N, C) rows of the
-    last array (the one the pass reads: x forward, y backward), none when N or C is 0; split
-    over threads when large; scratch (``vec`` (rows,), ``tile`` and ``tmp`` (rows, C)) is
-    per thread. Returns the first array (the output)."""
-    src = arrays[-1]
-    n, c = src.shape
+@jit
+def _softmax_bwd(dx, dy, y, i0, i1):
+    for r in range(i0, i1):
+        yr, dyr, dxr = y[r], dy[r], dx[r]
+        s = lanes.row_dot(dyr, yr)            # sum_k dy_k y_k
+        for j in range(yr.shape[0]):
+            dxr[j] = yr[j] * (dyr[j] - s)
+    return 0
+
+
+@jit
+def _log_softmax_fwd(y, x, tmp, i0, i1):
+    # tmp: a (C,) row of scratch for exp(x - max), so that the exp loop vectorises (y may
+    # be x, which must be read again after)
+    for r in range(i0, i1):
+        xr, yr = x[r], y[r]
+        m = lanes.row_max(xr)
+        for j in range(xr.shape[0]):
+            tmp[j] = fastmath.exp(xr[j] - m)
+        lse = math.log(lanes.row_sum(tmp))      # log sum exp(x - max) >= 0
+        for j in range(xr.shape[0]):
+            yr[j] = (xr[j] - m) - lse
+    return 0
+
+
+@jit
+def _log_softmax_bwd(dx, dy, y, i0, i1):
+    for r in range(i0, i1):
+        yr, dyr, dxr = y[r], dy[r], dx[r]
+        s = lanes.row_sum(dyr)                # sum_k dy_k
+        for j in range(yr.shape[0]):
+            dxr[j] = dyr[j] - fastmath.exp(yr[j]) * s
+    return 0
+
+
+def _run(kernel, out, a, b):
+    """``kernel(out, a, b, i0, i1)`` over the rows of the (N, C) ``out``, split when large."""
+    n, c = out.shape
     if not (n and c):
-        return arrays[0]
-    dtype = src.dtype
-
-    def run(i0, i1, slot, split=False):
-        rows = _rows(c, dtype.itemsize, split)
-        vec = scratch("softmax.vec", rows, dtype)          # (rows,) row max / row sum
-        tile = scratch("softmax.tile", (rows, c), dtype)   # (rows, C) a row value spread out
-        tmp = scratch("softmax.tmp", (rows, c), dtype)     # (rows, C) exp or products
-        for i in range(i0, i1, rows):
-            j = min(i + rows, i1)
-            r = j - i
-            block_fn(i, j, vec[:r], tile[:r], tmp[:r], *arrays)
-
-    if n * c < _par.SPLIT_MIN:
-        run(0, n, 0)
+        return out
+    k = _par.threads_for(n, c, passes=COST)
+    if k == 1:
+        kernel(out, a, b, 0, n) if b is not None else kernel(out, a, 0, n)
+    elif b is None:
+        _par.split(lambda i0, i1, _: kernel(out, a, i0, i1), n, c, k=k)
     else:
-        _par.split(lambda i0, i1, slot: run(i0, i1, slot, True), n, c)
-    return arrays[0]
-
-
-def _spread(tile, v):
-    np.copyto(tile, v[:, None])  # broadcast copy: no iterator buffer (see the module doc)
-
-
-# ----------------------------------------------------------------------------- softmax
-def _softmax_fwd(i, j, vec, tile, tmp, y, x):
-    xb, yb = x[i:j], y[i:j]
-    np.maximum.reduce(xb, axis=1, out=vec)
-    _spread(tile, vec)
-    np.subtract(xb, tile, out=yb)      # x - max: exp stays <= 1
-    np.exp(yb, out=yb)
-    np.add.reduce(yb, axis=1, out=vec)
-    np.divide(1.0, vec, out=vec)
-    _spread(tile, vec)
-    np.multiply(yb, tile, out=yb)
-
-
-def _softmax_bwd(i, j, vec, tile, tmp, dx, dy, y):
-    dyb, yb, dxb = dy[i:j], y[i:j], dx[i:j]
-    np.multiply(dyb, yb, out=tmp)
-    np.add.reduce(tmp, axis=1, out=vec)  # sum_k dy_k y_k
-    _spread(tile, vec)
-    np.subtract(dyb, tile, out=dxb)
-    np.multiply(dxb, yb, out=dxb)        # y * (dy - sum dy y)
-
-
-def _log_softmax_fwd(i, j, vec, tile, tmp, y, x):
-    xb, yb = x[i:j], y[i:j]
-    np.maximum.reduce(xb, axis=1, out=vec)
-    _spread(tile, vec)
-    np.subtract(xb, tile, out=yb)      # shifted = x - max
-    np.exp(yb, out=tmp)
-    np.add.reduce(tmp, axis=1, out=vec)
-    np.log(vec, out=vec)               # log sum exp(shifted) >= 0: no cancellation in y
-    _spread(tile, vec)
-    np.subtract(yb, tile, out=yb)
-
-
-def _log_softmax_bwd(i, j, vec, tile, tmp, dx, dy, y):
-    dyb, yb, dxb = dy[i:j], y[i:j], dx[i:j]
-    np.add.reduce(dyb, axis=1, out=vec)  # sum_k dy_k
-    np.exp(yb, out=tmp)                  # softmax
-    _spread(tile, vec)
-    np.multiply(tmp, tile, out=tmp)
-    np.subtract(dyb, tmp, out=dxb)       # dy - softmax * sum dy
+        _par.split(lambda i0, i1, _: kernel(out, a, b, i0, i1), n, c, k=k)
+    return out
 
 
 # ----------------------------------------------------------------------------- unchecked cores
 def softmax_forward_unchecked(y, x):
     """``y = softmax(x)`` over the last axis of C-contiguous (N, C) arrays of one float dtype
     (``y`` may be ``x``; no checks)."""
-    return _run(_softmax_fwd, y, x)
+    return _run(_softmax_fwd, y, x, None)
 
 
 def softmax_backward_unchecked(dx, dy, y):
@@ -115,7 +104,16 @@ def softmax_backward_unchecked(dx, dy, y):
 
 def log_softmax_forward_unchecked(y, x):
     """``y = x - max(x) - log(sum(exp(x - max(x))))`` row-wise (``y`` may be ``x``; no checks)."""
-    return _run(_log_softmax_fwd, y, x)
+    n, c = y.shape
+    if not (n and c):
+        return y
+    k = _par.threads_for(n, c, passes=COST)
+    tmps = [scratch(("softmax.exp_row", s), c, x.dtype) for s in range(k)]  # (C,) per slot
+    if k == 1:
+        _log_softmax_fwd(y, x, tmps[0], 0, n)
+    else:
+        _par.split(lambda i0, i1, s: _log_softmax_fwd(y, x, tmps[s], i0, i1), n, c, k=k)
+    return y
 
 
 def log_softmax_backward_unchecked(dx, dy, y):

@@ -7,7 +7,9 @@ Blocks hold activations batch-major, (B, T, c). ``swap01`` moves between the two
 is the first half of the block's (B, T, 2c) activations and S arrives time-major. Every
 layout change is an ``np.copyto`` from a strided view: NumPy copies those without a buffer,
 whereas a ufunc with a strided operand allocates one per call (and runs several times
-slower), so all arithmetic here runs on contiguous arrays. ``causal_weight`` /
+slower). The gating passes are compiled (kernels.jit): one pass over the (B, T) rows reads
+S time-major and U strided and writes A and S batch-major, split over blasnet's threads when
+large (every row alone: results do not depend on the split). ``causal_weight`` /
 ``causal_grad_add`` apply the lower-triangular mask of a causal unit to W and to its
 gradient.
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import parallel as _par
 from .gemm import check_array
+from .jit import jit
 
 __all__ = ["swap01", "sgu_gate_forward", "sgu_gate_backward", "causal_weight",
            "causal_grad_add", "swap01_unchecked", "sgu_gate_forward_unchecked",
@@ -31,25 +35,98 @@ def swap01_unchecked(out, x):
     return out
 
 
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
+COST = 2
+
+
+@jit
+def _gate_fwd(a, s_bt, s_tm, u, r0, r1):
+    # a, s_bt: (B*T, c); s_tm: (T, B, c); u: (B*T, >= c) rows with contiguous columns
+    t_len, c = s_tm.shape[0], a.shape[1]
+    for r in range(r0, r1):
+        b, t = r // t_len, r % t_len
+        ar, sr, st, ur = a[r], s_bt[r], s_tm[t, b], u[r]
+        for j in range(c):
+            s = st[j]
+            sr[j] = s
+            ar[j] = ur[j] * s
+    return 0
+
+
+@jit
+def _gate_bwd(du, ds_tm, da, s_bt, u, r0, r1):
+    # du, u: (B*T, >= c) rows with contiguous columns (du may be u); the rest as _gate_fwd
+    t_len, c = ds_tm.shape[0], da.shape[1]
+    same = du.ctypes.data == u.ctypes.data    # one name for in-place memory: vectorises
+    for r in range(r0, r1):
+        b, t = r // t_len, r % t_len
+        dur, dsr, dar, sr, ur = du[r], ds_tm[t, b], da[r], s_bt[r], u[r]
+        if same:
+            for j in range(c):
+                g = dar[j]
+                dsr[j] = g * ur[j]
+                ur[j] = g * sr[j]
+        else:
+            for j in range(c):
+                g = dar[j]
+                dsr[j] = g * ur[j]
+                dur[j] = g * sr[j]
+    return 0
+
+
+def _rows_view(x):
+    """A (B, T, c) array whose rows are contiguous and evenly spaced (a column slice of a
+    C-contiguous (B, T, w) array, as the block's U half) as a C-contiguous (B*T, S) view
+    over the same memory, S the row stride in elements (the kernels read its first c
+    columns only); None for other layouts."""
+    b, t, c = x.shape
+    isz = x.itemsize
+    s0, s1, s2 = x.strides
+    if (c > 1 and s2 != isz) or s1 % isz or (b > 1 and s0 != t * s1) or s1 < c * isz:
+        return None
+    return np.lib.stride_tricks.as_strided(x, (b * t, s1 // isz), (s1, isz))
+
+
+def _rows(kernel, b, t, c, args):
+    n = b * t
+    if n == 0 or c == 0:
+        return
+    k = _par.threads_for(n, c, passes=COST)
+    if k == 1:
+        kernel(*args, 0, n)
+    else:
+        _par.split(lambda r0, r1, _: kernel(*args, r0, r1), n, c, k=k)
+
+
 def sgu_gate_forward_unchecked(a, s_bt, s_tm, u):
     """``s_bt = swap01(s_tm)``, then ``a = u * s_bt``: ``a``, ``s_bt`` C-contiguous (B, T, c),
-    ``s_tm`` C-contiguous (T, B, c), ``u`` (B, T, c) of any strides (no checks)."""
-    np.copyto(s_bt, s_tm.transpose(1, 0, 2))
-    np.copyto(a, u)
-    np.multiply(a, s_bt, out=a)
+    ``s_tm`` C-contiguous (T, B, c), ``u`` (B, T, c) of any strides (fastest with rows of
+    contiguous columns, as a column half of a C-contiguous array: other layouts are read
+    through a copy). No checks."""
+    b, t, c = a.shape
+    if b * t and c:
+        u2 = _rows_view(u)
+        if u2 is None:  # another layout (not the block's): a contiguous copy to read
+            u2 = np.ascontiguousarray(u).reshape(b * t, c)
+        _rows(_gate_fwd, b, t, c, (a.reshape(b * t, c), s_bt.reshape(b * t, c), s_tm, u2))
     return a
 
 
 def sgu_gate_backward_unchecked(du, ds_tm, tmp, da, s_bt, u):
     """The gradients of ``A = U * S`` for ``da`` = dL/dA: ``ds_tm`` (T, B, c) = swap01(da * u)
-    time-major, ``du`` (B, T, c, any strides) = da * s_bt. ``tmp`` (B, T, c) is scratch;
-    ``da``, ``s_bt``, ``tmp`` C-contiguous; ``du`` may be the very view ``u`` was (it is read
-    first). No checks."""
-    np.copyto(tmp, u)
-    np.multiply(tmp, da, out=tmp)
-    np.copyto(ds_tm, tmp.transpose(1, 0, 2))
-    np.multiply(da, s_bt, out=tmp)
-    np.copyto(du, tmp)
+    time-major, ``du`` (B, T, c) = da * s_bt. ``tmp`` (B, T, c) is scratch, used only for a
+    ``du`` whose rows are not evenly spaced contiguous columns; ``da``, ``s_bt``
+    C-contiguous; ``du`` may be the very view ``u`` was (it is read first). No checks."""
+    b, t, c = da.shape
+    if b * t and c:
+        u2, du2 = _rows_view(u), _rows_view(du)
+        if u2 is None:  # other layouts (not the block's): through contiguous buffers
+            u2 = np.ascontiguousarray(u).reshape(b * t, c)
+        out = du2 if du2 is not None else tmp.reshape(b * t, c)
+        _rows(_gate_bwd, b, t, c, (out, ds_tm, da.reshape(b * t, c),
+                                   s_bt.reshape(b * t, c), u2))
+        if du2 is None:
+            np.copyto(du, tmp)
     return ds_tm
 
 

@@ -115,10 +115,12 @@ def test_train_val_split_partitions_the_samples():
     assert Yt2.tolist() == Yt.tolist() and Yv2.tolist() == Yv.tolist()
 
 
-@pytest.mark.parametrize("f", [0.0, 1.0, -0.1, 0.01, 0.99, "0.2"])
-def test_train_val_split_needs_both_parts(f):
-    # Check that a fraction outside (0, 1), or one that leaves a part empty, is a ValueError.
-    with pytest.raises(ValueError, match="val_fraction"):
+@pytest.mark.parametrize("f, exc", [(0.0, ValueError), (1.0, ValueError), (-0.1, ValueError),
+                                    (0.01, ValueError), (0.99, ValueError), ("0.2", TypeError)])
+def test_train_val_split_needs_both_parts(f, exc):
+    # Check that a fraction outside (0, 1), or one that leaves a part empty, is a ValueError;
+    # one that is not a number is a TypeError (the engine's one rule for wrong types).
+    with pytest.raises(exc, match="val_fraction"):
         data.train_val_split(np.zeros((10, 2)), np.zeros(10), f)
 
 

@@ -56,6 +56,15 @@ def test_deep_paths_import_with_their_names(path):
     assert getattr(engine, path.split(".")[1]) is mod
 
 
+def test_descriptive_names_of_the_two_gated_mlps():
+    # Check the names that tell the two apart are the classes themselves: ChannelGatedMLP
+    # (GMLP: gating within each token) and SpatialGMLPBlock (GMLPBlock: Liu et al.'s block,
+    # gating across tokens).
+    assert engine.ChannelGatedMLP is engine.GMLP
+    assert engine.SpatialGMLPBlock is engine.GMLPBlock
+    assert engine.ChannelGatedMLP is not engine.SpatialGMLPBlock
+
+
 def test_old_paths_share_classes_with_new_ones():
     # Check a class reached through an old path is the one exported, not a copy.
     from engine.train import fit as old_fit

@@ -1,10 +1,11 @@
 """Modules: the module protocol (Parameter, arena, Workspace), layers, norms, the blocks,
 embedding and losses, in the spirit of ``torch.nn``."""
 from .module import Arena, Module, Parameter, Workspace
-from .layers import (GELU, MLP, Activation, Identity, LeakyReLU, Linear, LogSoftmax, ReLU,
-                     Sequential, Sigmoid, SiLU, Softmax, Tanh)
-from .blocks import FFN, GMLP, AddNorm, Dropout, FFNSublayer, LayerNorm
+from .layers import (GELU, Activation, Identity, LeakyReLU, Linear, LogSoftmax, ReLU,
+                     Sigmoid, SiLU, Softmax, Tanh)
+from .containers import MLP, Sequential
+from .blocks import FFN, GMLP, ChannelGatedMLP, AddNorm, Dropout, FFNSublayer, LayerNorm
 from .gated import GatedFFN
-from .gmlp_block import GMLPBlock, SpatialGatingUnit
+from .gmlp_block import GMLPBlock, SpatialGatingUnit, SpatialGMLPBlock
 from .embedding import Embedding
 from .losses import CrossEntropyLoss, MSELoss

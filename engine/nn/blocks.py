@@ -15,10 +15,10 @@ import numpy as np
 from kernels import ops
 
 from .layers import check_activation, sign_from_output
-from .module import (INITS, Module, Parameter, _rows_of, _shaped, as_rows, check_float,
-                     check_positive_int, init_weight, make_rng)
+from .module import (INITS, Module, Parameter, adjacent_views, rows_of, shaped, as_rows,
+                     check_float, check_positive_int, init_weight, make_rng)
 
-__all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "AddNorm", "FFNSublayer", "INITS"]
+__all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "ChannelGatedMLP", "AddNorm", "FFNSublayer", "INITS"]
 
 
 def _check_p(name, p) -> float:
@@ -269,12 +269,10 @@ class GMLP(Module):
     def _params_moved(self):
         g, p = self.W_gate, self.W_proj
         f, dh = self.d_ffn, self.d_hidden
-        if p._arena is not g._arena or p._offset != g._offset + f * dh:
-            raise RuntimeError("GMLP: W_gate and W_proj must be adjacent in the arena")
-        a, lo = g._arena, g._offset
+        data, grad = adjacent_views((g, p), "GMLP: W_gate and W_proj")
         # (2f, d_hidden) rows [W_gate^T; W_proj^T] and their gradient: views, no copy.
-        object.__setattr__(self, "Wgp_T", a.data[lo:lo + 2 * f * dh].reshape(2 * f, dh))
-        object.__setattr__(self, "dWgp_T", a.grad[lo:lo + 2 * f * dh].reshape(2 * f, dh))
+        object.__setattr__(self, "Wgp_T", data.reshape(2 * f, dh))
+        object.__setattr__(self, "dWgp_T", grad.reshape(2 * f, dh))
 
     def out_features(self, d_in: int) -> int:
         return self.d_out
@@ -331,6 +329,11 @@ class GMLP(Module):
         return dx
 
 
+
+# The name that says what GMLP does: gating across the channels of each token (no mixing
+# across tokens), unlike SpatialGMLPBlock (Liu et al.'s block, which gates across tokens).
+ChannelGatedMLP = GMLP
+
 # ----------------------------------------------------------------------------- AddNorm
 class AddNorm(Module):
     """Add & Norm (Vaswani et al. 2017): y = LayerNorm(x + Dropout(sub)) with per-feature
@@ -375,7 +378,7 @@ class AddNorm(Module):
         x2, lead = as_rows(x, self.d_model, self.dtype, "x")
         if isinstance(sub, np.ndarray) and sub.shape != x.shape:
             raise ValueError(f"x, sub: expected the same shape, got x {x.shape} and sub {sub.shape}")
-        sub2 = _rows_of(sub, x.shape, self.dtype, "sub")
+        sub2 = rows_of(sub, x.shape, self.dtype, "sub")
         self._no_overlap("x", x)
         self._no_overlap("sub", sub)
         s = self._s
@@ -390,7 +393,7 @@ class AddNorm(Module):
         ops.layernorm_forward(v.y, v.mean, v.rstd, v.s, self.gamma.data, self.beta.data,
                               self.eps)
         s.lead, s.out_shape, s.ready = lead, x.shape, True
-        return _shaped(v.y, lead)
+        return shaped(v.y, lead)
 
     def backward(self, dy):
         """``(dx, dsub)`` for output gradient ``dy``; separate arrays."""
@@ -406,7 +409,7 @@ class AddNorm(Module):
         else:
             np.copyto(v.dsub, v.ds)
         s.ready = False
-        return _shaped(v.ds, s.lead), _shaped(v.dsub, s.lead)
+        return shaped(v.ds, s.lead), shaped(v.dsub, s.lead)
 
 
 # ----------------------------------------------------------------------------- FFNSublayer

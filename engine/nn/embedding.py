@@ -8,7 +8,7 @@ import numpy as np
 
 from kernels import ops
 
-from .module import Module, Parameter, Workspace, _rows_of, check_positive_int, make_rng
+from .module import Module, Parameter, Workspace, rows_of, check_positive_int, make_rng
 
 __all__ = ["Embedding"]
 
@@ -74,7 +74,7 @@ class Embedding(Module):
         n = ids.size
         res2 = None
         if residual is not None:
-            _rows_of(residual, out_shape, self.dtype, "residual")
+            rows_of(residual, out_shape, self.dtype, "residual")
             self._no_overlap("residual", residual)
             res2 = residual.reshape(n, self.dim)
         s = self._s

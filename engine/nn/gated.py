@@ -14,8 +14,10 @@ import numpy as np
 
 from kernels import ops
 
+from .._checks import check_bool
 from .layers import check_activation
-from .module import INITS, Module, Parameter, check_float, check_positive_int, init_weight, make_rng
+from .module import (INITS, Module, Parameter, adjacent_views, check_float, check_positive_int,
+                     init_weight, make_rng)
 
 __all__ = ["GatedFFN"]
 
@@ -38,15 +40,14 @@ class GatedFFN(Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = False,
                  dropout: float = 0.0, init: str = "xavier", dtype=np.float32, rng=None,
-                 negative_slope: float = 0.01):
+                 *, negative_slope: float = 0.01):
         super().__init__(dtype)
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
         self.d_ff = check_positive_int("d_ff", d_ff)
         self.activation = check_activation("activation", activation)
         self.negative_slope = check_float("negative_slope", negative_slope)
         self.p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias: expected True or False, got {bias!r}")
+        check_bool("bias", bias)
         if init not in INITS:
             raise ValueError(f"init: expected one of {INITS}, got {init!r}")
         self.init = init
@@ -72,18 +73,14 @@ class GatedFFN(Module):
 
     def _params_moved(self):
         g, u, f, d = self.W_gate, self.W_up, self.d_ff, self.d_model
-        if u._arena is not g._arena or u._offset != g._offset + f * d:
-            raise RuntimeError("GatedFFN: W_gate and W_up must be adjacent in the arena")
-        a, lo = g._arena, g._offset
+        data, grad = adjacent_views((g, u), "GatedFFN: W_gate and W_up")
         # (2f, d) rows [W_gate^T; W_up^T] and their gradient: views, no copy.
-        object.__setattr__(self, "Wgu_T", a.data[lo:lo + 2 * f * d].reshape(2 * f, d))
-        object.__setattr__(self, "dWgu_T", a.grad[lo:lo + 2 * f * d].reshape(2 * f, d))
+        object.__setattr__(self, "Wgu_T", data.reshape(2 * f, d))
+        object.__setattr__(self, "dWgu_T", grad.reshape(2 * f, d))
         if self.bias:
-            bg, bu = self.b_gate, self.b_up
-            if bu._arena is not bg._arena or bu._offset != bg._offset + f:
-                raise RuntimeError("GatedFFN: b_gate and b_up must be adjacent in the arena")
-            object.__setattr__(self, "b_gu", bg._arena.data[bg._offset:bg._offset + 2 * f])
-            object.__setattr__(self, "db_gu", bg._arena.grad[bg._offset:bg._offset + 2 * f])
+            b_gu, db_gu = adjacent_views((self.b_gate, self.b_up), "GatedFFN: b_gate and b_up")
+            object.__setattr__(self, "b_gu", b_gu)
+            object.__setattr__(self, "db_gu", db_gu)
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, activation={self.activation!r}, "

@@ -15,16 +15,14 @@ import numpy as np
 
 from kernels import ops
 
+from .._checks import check_bool
 from .blocks import LayerNorm
 from .module import Module, Parameter, check_float, check_positive_int, init_weight, make_rng
 
-__all__ = ["GMLPBlock", "SpatialGatingUnit"]
+__all__ = ["GMLPBlock", "SpatialGMLPBlock", "SpatialGatingUnit"]
 
 
-def _check_bool(name, v) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {v!r}")
-    return bool(v)
+_check_bool = check_bool
 
 
 def _check_sequences(x, seq_len: int, causal: bool, d: int, what: str, name: str = "x"):
@@ -271,3 +269,8 @@ class GMLPBlock(_TokenMixing):
         ops.add(dx, dx, dy2)                                                 # the residual path
         self._c.xn = self._c.a = None
         return dx
+
+
+# The name that says what GMLPBlock does: Liu et al.'s gMLP block, whose spatial gating unit
+# mixes tokens, unlike ChannelGatedMLP (GMLP), which gates channels within each token.
+SpatialGMLPBlock = GMLPBlock

@@ -10,63 +10,30 @@ flat vectors. Numerics live in ``kernels``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-import operator
 import threading
-import weakref
 from collections import OrderedDict
 from types import SimpleNamespace
 
 import numpy as np
 
 from kernels import ops
-from kernels.memory import aligned_empty
 
-__all__ = ["Parameter", "Arena", "Module", "Workspace", "make_rng", "check_dtype",
+from .._checks import check_dtype, check_positive_int
+from .._checks import check_real as check_float
+from .arena import (Arena, Parameter, Workspace, adjacent_views, arena_layout_version,
+                    buffer_owner, bump_arena_layout, runs, shaped_like)
+
+__all__ = ["Parameter", "Arena", "adjacent_views", "arena_layout_version", "mode_version",
+           "rows_of", "shaped", "shaped_like", "Module", "Workspace", "make_rng", "check_dtype",
            "check_positive_int", "check_float", "as_rows", "INITS", "init_weight", "runs"]
-
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # ----------------------------------------------------------------------------- checks
-def check_dtype(dtype) -> np.dtype:
-    """Return ``dtype`` as a numpy dtype, float32 or float64, else raise TypeError."""
-    if dtype is None:  # np.dtype(None) is float64: a silent choice the caller did not make
-        raise TypeError("dtype: expected float32 or float64, got None")
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype: expected float32 or float64, got {dtype!r}") from None
-    if dt not in _FLOAT_DTYPES:
-        raise TypeError(f"dtype: expected float32 or float64, got {dt}")
-    return dt
-
-
-def check_positive_int(name: str, v) -> int:
-    """``v`` as an int >= 1: TypeError naming ``name`` for a non-int (bool and float included,
-    as NumPy and PyTorch do for sizes), ValueError for one below 1."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name}: expected a positive int, got {v!r} ({type(v).__name__})")
-    if v < 1:
-        raise ValueError(f"{name}: expected a positive int, got {v}")
-    return int(v)
-
-
-def check_float(name: str, v, low: float = -math.inf, high: float = math.inf,
-                low_open: bool = False, high_open: bool = False) -> float:
-    """``v`` as a finite Python float in the interval: TypeError naming ``name`` for a
-    non-number (bool included), ValueError outside the interval, NaN or infinite."""
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a number, got {v!r} ({type(v).__name__})")
-    f = float(v)
-    ok = math.isfinite(f) and (f > low if low_open else f >= low) and \
-        (f < high if high_open else f <= high)
-    if not ok:
-        lo = ("(" if low_open else "[") + str(low)
-        hi = str(high) + (")" if high_open else "]")
-        raise ValueError(f"{name}: expected a finite number in {lo}, {hi}, got {v!r}")
-    return f
+# check_dtype, check_positive_int and check_float (a finite number in an interval) are the
+# engine's shared checks, re-exported here for the modules.
 
 
 def make_rng(rng) -> np.random.Generator:
@@ -130,7 +97,7 @@ def as_rows(x, d, dtype, name: str = "x"):
     return x, x.shape[:-1]
 
 
-def _rows_of(a, shape, dtype, name):
+def rows_of(a, shape, dtype, name):
     """Check ``a`` against an expected full ``shape``; return its 2-D row view (no copy)."""
     if (not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dtype
             or not a.flags.c_contiguous):
@@ -149,175 +116,18 @@ def _flat3(a):
     return a.reshape(b * t, d)
 
 
-def _shaped(a2, lead):
+def shaped(a2, lead):
     """A 2-D row buffer back in the caller's leading shape."""
     return a2 if len(lead) == 1 else a2.reshape(*lead, a2.shape[-1])
 
 
-# ----------------------------------------------------------------------------- arena
-_GENERATION = [0]  # bumped whenever parameters move to another arena
-_MODE_GEN = [0]    # bumped by every train()/eval() call
+_MODE_VERSION = [0]  # bumped by every train()/eval() call
 
 
-class Arena:
-    """One model's parameters and gradients as two flat, 64-byte-aligned vectors of one
-    dtype; each ``Parameter`` is a view of its range of both, in its own memory order."""
-
-    __slots__ = ("data", "grad", "params")
-
-    def __init__(self, params: list):
-        dtype = params[0].dtype
-        total = sum(p.size for p in params)
-        self.data = aligned_empty(total, dtype)   # (total,) every parameter, back to back
-        self.grad = aligned_empty(total, dtype)   # (total,) their gradients
-        self.params = tuple(params)
-        off = 0
-        for p in params:
-            n = p.size
-            d, g = self.data[off:off + n], self.grad[off:off + n]
-            np.copyto(_like(d, p), p._data)
-            np.copyto(_like(g, p), p._grad)
-            p._data, p._grad = _like(d, p), _like(g, p)
-            p._arena, p._offset = self, off
-            off += n
-        _GENERATION[0] += 1
-
-    @property
-    def dtype(self):
-        return self.data.dtype
-
-
-def _like(flat, p):
-    """``flat`` shaped as ``p``, in ``p``'s memory order (a Fortran-ordered parameter is a
-    transposed view, as a weight kept transposed for its GEMM)."""
-    if p._forder:
-        return flat.reshape(p.shape[::-1]).T
-    return flat.reshape(p.shape)
-
-
-def _order(a) -> bool:
-    """True for an F-ordered (not C-ordered) array."""
-    return a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous
-
-
-def _view_property(what: str) -> property:
-    """``p.data`` / ``p.grad``: reading returns the arena view (a C-level getter: it is read
-    on every kernel call); assigning copies into it after ``_check_like``."""
-    slot = "_" + what
-
-    def assign(p, value):
-        _check_like(what, value, p)
-        np.copyto(getattr(p, slot), value)
-    return property(operator.attrgetter(slot), assign,
-                    doc=f"The parameter's {what}: a view into its arena; assignment copies.")
-
-
-class Parameter:
-    """A trainable array ``data`` with its accumulated gradient ``grad`` (same shape, dtype and
-    memory order; starts at zero), both views into an ``Arena``.
-
-    Assigning ``p.data = a`` or ``p.grad = a`` copies ``a`` into the arena after checking
-    its shape and dtype (any memory layout is accepted, nothing is cast): the arrays the
-    model computes with and the optimizer updates never change."""
-
-    __slots__ = ("_data", "_grad", "name", "_arena", "_offset", "_forder", "shape")
-
-    def __init__(self, data: np.ndarray, name: str = "", grad: np.ndarray | None = None):
-        if not isinstance(data, np.ndarray):
-            raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
-        check_dtype(data.dtype)
-        self.name = name
-        self.shape = data.shape
-        self._forder = _order(data)
-        self._data = data
-        if grad is None:
-            grad = np.zeros(data.shape, data.dtype)
-        else:
-            _check_like("grad", grad, self)
-        self._grad = grad
-        Arena([self])
-
-    data = _view_property("data")
-    grad = _view_property("grad")
-
-    @property
-    def dtype(self):
-        return self._data.dtype
-
-    @property
-    def size(self) -> int:
-        return self._data.size
-
-    @property
-    def arena(self) -> Arena:
-        return self._arena
-
-    def zero_grad(self) -> None:
-        self._grad.fill(0.0)
-
-    def __repr__(self) -> str:
-        return f"Parameter({self.name!r}, shape={self.shape}, dtype={self.dtype})"
-
-
-def _check_like(what: str, value, p: Parameter) -> None:
-    name = f"{p.name}.{what}" if p.name else what
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(value).__name__}")
-    if value.shape != p.shape:
-        raise ValueError(f"{name}: expected shape {p.shape}, got {value.shape}")
-    if value.dtype != p._data.dtype:
-        raise TypeError(f"{name}: expected dtype {p._data.dtype}, got {value.dtype} "
-                        f"(no silent cast: convert with .astype)")
-
-
-def runs(params) -> list:
-    """Maximal runs of ``params`` (in order) that are consecutive in one arena: a list of
-    ``(arena, lo, hi, first, stop)`` with ``params[first:stop]`` at ``arena.data[lo:hi]``."""
-    out = []
-    for i, p in enumerate(params):
-        a, off = p._arena, p._offset
-        if out and out[-1][0] is a and out[-1][2] == off:
-            r = out[-1]
-            out[-1] = (a, r[1], off + p.size, r[3], i + 1)
-        else:
-            out.append((a, off, off + p.size, i, i + 1))
-    return out
-
-
-# ----------------------------------------------------------------------------- workspace
-# id(raw allocation) -> weak refs (raw, Workspace): which module's buffer an array views.
-_RAW_OWNER: dict = {}
-
-
-class Workspace:
-    """Named work buffers that grow to the largest row count seen and are handed out as row
-    slices, so a steady loop allocates nothing. Buffers start on a 64-byte boundary
-    (``kernels.memory``)."""
-
-    def __init__(self, dtype):
-        self.dtype = np.dtype(dtype)
-        self._bufs: dict = {}
-
-    def get(self, key: str, n: int, *cols: int) -> np.ndarray:
-        """A C-contiguous ``(n, *cols)`` view of buffer ``key`` (contents undefined)."""
-        buf = self._bufs.get(key)
-        if buf is None or buf.shape[0] < n or buf.shape[1:] != cols:
-            if buf is not None:
-                _RAW_OWNER.pop(id(buf.base), None)
-            buf = self._bufs[key] = aligned_empty((max(n, 1), *cols), self.dtype)
-            _RAW_OWNER[id(buf.base)] = (weakref.ref(buf.base), weakref.ref(self))
-            _GENERATION[0] += 1
-        return buf[:n]
-
-    def buffers(self) -> list:
-        return list(self._bufs.values())
-
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._bufs.values())
-
-    def __del__(self):
-        for buf in getattr(self, "_bufs", {}).values():  # {} if __init__ was cut short
-            _RAW_OWNER.pop(id(buf.base), None)
+def mode_version() -> int:
+    """Changes whenever any module's train()/eval() is called: a cache of modes read at
+    one version is current while this returns the same number."""
+    return _MODE_VERSION[0]
 
 
 # ----------------------------------------------------------------------------- Module
@@ -419,7 +229,7 @@ class Module(metaclass=_ModuleMeta):
             self._modules.pop(name, None)
         object.__setattr__(self, name, value)
         if self._built and isinstance(value, (Parameter, Module)):
-            _GENERATION[0] += 1
+            bump_arena_layout()
             self._pack()
 
     # -- the protocol ---------------------------------------------------------------------
@@ -454,7 +264,7 @@ class Module(metaclass=_ModuleMeta):
         if residual is None:
             y2 = self._forward(x2, None)
         else:
-            res2 = _rows_of(residual, (*lead, self.out_features(x2.shape[1])), self.dtype,
+            res2 = rows_of(residual, (*lead, self.out_features(x2.shape[1])), self.dtype,
                             "residual")
             self._no_overlap("residual", residual)
             if self.fuses_residual:
@@ -464,7 +274,7 @@ class Module(metaclass=_ModuleMeta):
                 y2 = self._ws.get("residual_out", *y.shape)  # (N, d_out) f(x) + residual
                 ops.add(y2, y, res2)
         s.lead, s.out_shape, s.in_dim, s.ready = lead, (*lead, y2.shape[1]), x2.shape[1], True
-        return x if y2 is x2 else _shaped(y2, lead)
+        return x if y2 is x2 else shaped(y2, lead)
 
     def backward(self, dy, *, dx_acc=None):
         """The input gradient for output gradient ``dy`` (the last forward's output shape);
@@ -478,7 +288,7 @@ class Module(metaclass=_ModuleMeta):
         if dx_acc is None:
             dx2 = self._backward(dy2, None)
         else:
-            acc2 = _rows_of(dx_acc, (*lead, s.in_dim), self.dtype, "dx_acc")
+            acc2 = rows_of(dx_acc, (*lead, s.in_dim), self.dtype, "dx_acc")
             self._no_overlap("dx_acc", dx_acc)
             if self.fuses_dx_acc and (self.acc_alias_safe or not np.may_share_memory(acc2, dy2)):
                 dx2 = self._backward(dy2, acc2)
@@ -488,7 +298,7 @@ class Module(metaclass=_ModuleMeta):
         s.ready = False
         if dx_acc is not None:
             return dx_acc
-        return dy if dx2 is dy2 else _shaped(dx2, lead)
+        return dy if dx2 is dy2 else shaped(dx2, lead)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -532,7 +342,7 @@ class Module(metaclass=_ModuleMeta):
     def _workspace_ids(self):
         s = self._s
         s.ws_ids = frozenset(id(w) for _, m in self.named_modules() for w in m._workspaces())
-        s.ws_gen = _GENERATION[0]
+        s.ws_gen = arena_layout_version()
         return s.ws_ids
 
     def _workspaces(self) -> list:
@@ -547,7 +357,7 @@ class Module(metaclass=_ModuleMeta):
             raise TypeError(f"ws: expected a Workspace of dtype {self.dtype}, got {ws!r}")
         object.__setattr__(self, "_ws", ws)
         self._vc[0] = None
-        _GENERATION[0] += 1  # overlap checks re-read which buffers belong to whom
+        bump_arena_layout()  # overlap checks re-read which buffers belong to whom
 
     def _no_overlap(self, name: str, a) -> None:
         """Reject ``a`` if it shares memory with a work buffer of this module or a child:
@@ -556,11 +366,11 @@ class Module(metaclass=_ModuleMeta):
         base = a.base
         if base is None:  # an array owning its memory is no view of a work buffer
             return
-        hit = _RAW_OWNER.get(id(base))
-        if hit is not None and hit[0]() is base:
+        owner = buffer_owner(base)
+        if owner is not None:
             s = self._s
-            ids = s.ws_ids if s.ws_gen == _GENERATION[0] else self._workspace_ids()
-            if id(hit[1]()) not in ids:
+            ids = s.ws_ids if s.ws_gen == arena_layout_version() else self._workspace_ids()
+            if id(owner) not in ids:
                 return
         elif isinstance(base, np.ndarray) and base.flags.owndata:
             return  # a view of another allocation (work buffers own theirs)
@@ -621,7 +431,7 @@ class Module(metaclass=_ModuleMeta):
         """``(arena, lo, hi)``: this module's parameters, one contiguous range of one arena
         (packed anew if they are not: e.g. after a child was given to another parent)."""
         s = self._s
-        if s.range_gen != _GENERATION[0]:
+        if s.range_gen != arena_layout_version():
             params = self.parameters()
             if not params:
                 s.range = None
@@ -634,7 +444,7 @@ class Module(metaclass=_ModuleMeta):
                     self._pack()
                     r = runs(params)
                 s.range = r[0][:3]
-            s.range_gen = _GENERATION[0]
+            s.range_gen = arena_layout_version()
         return s.range
 
     def flat_params(self) -> np.ndarray:
@@ -660,7 +470,7 @@ class Module(metaclass=_ModuleMeta):
 
     # -- modes ------------------------------------------------------------------------------
     def train(self, mode: bool = True):
-        _MODE_GEN[0] += 1  # lets a checkpointed Sequential skip re-reading unchanged modes
+        _MODE_VERSION[0] += 1  # lets a checkpointed Sequential skip re-reading unchanged modes
         object.__setattr__(self, "training", bool(mode))
         for m in self._modules.values():
             m.train(mode)
@@ -668,6 +478,20 @@ class Module(metaclass=_ModuleMeta):
 
     def eval(self):
         return self.train(False)
+
+    @contextlib.contextmanager
+    def exclusive(self, what: str):
+        """Hold this module's lock for a whole run of calls (fit, evaluate, predict): a
+        concurrent call from another thread raises RuntimeError naming ``what`` before it
+        switches the mode under the running loop."""
+        lock = self._lock
+        if not lock.acquire(False):
+            raise RuntimeError(f"{what}: the model is in use by another thread; a model is used "
+                               f"by one thread at a time (build one model per thread)")
+        try:
+            yield
+        finally:
+            lock.release()
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
@@ -732,15 +556,22 @@ class Module(metaclass=_ModuleMeta):
 
 
 def _defined_by(cls, name: str):
-    return next(c for c in cls.__mro__ if name in c.__dict__)
+    # A loop, not next(generator): a generator left unfinished is closed when collected, and
+    # a Ctrl-C arriving in that close is swallowed ("Exception ignored") instead of raised.
+    for c in cls.__mro__:
+        if name in c.__dict__:
+            return c
+    raise AttributeError(f"{cls.__name__}.{name}")
 
 
 def describes_input(model) -> bool:
     """Whether ``check_input`` of every module in ``model`` describes what its ``forward``
     takes: true unless a class overrides ``forward`` below the class that defines its
     ``check_input`` (a user's subclass with its own forward and no check_input of its own)."""
-    return all(issubclass(_defined_by(type(m), "check_input"), _defined_by(type(m), "forward"))
-               for _, m in model.named_modules())
+    for _, m in model.named_modules():  # a loop: see _defined_by
+        if not issubclass(_defined_by(type(m), "check_input"), _defined_by(type(m), "forward")):
+            return False
+    return True
 
 
 def input_spec(shape: tuple, dtype) -> np.ndarray:

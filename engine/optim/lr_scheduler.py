@@ -14,6 +14,8 @@ import math
 import numbers
 import weakref
 
+from .._checks import check_int, check_real
+
 __all__ = ["LRScheduler", "LambdaLR", "StepLR", "LinearLR", "CosineAnnealingLR", "SequentialLR",
            "check_warmup"]
 
@@ -25,11 +27,7 @@ _INITIAL_LRS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _int(where: str, v, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise TypeError(f"{where}: expected an integer >= {low}, got {v!r} ({type(v).__name__})")
-    if v < low:
-        raise ValueError(f"{where}: expected an integer >= {low}, got {v!r}")
-    return int(v)
+    return check_int(where, v, low)
 
 
 def check_warmup(warmup, total_steps, what: str = "warmup") -> int:
@@ -48,15 +46,7 @@ def check_warmup(warmup, total_steps, what: str = "warmup") -> int:
 
 
 def _real(where: str, v, low: float, high: float | None = None, low_open: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{where}: expected a real number, got {v!r} ({type(v).__name__})")
-    x = float(v)
-    bad = math.isnan(x) or (x <= low if low_open else x < low) or (high is not None and x > high)
-    if bad or math.isinf(x):
-        lo = "(" if low_open else "["
-        want = f"in {lo}{low}, {high}]" if high is not None else f"{'>' if low_open else '>='} {low}"
-        raise ValueError(f"{where}: expected a finite number {want}, got {v!r}")
-    return x
+    return check_real(where, v, low, math.inf if high is None else high, low_open)
 
 
 def _groups(optimizer) -> list:
@@ -126,10 +116,10 @@ class LRScheduler:
         the optimizer's groups (so they agree even if the optimizer's own state is not
         loaded). Strict: the type, the number of groups and the hyperparameters must match;
         if any check fails nothing is changed."""
-        self._apply(self._check_state_dict(state_dict))
+        self.apply_state(self.validate_state_dict(state_dict))
 
-    def _check_state_dict(self, sd, where: str = ""):
-        """Validate ``sd``; return what ``_apply`` installs (nothing is changed here)."""
+    def validate_state_dict(self, sd, where: str = ""):
+        """Validate ``sd``; return what ``apply_state`` installs (nothing is changed here)."""
         name = where or f"{type(self).__name__}.load_state_dict"
         if not isinstance(sd, dict):
             raise TypeError(f"{name}: expected a dict, got {type(sd).__name__}")
@@ -155,7 +145,7 @@ class LRScheduler:
                              f"scheduler has {own}")
         return epoch, lists[0], lists[1]
 
-    def _apply(self, checked) -> None:
+    def apply_state(self, checked) -> None:
         epoch, base_lrs, last_lr = checked
         self.last_epoch, self.base_lrs, self._last_lr = epoch, base_lrs, last_lr
         for g, lr in zip(self.optimizer.param_groups, last_lr):
@@ -301,19 +291,19 @@ class SequentialLR(LRScheduler):
         sd["children"] = [s.state_dict() for s in self._schedulers]
         return sd
 
-    def _check_state_dict(self, sd, where: str = ""):
+    def validate_state_dict(self, sd, where: str = ""):
         name = where or "SequentialLR.load_state_dict"
-        own = super()._check_state_dict(sd, where)
+        own = super().validate_state_dict(sd, where)
         children = sd.get("children")
         if not isinstance(children, (list, tuple)) or len(children) != len(self._schedulers):
             raise ValueError(f"{name}: children: expected {len(self._schedulers)} scheduler "
                              f"states, got {children!r:.60}")
-        kids = [s._check_state_dict(c, f"{name}: children[{i}]")
+        kids = [s.validate_state_dict(c, f"{name}: children[{i}]")
                 for i, (s, c) in enumerate(zip(self._schedulers, children))]
         return own, kids
 
-    def _apply(self, checked) -> None:
+    def apply_state(self, checked) -> None:
         own, kids = checked
         for s, k in zip(self._schedulers, kids):
-            s._apply(k)
-        super()._apply(own)  # last: the groups get the sequence's current rates
+            s.apply_state(k)
+        super().apply_state(own)  # last: the groups get the sequence's current rates

@@ -25,7 +25,8 @@ from kernels import ops
 from kernels import optim as _kopt
 from kernels.memory import aligned_empty
 
-from ..nn.module import _GENERATION, Module, Parameter, runs
+from .._checks import check_bool, check_int, check_real
+from ..nn.module import Module, Parameter, arena_layout_version, runs, shaped_like
 
 __all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm", "defer_keyboard_interrupt",
            "check_optimizer_of"]
@@ -82,21 +83,8 @@ class defer_keyboard_interrupt:
 # ----------------------------------------------------------------------------- validation
 def _number(where: str, value, low: float = 0.0, high: float | None = None,
             high_open: bool = False, low_open: bool = False) -> float:
-    """``value`` as a float in [low, high] (open ends with ``low_open``/``high_open``), else
-    raise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: expected a real number, got {value!r} ({type(value).__name__})")
-    v = float(value)
-    if (math.isnan(v) or (v <= low if low_open else v < low)
-            or (high is not None and (v >= high if high_open else v > high))):
-        if high is None:
-            want = f"{'>' if low_open else '>='} {low}"
-        else:
-            want = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{where}: expected a number {want}, got {value!r}")
-    if math.isinf(v):
-        raise ValueError(f"{where}: expected a finite number, got {value!r}")
-    return v
+    """``value`` as a finite float in [low, high] (open ends with ``low_open``/``high_open``)."""
+    return check_real(where, value, low, math.inf if high is None else high, low_open, high_open)
 
 
 def _collect_params(where: str, params) -> list:
@@ -175,7 +163,7 @@ class Optimizer:
         self.state = [{} for _ in params]
         for k in self._state_keys:
             self._buffer(k)
-        self._plan = None       # cached runs, rebuilt when parameters move (_GENERATION)
+        self._plan = None       # cached runs, rebuilt when parameters move (arena_layout_version)
         self._plan_gen = -1
         # Per group, the option values last checked: step() checks again only what changed.
         self._checked = [tuple(g[k] for k in self.defaults) for g in self.param_groups]
@@ -203,7 +191,7 @@ class Optimizer:
     def _runs(self) -> list:
         """Per group: ``(first, stop, data, grad, state_offset, dtype)`` for each maximal run
         of its parameters that lies back to back in one arena (cached until parameters move)."""
-        if self._plan_gen != _GENERATION[0]:
+        if self._plan_gen != arena_layout_version():
             plan, i = [], 0
             for g in self.param_groups:
                 plist = g["params"]
@@ -213,7 +201,7 @@ class Optimizer:
                                   self._offsets[i + first], a.dtype))
                 plan.append(group)
                 i += len(plist)
-            self._plan, self._plan_gen = plan, _GENERATION[0]
+            self._plan, self._plan_gen = plan, arena_layout_version()
         return self._plan
 
     def step(self) -> None:
@@ -256,7 +244,7 @@ class Optimizer:
     def _flat_view_of(self, key: str, idx: int):
         p, off = self._all_params()[idx], self._offsets[idx]
         flat = self._flat[key][p.dtype][off:off + p.size]
-        return flat.reshape(p.shape[::-1]).T if p._forder else flat.reshape(p.shape)
+        return shaped_like(flat, p)
 
     def state_dict(self) -> dict:
         """``{"type", "steps", "param_groups", "state"}`` as in PyTorch: groups hold their
@@ -276,10 +264,10 @@ class Optimizer:
         """Restore options, buffers and step count from ``state_dict``. Strict: the optimizer
         type, the group structure, every buffer's name, shape and dtype must match, and the
         options must be valid; if any check fails nothing is changed."""
-        self._apply_state(self._check_state_dict(state_dict))
+        self.apply_state(self.validate_state_dict(state_dict))
 
-    def _check_state_dict(self, sd):
-        """Validate ``sd`` against this optimizer; return what ``_apply_state`` needs."""
+    def validate_state_dict(self, sd):
+        """Validate ``sd`` against this optimizer; return what ``apply_state`` needs."""
         name = type(self).__name__
         if not isinstance(sd, dict):
             raise TypeError(f"state_dict: expected a dict, got {type(sd).__name__}")
@@ -289,8 +277,7 @@ class Optimizer:
         if sd["type"] != name:
             raise ValueError(f"{name}.load_state_dict: the state is of a {sd['type']} optimizer")
         steps = sd["steps"]
-        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
-            raise ValueError(f"{name}.load_state_dict: steps: expected an integer >= 0, got {steps!r}")
+        check_int(f"{name}.load_state_dict: steps", steps, 0)
         groups = sd["param_groups"]
         if not isinstance(groups, (list, tuple)) or len(groups) != len(self.param_groups):
             got = len(groups) if isinstance(groups, (list, tuple)) else type(groups).__name__
@@ -348,8 +335,8 @@ class Optimizer:
             new_state.append(st)
         return int(steps), new_options, new_state
 
-    def _apply_state(self, checked) -> None:
-        """Install a state validated by ``_check_state_dict`` (cannot fail)."""
+    def apply_state(self, checked) -> None:
+        """Install a state validated by ``validate_state_dict`` (cannot fail)."""
         steps, options, state = checked
         for group, opts in zip(self.param_groups, options):
             group.update(opts)
@@ -463,10 +450,7 @@ class SGD(Optimizer):
         group["momentum"] = _number(pre + "momentum", group["momentum"])
         group["weight_decay"] = _number(pre + "weight_decay", group["weight_decay"])
         group["dampening"] = _number(pre + "dampening", group["dampening"])
-        nesterov = group["nesterov"]
-        if not isinstance(nesterov, (bool, np.bool_)):
-            raise TypeError(f"{pre}nesterov: expected a bool, got {nesterov!r}")
-        group["nesterov"] = bool(nesterov)
+        group["nesterov"] = check_bool(pre + "nesterov", group["nesterov"])
         if group["nesterov"] and (group["momentum"] <= 0.0 or group["dampening"] != 0.0):
             raise ValueError(f"{pre}nesterov: Nesterov momentum needs momentum > 0 and "
                              f"dampening == 0, got momentum={group['momentum']}, "
@@ -519,7 +503,9 @@ def clip_grad_norm(params, max_norm: float, error_if_nonfinite: bool = False) ->
     """Scale the gradients of ``params`` in place so that their global L2 norm is at most
     ``max_norm``; return the norm before clipping (as ``torch.nn.utils.clip_grad_norm_``).
 
-    The norm is a sum of ``np.dot`` over the flat gradient arenas: no temporaries."""
+    The norm and the scaling are compiled passes over the flat gradient arenas
+    (``kernels.optim.sum_of_squares`` and ``scale_``): no temporaries, and the norm's bits do
+    not depend on the thread count."""
     plist = _collect_params("params", params)
     flats = [a.grad[lo:hi] for a, lo, hi, _, _ in runs(plist)]
     if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real):
@@ -527,16 +513,12 @@ def clip_grad_norm(params, max_norm: float, error_if_nonfinite: bool = False) ->
     if not float(max_norm) > 0.0:  # also rejects NaN; +inf means "only measure"
         raise ValueError(f"max_norm: expected a number > 0, got {max_norm!r}")
     max_norm = float(max_norm)
-    total_sq = 0.0
-    for g in flats:  # one BLAS dot per run of the arenas, accumulated in double
-        total_sq += float(np.dot(g, g))
-    total = math.sqrt(total_sq)
+    total = math.sqrt(_kopt.sum_of_squares(flats))
     if not math.isfinite(total):
         if error_if_nonfinite:
             raise FloatingPointError(f"clip_grad_norm: the total gradient norm is {total}")
         return total
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
-        for g in flats:
-            g *= coef
+        _kopt.scale_(flats, coef)
     return total

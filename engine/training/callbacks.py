@@ -20,11 +20,11 @@ before the first step.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import re
 import string
 
+from .._checks import check_bool, check_int, check_real
 from . import checkpoint as _checkpoint
 
 __all__ = ["Callback", "EarlyStopping", "ModelCheckpoint", "MONITORS", "check_output_path"]
@@ -135,13 +135,9 @@ class EarlyStopping(Callback):
     def __init__(self, monitor: str = "val_loss", patience: int = 0, min_delta: float = 0.0,
                  restore_best_weights: bool = False, mode: str = "auto"):
         self._mode = _mode(monitor, mode)
-        if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 0:
-            raise ValueError(f"patience: expected an integer >= 0, got {patience!r}")
-        if (isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real)
-                or not math.isfinite(min_delta) or min_delta < 0):
-            raise ValueError(f"min_delta: expected a finite number >= 0, got {min_delta!r}")
-        if not isinstance(restore_best_weights, bool):
-            raise TypeError(f"restore_best_weights: expected a bool, got {restore_best_weights!r}")
+        check_int("patience", patience, 0)
+        check_real("min_delta", min_delta, 0.0)
+        check_bool("restore_best_weights", restore_best_weights)
         self.monitor, self.mode = monitor, mode
         self.patience, self.min_delta = int(patience), float(min_delta)
         self.restore_best_weights = restore_best_weights
@@ -203,8 +199,7 @@ class ModelCheckpoint(Callback):
             self.path = os.fspath(path)
         except TypeError:
             raise TypeError(f"path: expected a path, got {type(path).__name__}") from None
-        if not isinstance(save_best_only, bool):
-            raise TypeError(f"save_best_only: expected a bool, got {save_best_only!r}")
+        check_bool("save_best_only", save_best_only)
         self.figures = _template_fields(self.path)
         self.monitor, self.mode, self.save_best_only = monitor, mode, save_best_only
         self.best = math.inf if self._mode == "min" else -math.inf

@@ -16,16 +16,16 @@ is read as it is.
 """
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-import re
 import tempfile
 import zipfile
 import zlib
 
 import numpy as np
+
+from .atomic_file import atomic_write, check_target, file_path, fspath, writable_target
 
 __all__ = ["save", "load", "read_header", "check_target", "save_or_rescue", "SaveError",
            "CheckpointError", "FORMAT_VERSION"]
@@ -66,7 +66,7 @@ def save(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
     appears under ``path`` only once it is complete; a failure part-way leaves any previous
     file there untouched.
     """
-    path = _file_path(path)
+    path = file_path(path)
     _check_model(model)
     if optimizer is not None:
         _check_optimizer(optimizer, model, saving=True)
@@ -80,7 +80,7 @@ def save(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
             raise TypeError(f"scheduler: expected a learning-rate scheduler, got "
                             f"{type(scheduler).__name__}")
         sched = scheduler.state_dict()
-    target = _writable_target(path)  # the format follows the name given, not a link's target
+    target = writable_target(path)  # the format follows the name given, not a link's target
     if path.lower().endswith(SAFETENSORS):
         if optimizer is not None or scheduler is not None:
             raise ValueError(f"{path}: a .safetensors checkpoint holds parameters only; save the "
@@ -109,7 +109,7 @@ def save(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
     if sched is not None:
         header["scheduler"] = sched
     arrays[_HEADER] = np.array(json.dumps(header))
-    _atomic_write(target, lambda f: np.savez(f, **arrays))
+    atomic_write(target, lambda f: np.savez(f, **arrays))
 
 
 class SaveError(OSError):
@@ -130,7 +130,7 @@ def save_or_rescue(path, model, /, optimizer=None, scheduler=None, **metadata) -
         return
     except OSError as e:
         reason = e.strerror or str(e)
-    suffix = SAFETENSORS if _fspath(path).lower().endswith(SAFETENSORS) else ".npz"
+    suffix = SAFETENSORS if fspath(path).lower().endswith(SAFETENSORS) else ".npz"
     rescued = None
     try:
         fd, rescued = tempfile.mkstemp(prefix="blasnet-rescued-", suffix=suffix)
@@ -140,7 +140,7 @@ def save_or_rescue(path, model, /, optimizer=None, scheduler=None, **metadata) -
     except OSError as e2:
         where = f"saving it to {rescued} failed too ({e2.strerror or e2})"
         rescued = None
-    raise SaveError(f"{_fspath(path)}: could not save the checkpoint ({reason}); {where}",
+    raise SaveError(f"{fspath(path)}: could not save the checkpoint ({reason}); {where}",
                     rescued)
 
 
@@ -181,7 +181,7 @@ def _save_safetensors(path: str, model, meta_json: str, config: dict) -> None:
     end = 8 + int.from_bytes(data[:8], "little")
     at = _header_crc_span(bytes(data[:end]), _CRC_PLACEHOLDER)
     data[at:at + 8] = f"{zlib.crc32(data[:end]):08x}".encode()
-    _atomic_write(path, lambda f: f.write(data))
+    atomic_write(path, lambda f: f.write(data))
 
 
 # The key of the header checksum; it names blasnet, so a blasnet file holds "blasnet" twice
@@ -224,24 +224,6 @@ def _crc32(a: np.ndarray) -> int:
 
 
 # ----------------------------------------------------------------------------- checks
-def _fspath(path) -> str:
-    try:
-        return os.fspath(path)
-    except TypeError:
-        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
-
-
-def _file_path(path) -> str:
-    """``path`` as a str naming a file: an empty path or one ending in a separator (a
-    directory's name) is a ValueError naming it, not a file written under another name."""
-    p = _fspath(path)
-    if isinstance(p, bytes):
-        p = os.fsdecode(p)
-    if not p or p.endswith(("/", os.sep)) or os.path.basename(p) in (".", ".."):
-        raise ValueError(f"path: expected a file name, got {p!r} (a directory's name or empty)")
-    return p
-
-
 def _check_model(model) -> None:
     from ..nn.module import Module
     if not isinstance(model, Module):
@@ -260,135 +242,6 @@ def _check_optimizer(optimizer, model, saving: bool) -> None:
     elif not saving or not callable(getattr(optimizer, "state_dict", None)):
         raise TypeError(f"optimizer: expected an engine optimizer (AdamW, SGD), got "
                         f"{type(optimizer).__name__}")
-
-
-def _writable_target(path: str) -> str:
-    """The file ``save`` replaces for ``path``: a symbolic link is followed (the link stays,
-    its target is replaced, as ``open(path, "w")`` would write through it); a directory or a
-    file without write permission is refused, even for a user who could replace it."""
-    real = os.path.realpath(path)
-    if os.path.isdir(real):
-        raise IsADirectoryError(errno.EISDIR, f"{path}: is a directory; save writes a file",
-                                path)
-    if os.path.exists(real):
-        st = os.stat(real)
-        if not st.st_mode & 0o222 or not os.access(real, os.W_OK):
-            raise PermissionError(errno.EACCES, f"{path}: the file is read-only; save does not "
-                                  f"replace it (make it writable or remove it first)", path)
-    return real
-
-
-# ----------------------------------------------------------------------------- writing
-_TMP_END = ".tmp"
-_TMP_START = ".blasnet-"
-
-
-def _temp_prefix(base: str) -> str:
-    """``.blasnet-<crc>-<pid>-``: mkstemp appends 8 random characters and ``.tmp``. A short
-    hidden name of fixed length (38 characters) fits beside any file name the file system
-    takes; the CRC-32 of the target's name tells whose temporary file it is."""
-    return f"{_TMP_START}{zlib.crc32(os.fsencode(base)):08x}-{os.getpid()}-"
-
-
-def _remove_stale_temps(directory: str, prefix: str) -> None:
-    """Remove the temporary files that earlier saves of the same target left behind when
-    their process was killed: names ``prefix`` (without its pid) + ``<pid>-<8 chars>.tmp``
-    whose process no longer runs on this machine. Others' and our own are left alone."""
-    stem = prefix[:prefix.rstrip("-").rfind("-") + 1]  # ".blasnet-<crc>-"
-    pattern = re.compile(re.escape(stem) + r"(\d+)-[A-Za-z0-9_]{8}" + re.escape(_TMP_END) + "$")
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        m = pattern.match(name)
-        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
-            continue
-        try:
-            os.unlink(os.path.join(directory, name))
-        except OSError:
-            pass
-
-
-def check_target(path, what: str = "path") -> str:
-    """``path`` if ``save`` can write it, else ValueError naming ``what``: the checks ``save``
-    makes (a file name, not a directory; an existing file is writable, by its mode bits too,
-    since ``save`` does not replace a read-only file even for root), then a probe file with
-    the temporary name ``save`` writes first, created and removed in the directory (the one
-    sure test of writability: root passes ``os.access`` almost everywhere)."""
-    try:
-        p = _file_path(path)
-    except ValueError as e:
-        raise ValueError(f"{what}: {e}") from None
-    try:
-        real = _writable_target(p)
-    except OSError as e:
-        raise ValueError(f"{what}: {e.strerror}") from None
-    directory = os.path.dirname(os.path.abspath(real))
-    if not os.path.isdir(directory):
-        raise ValueError(f"{what}: the directory {directory!r} does not exist")
-    try:
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=_temp_prefix(os.path.basename(real)),
-                                     suffix=_TMP_END)
-    except OSError as e:
-        raise ValueError(f"{what}: cannot write in {directory!r} ({e.strerror or e})") from None
-    os.close(fd)
-    os.unlink(probe)
-    return p
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True  # another user's process (or an odd pid): keep its file
-    return True
-
-
-def _atomic_write(path: str, write) -> None:
-    """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``
-    (after removing stale temporary files of killed saves of the same ``path``)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    prefix = _temp_prefix(os.path.basename(path))
-    _remove_stale_temps(directory, prefix)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=_TMP_END)
-    except OSError as e:  # same type and errno, naming the target rather than the temp file
-        raise type(e)(e.errno, f"{path}: cannot create a file in {directory!r} "
-                      f"({e.strerror})", path) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        try:  # keep the mode of the file being replaced; mkstemp creates 0600
-            os.chmod(tmp, os.stat(path).st_mode & 0o7777 if os.path.exists(path) else 0o644)
-        except OSError:
-            pass
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    """Make the rename durable (POSIX); harmless to skip where directories cannot be opened."""
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
 
 
 # ----------------------------------------------------------------------------- load
@@ -610,7 +463,7 @@ def read_header(path) -> dict:
     ``model`` (the class name), ``model_config`` (or ``model_config_error``), ``params``
     (``{name: (shape, dtype)}``), ``optimizer`` and ``scheduler`` (their saved options, or
     None), ``optimizer_params``, ``metadata`` and ``format`` (".npz" or ".safetensors")."""
-    path = _fspath(path)
+    path = fspath(path)
     header, arrays = _read(path)
     out = {k: header.get(k) for k in ("model", "model_config", "model_config_error",
                                       "optimizer", "scheduler", "optimizer_params")}
@@ -644,11 +497,11 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     holds parameters only (with blasnet's names: for PyTorch's, see
     ``engine.load_torch_state_dict``).
     """
-    path = _fspath(path)
+    path = fspath(path)
     _check_model(model)
     if optimizer is not None:
         _check_optimizer(optimizer, model, saving=False)
-    if scheduler is not None and getattr(scheduler, "_check_state_dict", None) is None:
+    if scheduler is not None and getattr(scheduler, "validate_state_dict", None) is None:
         raise TypeError(f"scheduler: expected a scheduler of engine.lr_scheduler, got "
                         f"{type(scheduler).__name__}")
     header, arrays = _read(path)
@@ -684,7 +537,7 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
                     raise CheckpointError(f"{path}: corrupt optimizer entry {k!r}")
                 state.setdefault(int(idx), {})[key] = v
         try:
-            checked = optimizer._check_state_dict({**optim, "state": state})
+            checked = optimizer.validate_state_dict({**optim, "state": state})
         except Exception as e:  # whatever an edited header holds, it is the file's fault
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             raise CheckpointError(f"{path}: the optimizer state does not fit "
@@ -693,7 +546,7 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     sched_checked = None
     if scheduler is not None:
         sd = _saved_part(path, header, "scheduler")
-        check = scheduler._check_state_dict
+        check = scheduler.validate_state_dict
         try:
             sched_checked = check(sd)
         except Exception as e:
@@ -703,7 +556,7 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
 
     model.load_state_dict(params)  # checked above: cannot fail any more
     if checked is not None:
-        optimizer._apply_state(checked)
+        optimizer.apply_state(checked)
     if sched_checked is not None:
-        scheduler._apply(sched_checked)  # after the optimizer: it writes the groups' lr
+        scheduler.apply_state(sched_checked)  # after the optimizer: it writes the groups' lr
     return header.get("metadata", {})

@@ -229,3 +229,20 @@ def test_small_profile_counts_every_kernel_call_of_the_step(monkeypatch):
     assert p["ops_calls"][OPT] == len(rec.of("adamw")) == 1
     assert p["calls"]["gemm"] == len(rec.of("gemm")) == 9
     assert all(p["calls"][k] == 1 for k in step_profile.WHOLE)
+
+
+def test_cost_table_gives_ns_per_element_beside_the_numpy_chain():
+    # Check that WHERE THE TIME GOES per element lists each kernel's median ns per element
+    # over the profiled cases per thread count, with the NumPy chain's baseline beside it
+    # (bench/baselines.py), and nothing when no profile has per-element figures.
+    from bench import baselines
+    profs = [dict(block="A", shape="s", threads=1, ns_per_element={"adamw": 0.2, "add": 0.1},
+                  elements={"adamw": 1000, "add": 64}),
+             dict(block="B", shape="s", threads=1, ns_per_element={"adamw": 0.4},
+                  elements={"adamw": 3000})]
+    text = run.format_costs(profs)
+    row = next(line for line in text.splitlines() if line.startswith("adamw"))
+    assert "0.300 [0.200-0.400]" in row
+    assert f"{baselines.ns_per_element('adamw', 1):.3f}" in row
+    assert "1,000-3,000" in row
+    assert run.format_costs([dict(block="A", shape="s", threads=1)]) == ""

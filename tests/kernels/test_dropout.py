@@ -10,14 +10,13 @@ import pytest
 from kernels import dropout as D
 from kernels import num_threads, parallel
 from kernels import reference as R
-from kernels.threads import elementwise_threads
 
 DTYPES = [np.float32, np.float64]
 
 
 def _multi_block_shape(d, dtype):
     """(N, d) holding three dropout blocks and a partial one."""
-    per_block = D._BLOCK_BYTES // np.dtype(dtype).itemsize
+    per_block = 65536  # elements: three of them and a partial one
     return ((3 * per_block) // d + 7, d)
 
 
@@ -136,17 +135,15 @@ def test_forward_in_place_out_is_x(dtype):
 @pytest.mark.parametrize("threads,limit", [(1, 4096), (2, 8192)])
 def test_no_allocation_after_warm_up(dtype, threads, limit):
     # Check that forward and backward allocate no arrays once warmed up (the draws go
-    # straight into mask; the keep test uses reused bool blocks): the traced peak stays at
-    # the few Python objects a call makes (on two threads also the pool's future and the
-    # block queue, ~5 KiB; a bool block alone would be 256 KiB). The pool first gets three
-    # workers, as after any 4-thread use, so the pipeline's second slice may run on a
+    # straight into mask, one compiled pass finishes it): the traced peak stays at the few
+    # Python objects a call makes (a bool mask alone would be 1 MB). The pool first gets three
+    # workers, as after any 4-thread use, so a split's second slice may run on a
     # different pool thread each call.
     x = _x((1000, 1000), dtype)
     out, mask = np.empty_like(x), np.empty_like(x)
     g = np.random.default_rng(0)
     parallel.split(lambda i, j, slot: None, 4, k=4)  # a pool of 3 workers
     with num_threads(threads):
-        assert parallel.chunks(x.size, 1) == threads  # two threads: the pipelined path
         D.dropout_forward(out, mask, x, 0.5, g)
         tracemalloc.start()
         try:
@@ -159,35 +156,21 @@ def test_no_allocation_after_warm_up(dtype, threads, limit):
     assert peak < limit, peak
 
 
-def _pipelined_shape(dtype):
-    """A (rows, 999) shape that kernels.parallel splits over two threads: several pipeline
-    blocks and a partial one."""
-    n = 2 * parallel.MIN_ELEMENTS_PER_THREAD + 3 * (D._PIPE_BLOCK_BYTES // np.dtype(dtype).itemsize)
+def _split_shape(dtype):
+    """A (rows, 999) shape that kernels.parallel splits over two threads."""
+    n = parallel.SPLIT_WORK // D.COST + 3 * 4099
     shape = (n // 999 + 1, 999)
     with num_threads(2):
-        assert parallel.chunks(shape[0] * shape[1], 1) == 2
+        assert parallel.threads_for(shape[0] * shape[1], passes=D.COST) == 2
     return shape
-
-
-@pytest.fixture
-def count_pipelined(monkeypatch):
-    calls = []
-    real = D._forward_pipelined
-
-    def counting(*args):
-        calls.append(elementwise_threads())  # the thread count of the pipelined call
-        return real(*args)
-    monkeypatch.setattr(D, "_forward_pipelined", counting)
-    return calls
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_place", [False, True])
-def test_pipelined_forward_is_bit_identical_to_one_thread(count_pipelined, dtype, in_place):
-    # Check that on two threads (draws on the caller, blocks finished by the pool) mask, out
-    # and the generator's state afterwards equal those of one thread and of the reference,
-    # also with out being x.
-    x = _x(_pipelined_shape(dtype), dtype, seed=4)
+def test_split_forward_is_bit_identical_to_one_thread(dtype, in_place):
+    # Check that on two threads mask, out and the generator's state afterwards equal those
+    # of one thread and of the reference, also with out being x; and the backward too.
+    x = _x(_split_shape(dtype), dtype, seed=4)
     results = []
     for threads in (1, 2):
         g = np.random.default_rng(21)
@@ -195,42 +178,17 @@ def test_pipelined_forward_is_bit_identical_to_one_thread(count_pipelined, dtype
         out, mask = (xx if in_place else np.empty_like(x)), np.empty_like(x)
         with num_threads(threads):
             assert D.dropout_forward(out, mask, xx, 0.3, g) is out
-        results.append((out, mask, g.random()))
-    assert count_pipelined == [2]  # only the two-thread run was pipelined
+            dx = D.dropout_backward(np.empty_like(x), x, mask)
+        results.append((out, mask, g.random(), dx))
     g_ref = np.random.default_rng(21)
     out_r, mask_r = np.empty_like(x), np.empty_like(x)
     R.dropout_forward(out_r, mask_r, x, 0.3, g_ref)
     next_ref = g_ref.random()
-    for out, mask, after in results:
+    for out, mask, after, dx in results:
         np.testing.assert_array_equal(mask, mask_r)
         np.testing.assert_array_equal(out, out_r)
+        np.testing.assert_array_equal(dx, x * mask_r)
         assert after == next_ref  # same number of draws
-
-
-class _FailingRng:
-    """Draws like a Generator for ``ok`` calls, then raises."""
-
-    def __init__(self, ok):
-        self.ok, self.g = ok, np.random.default_rng(0)
-
-    def random(self, out, dtype):
-        if self.ok == 0:
-            raise RuntimeError("draw failed")
-        self.ok -= 1
-        return self.g.random(out=out, dtype=dtype)
-
-
-def test_pipelined_forward_reraises_a_failed_draw(count_pipelined):
-    # Check that an error while drawing reaches the caller and releases the pool thread
-    # (the call returns instead of waiting forever for blocks that are never drawn).
-    x = _x(_pipelined_shape(np.float32), np.float32)
-    out, mask = np.empty_like(x), np.empty_like(x)
-    with num_threads(2):
-        with pytest.raises(RuntimeError, match="draw failed"):
-            D.dropout_forward_unchecked(out, mask, x, 0.5, _FailingRng(ok=2))
-        # The pool is usable afterwards.
-        D.dropout_forward_unchecked(out, mask, x, 0.5, np.random.default_rng(1))
-    assert count_pipelined == [2, 2]
 
 
 def test_unchecked_cores_match_checked():

@@ -18,13 +18,16 @@ TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol
 LOSS_RTOL = {np.float32: 1e-5, np.float64: 1e-12}
 
 
+_BLOCK_BYTES = 256 * 1024  # shape sizes only: many rows, and a row wider than a core's L2
+
+
 def _rows_per_block(c, dtype):
-    return max(1, losses._BLOCK_BYTES // (c * np.dtype(dtype).itemsize))
+    return max(1, _BLOCK_BYTES // (c * np.dtype(dtype).itemsize))
 
 
 def _ce_shapes(dtype):
     # Tiny, one class, and several row blocks with a remainder (also a row wider than a block).
-    wide = losses._BLOCK_BYTES // np.dtype(dtype).itemsize + 3
+    wide = _BLOCK_BYTES // np.dtype(dtype).itemsize + 3
     return [(1, 1), (4, 3), (2 * _rows_per_block(10, dtype) + 5, 10),
             (2 * _rows_per_block(300, dtype) + 7, 300), (2, wide)]
 
@@ -262,7 +265,7 @@ def _mse_arrays(rng, shape, dtype, order="C"):
 
 
 def _mse_shapes(dtype):
-    big = 2 * (losses._BLOCK_BYTES // np.dtype(dtype).itemsize) + 11
+    big = 2 * losses.BLOCK + 11  # several partial sums and a ragged one
     return [(), (1,), (7,), (3, 4, 5), (33, 17), (big,)]
 
 
@@ -376,9 +379,8 @@ def test_mse_empty_forward_backward_is_nan():
 
 def _split_sizes(dtype):
     # Element counts around the split threshold, with a partial last block.
-    lo = parallel.SPLIT_MIN
-    blk = losses._BLOCK_BYTES // np.dtype(dtype).itemsize
-    return [lo - 1, lo, lo + blk // 2 + 3]
+    lo = parallel.SPLIT_WORK // losses.MSE_COST
+    return [lo - 1, lo, lo + losses.BLOCK // 2 + 3]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -386,11 +388,16 @@ def test_mse_split_over_threads_gives_one_thread_results(dtype, monkeypatch):
     # Check that with two threads (arrays from the split threshold up are split over a
     # thread pool) the loss and gradients are bit-identical to one thread's, for sizes
     # around the threshold, and that the split does happen at and above it.
-    calls = []  # the thread count of each split (1: ran inline)
-    real_split, real_blocks = parallel.split, parallel.split_blocks
-    monkeypatch.setattr(parallel, "split", lambda *a, **kw: calls.append(real_split(*a, **kw)))
-    monkeypatch.setattr(parallel, "split_blocks",
-                        lambda fn, nb, k: (calls.append(k), real_blocks(fn, nb, k))[1])
+    monkeypatch.setattr(parallel, "SPLIT_WORK", 1 << 20)
+    calls = []  # the thread count of each split over more than one thread
+    real_split = parallel.split
+
+    def counting(*a, **kw):
+        k = real_split(*a, **kw)
+        if k > 1:
+            calls.append(k)
+        return k
+    monkeypatch.setattr(parallel, "split", counting)
     rng = np.random.default_rng(26)
     for n in _split_sizes(dtype):
         pred, target = _mse_arrays(rng, (n,), dtype)
@@ -401,8 +408,8 @@ def test_mse_split_over_threads_gives_one_thread_results(dtype, monkeypatch):
                 dp = np.empty_like(pred)
                 res[t] = (mse_forward(pred, target), mse_forward_backward(dp, pred, target), dp,
                           mse_backward(np.empty_like(pred), pred, target))
-            split = n >= parallel.SPLIT_MIN and t == 2
-            assert calls == ([2, 2, 2] if split else [1, 1, 1]), (n, t, calls)
+            split = n >= parallel.SPLIT_WORK // losses.MSE_COST and t == 2
+            assert calls == ([2, 2, 2] if split else []), (n, t, calls)
         assert res[2][0] == res[1][0] and res[2][1] == res[1][1]
         np.testing.assert_array_equal(res[2][2], res[1][2])
         np.testing.assert_array_equal(res[2][3], res[1][3])

@@ -129,9 +129,6 @@ def test_block_and_layer_outputs_are_aligned():
 # ----------------------------------------------------------------------------- kernels on two threads
 def _layernorm_case(rng, monkeypatch):
     from kernels import layernorm as ln
-    # 4 MiB blocks make each ufunc call long enough that the other thread runs in between
-    # (a width no other test uses, so the scratch is made at this block size).
-    monkeypatch.setattr(ln, "_BLOCK_BYTES", 4 << 20)
     d = 264
     n = 3 * ((4 << 20) // (d * 4)) + 5
 
@@ -151,7 +148,6 @@ def _layernorm_case(rng, monkeypatch):
 
 def _losses_case(rng, monkeypatch):
     from kernels import losses
-    monkeypatch.setattr(losses, "_BLOCK_BYTES", 4 << 20)  # as above; a class count of its own
     c = 136
     n = 3 * ((4 << 20) // (c * 4)) + 5
 
@@ -176,9 +172,7 @@ def _losses_case(rng, monkeypatch):
 
 
 def _optim_dropout_case(rng, monkeypatch):
-    from kernels import dropout, dropout_forward, optim
-    monkeypatch.setattr(optim, "_BLOCK_BYTES", 4 << 20)  # long ufunc calls, as above
-    monkeypatch.setattr(dropout, "_BLOCK_BYTES", 4 << 20)
+    from kernels import dropout_forward, optim
     n = 3 * (1 << 20) + 11
 
     def problem():

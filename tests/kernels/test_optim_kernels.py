@@ -26,7 +26,7 @@ def _split_work_3mi(monkeypatch):
 
 def _shapes(dtype):
     # 0-d, 1-d, 2-d, 3-d, and a flat length spanning several blocks with a remainder.
-    big = 2 * (optim._BLOCK_BYTES // np.dtype(dtype).itemsize) + 123
+    big = 2 * 65536 + 123  # a vector-width remainder
     return [(), (1,), (7,), (33, 17), (3, 4, 5), (big,)]
 
 
@@ -162,25 +162,27 @@ def test_adamw_and_sgd_make_no_parameter_sized_temporaries(dtype):
 
 @pytest.fixture
 def split_on(monkeypatch):
-    """List the thread count of each parallel region (kernels.parallel.split_blocks call
-    over more than one thread) the updates make."""
+    """List the thread count of each parallel region (kernels.parallel.split call over more
+    than one thread) the updates make."""
     calls = []
-    real = parallel.split_blocks
+    real = parallel.split
 
-    def counting(fn, nblocks, k):
-        if k > 1:
-            calls.append(k)
-        return real(fn, nblocks, k)
-    monkeypatch.setattr(parallel, "split_blocks", counting)
+    def counting(fn, n, row_len=1, min_elements=parallel.SPLIT_MIN, k=None):
+        got = real(fn, n, row_len, min_elements, k)
+        if got > 1:
+            calls.append(got)
+        return got
+    monkeypatch.setattr(parallel, "split", counting)
     return calls
 
 
 def _split_size():
-    """A length that kernels.parallel splits over two threads for AdamW and SGD (5 passes
-    per element, the cheaper chain), with a ragged tail."""
-    n = parallel.SPLIT_WORK // 5 + 4099
+    """A length that kernels.parallel splits over two threads for AdamW and SGD (SGD is
+    the cheaper per element), with a ragged tail."""
+    n = parallel.SPLIT_WORK // optim.SGD_COST + 4099
     with num_threads(2):
-        assert parallel.threads_for(n, passes=5) == 2
+        assert parallel.threads_for(n, passes=optim.SGD_COST) == 2
+        assert parallel.threads_for(n, passes=optim.ADAMW_COST) == 2
     return n
 
 
@@ -255,6 +257,7 @@ def test_adamw_split_over_threads_allocates_nothing_after_warm_up(split_on):
     p, m, v = _state(rng, (n,), np.float32)
     g = rng.standard_normal(n).astype(np.float32)
     parallel.split(lambda i, j, slot: None, 4, k=4)  # a pool of 3 workers
+    split_on.clear()
     with num_threads(2):
         adamw_update(p, g, m, v, 1, 1e-3)
         tracemalloc.start()
@@ -324,47 +327,6 @@ def test_adamw_update_many_matches_per_parameter_updates_bit_for_bit(split_on, d
             assert_close(x, z, f"{name} of parameter {k}", **TOL[dtype])
 
 
-def _record_blocks(monkeypatch):
-    """Wrap the AdamW chain: record (param block address, size, scratch address) per call."""
-    calls = []
-    real = optim._adamw_chain
-
-    def recording(pb, gb, mb, vb, tb, *rest):
-        calls.append((pb.__array_interface__["data"][0], pb.size,
-                      tb.__array_interface__["data"][0]))
-        return real(pb, gb, mb, vb, tb, *rest)
-    monkeypatch.setattr(optim, "_adamw_chain", recording)
-    return calls
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("nthreads", [1, 2])
-def test_adamw_blocks_cover_the_parameter_once_and_start_on_cache_lines(monkeypatch, dtype,
-                                                                       nthreads):
-    # Check that the blocks of a multi-block parameter whose data starts mid cache line
-    # cover every element exactly once, that all but the first start on a 64-byte boundary
-    # (the first ends on one), and that the scratch they use is 64-byte aligned.
-    calls = _record_blocks(monkeypatch)
-    rng = np.random.default_rng(38)
-    itemsize = np.dtype(dtype).itemsize
-    n = _split_size()
-    p, g, m, v = (rng.random(n + 1).astype(dtype)[1:] for _ in range(4))
-    start = p.__array_interface__["data"][0]
-    assert start % ALIGN != 0
-    with num_threads(nthreads):
-        adamw_update(p, g, m, v, 1, 1e-3)
-    blocks = sorted((addr, size) for addr, size, _ in calls)
-    assert len(blocks) > 2
-    pos = start
-    for k, (addr, size) in enumerate(blocks):
-        assert addr == pos, f"block {k} starts at element {(addr - start) // itemsize}"
-        assert k == 0 or addr % ALIGN == 0, f"block {k} is not 64-byte aligned"
-        pos += size * itemsize
-    assert pos == start + n * itemsize
-    assert blocks[0][1] < ALIGN // itemsize  # the head: up to the first boundary
-    assert all(t % ALIGN == 0 for _, _, t in calls)
-
-
 def test_adamw_update_many_split_allocates_nothing_after_warm_up(split_on):
     # Check that a split adamw_update_many (pool threads included) makes no block- or
     # parameter-sized allocation after one warm-up call, and takes one region per call.
@@ -372,6 +334,7 @@ def test_adamw_update_many_split_allocates_nothing_after_warm_up(split_on):
     state = _many_state(rng, np.float32, _split_size())
     seqs = [[arrs[i] for arrs in state] for i in range(4)]
     parallel.split(lambda i, j, slot: None, 4, k=4)  # a pool of 3 workers
+    split_on.clear()
     with num_threads(2):
         adamw_update_many(*seqs, 1, 1e-3)
         tracemalloc.start()

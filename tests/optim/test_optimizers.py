@@ -130,13 +130,13 @@ def _split_work_3mi(monkeypatch):
 def _large_params(rng, dtype):
     """Parameters large enough for AdamW.step to split over two threads: a big C-order one,
     a big F-order one (as gMLP's W_gate), and small ones; random gradients."""
-    n = parallel.MIN_ELEMENTS_PER_THREAD
+    n = parallel.SPLIT_WORK // kopt.ADAMW_COST // 2 + 1000
     ps = [Parameter(rng.standard_normal((n // 256 + 3, 256)).astype(dtype), "W1"),
           Parameter(rng.standard_normal(7).astype(dtype), "b1"),
           Parameter(np.asfortranarray(rng.standard_normal((96, n // 96 + 5)).astype(dtype)), "W2"),
           Parameter(rng.standard_normal(()).astype(dtype), "s")]
     with kernels.num_threads(2):
-        assert parallel.threads_for(sum(p.size for p in ps), passes=13) == 2
+        assert parallel.threads_for(sum(p.size for p in ps), passes=kopt.ADAMW_COST) == 2
     return ps
 
 
@@ -145,10 +145,15 @@ def test_adamw_step_is_one_region_with_the_bits_of_per_parameter_updates(monkeyp
     # Check that at two threads AdamW.step over two groups (different lr, betas, decay) makes
     # one parallel region per step and gives the same bits as kernels.adamw_update called on
     # each parameter with its group's options on one thread.
-    regions = []  # thread count of each kernels.parallel.split_blocks call over > 1 thread
-    real = parallel.split_blocks
-    monkeypatch.setattr(parallel, "split_blocks", lambda fn, nb, k: (
-        k > 1 and regions.append(k), real(fn, nb, k))[1])
+    regions = []  # thread count of each kernels.parallel.split call over > 1 thread
+    real = parallel.split
+
+    def counting(*args, **kwargs):
+        k = real(*args, **kwargs)
+        if k > 1:
+            regions.append(k)
+        return k
+    monkeypatch.setattr(parallel, "split", counting)
     rng = np.random.default_rng(11)
     ps = _large_params(rng, dtype)
     copies = [Parameter(p.data.copy(order="K"), p.name) for p in ps]

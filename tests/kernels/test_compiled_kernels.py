@@ -1,0 +1,214 @@
+"""The compiled elementwise kernels against kernels.reference in both dtypes at shapes with
+remainders (an empty batch, one row, widths that are not a multiple of the vector width),
+and split over two threads giving the one-thread bits: the gradient norm and scale, the
+row fills and adds, the spatial gating unit's gate, the embedding's scatter-add and gMLP's
+gate. (AdamW, SGD, LayerNorm, softmax, losses and dropout have their own test files.)"""
+import numpy as np
+import pytest
+
+from kernels import embedding, gating, num_threads, optim, parallel, reference, rows, token_mix
+
+DTYPES = [np.float32, np.float64]
+TOL = {np.float32: dict(rtol=2e-6, atol=1e-7), np.float64: dict(rtol=1e-14, atol=1e-15)}
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    # Split from small sizes on: what is tested is the split, not where its threshold lies.
+    monkeypatch.setattr(parallel, "SPLIT_WORK", 4096)
+
+
+def _both_thread_counts(fn):
+    """fn() at one thread and at two (split), as two results."""
+    out = []
+    for t in (1, 2):
+        with num_threads(t):
+            out.append(fn())
+    return out
+
+
+# ----------------------------------------------------------------------------- norm, scale
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sum_of_squares_is_float64_exact_order_free_of_threads(dtype, split_small):
+    # Check the sum of squares over several runs (one empty, one short, one spanning many
+    # blocks with a remainder) against float64 NumPy, and the same bits on two threads.
+    rng = np.random.default_rng(0)
+    flats = [rng.standard_normal(n).astype(dtype) for n in
+             (0, 7, 5 * optim.NORM_BLOCK + 13, 3)]
+    want = sum(float(np.dot(g.astype(np.float64), g.astype(np.float64))) for g in flats)
+    one, two = _both_thread_counts(lambda: optim.sum_of_squares(flats))
+    assert one == two
+    assert one == pytest.approx(want, rel=1e-13)
+    assert optim.sum_of_squares([]) == 0.0
+
+
+def test_sum_of_squares_overflows_to_inf_and_keeps_nan():
+    # Check that float32 squares past float32's range are summed in float64 (no inf), and
+    # that a NaN reaches the result.
+    big = np.full(10, 1e30, np.float32)
+    assert optim.sum_of_squares([big]) == pytest.approx(10 * 1e60, rel=1e-6)
+    big[3] = np.nan
+    assert np.isnan(optim.sum_of_squares([big]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_rounds_coef_to_the_dtype_like_numpy(dtype, split_small):
+    rng = np.random.default_rng(1)
+    flats = [rng.standard_normal(n).astype(dtype) for n in (0, 1, 3 * 4099)]
+    want = [g.copy() for g in flats]
+    for g in want:
+        g *= 0.3
+    for t in (1, 2):
+        got = [g.copy() for g in flats]
+        with num_threads(t):
+            optim.scale_(got, 0.3)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------- rows
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(0, 5), (1, 1), (3, 17), (1031, 33)])
+def test_fill_rows_and_add_match_reference(dtype, shape, split_small):
+    rng = np.random.default_rng(2)
+    n, d = shape
+    res, b, other = (rng.standard_normal(s).astype(dtype) for s in (shape, d, shape))
+    for t in (1, 2):
+        with num_threads(t):
+            for args in ((b, None), (None, res), (b, res)):
+                y, yr = np.full(shape, 7, dtype), np.full(shape, 7, dtype)
+                rows.fill_rows(y, *args)
+                reference.fill_rows(yr, *args)
+                np.testing.assert_array_equal(y, yr)
+            y = res.copy()
+            rows.fill_rows(y, b, y)  # in place: y is res
+            np.testing.assert_array_equal(y, res + b)
+            out = np.empty(shape, dtype)
+            rows.add(out, res, other)
+            np.testing.assert_array_equal(out, res + other)
+
+
+# ----------------------------------------------------------------------------- SGU gate
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("btc", [(0, 3, 5), (1, 1, 1), (2, 3, 17), (5, 67, 40)])
+def test_sgu_gate_matches_reference_with_strided_u(dtype, btc, split_small):
+    rng = np.random.default_rng(3)
+    b, t, c = btc
+    z = rng.standard_normal((b, t, 2 * c)).astype(dtype)
+    u = z[:, :, :c]                                   # strided, as in the block
+    s_tm = rng.standard_normal((t, b, c)).astype(dtype)
+    da = rng.standard_normal((b, t, c)).astype(dtype)
+    ref = [np.empty((b, t, c), dtype), np.empty((b, t, c), dtype)]
+    reference.sgu_gate_forward(ref[0], ref[1], s_tm, u)
+    ref_ds, ref_du = np.empty((t, b, c), dtype), np.empty((b, t, c), dtype)
+    reference.sgu_gate_backward(ref_du, ref_ds, None, da, ref[1], u)
+    for threads in (1, 2):
+        with num_threads(threads):
+            a, s_bt = np.empty((b, t, c), dtype), np.empty((b, t, c), dtype)
+            token_mix.sgu_gate_forward(a, s_bt, s_tm, u)
+            np.testing.assert_array_equal(a, ref[0])
+            np.testing.assert_array_equal(s_bt, ref[1])
+            zz = z.copy()
+            ds = np.empty((t, b, c), dtype)
+            # du written over u's own strided view, as the block does
+            token_mix.sgu_gate_backward(zz[:, :, :c], ds, np.empty((b, t, c), dtype), da,
+                                        s_bt, zz[:, :, :c])
+            np.testing.assert_array_equal(ds, ref_ds)
+            np.testing.assert_array_equal(zz[:, :, :c], ref_du)
+            np.testing.assert_array_equal(zz[:, :, c:], z[:, :, c:])  # the other half untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sgu_gate_other_layouts_match_reference(dtype):
+    # Check u and du whose rows are not evenly spaced (a (B, T) view of a time-major array):
+    # read and written right, through contiguous buffers.
+    rng = np.random.default_rng(6)
+    b, t, c = 3, 5, 7
+    u = np.swapaxes(rng.standard_normal((t, b, c)).astype(dtype), 0, 1)
+    s_tm = rng.standard_normal((t, b, c)).astype(dtype)
+    da = rng.standard_normal((b, t, c)).astype(dtype)
+    a, s_bt, ra, rs = (np.empty((b, t, c), dtype) for _ in range(4))
+    token_mix.sgu_gate_forward(a, s_bt, s_tm, u)
+    reference.sgu_gate_forward(ra, rs, s_tm, u)
+    np.testing.assert_array_equal(a, ra)
+    du = np.swapaxes(np.empty((t, b, c), dtype), 0, 1)
+    rdu = np.empty((b, t, c), dtype)
+    ds, rds = np.empty((t, b, c), dtype), np.empty((t, b, c), dtype)
+    token_mix.sgu_gate_backward(du, ds, np.empty((b, t, c), dtype), da, s_bt, u)
+    reference.sgu_gate_backward(rdu, rds, None, da, rs, u)
+    np.testing.assert_array_equal(du, rdu)
+    np.testing.assert_array_equal(ds, rds)
+
+
+# ----------------------------------------------------------------------------- embedding
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nvd", [(0, 4, 3), (1, 1, 1), (500, 7, 19), (3000, 50, 64)])
+def test_embedding_backward_matches_add_at_on_any_thread_count(dtype, nvd, split_small):
+    # Check the scatter-add with repeated ids against np.add.at (the reference), the same
+    # bits on two threads (split over columns).
+    rng = np.random.default_rng(4)
+    n, v, d = nvd
+    ids = rng.integers(0, v, n).astype(np.int64)
+    dout = rng.standard_normal((n, d)).astype(dtype)
+    start = rng.standard_normal((v, d)).astype(dtype)
+    want = reference.embedding_backward(start.copy(), ids, dout)
+    one, two = _both_thread_counts(lambda: embedding.embedding_backward(start.copy(), ids, dout))
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(one, want, **TOL[dtype])
+
+
+# ----------------------------------------------------------------------------- gMLP gate
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 17, 4099 * 3])
+def test_gate_matches_reference_and_split(dtype, n, split_small):
+    rng = np.random.default_rng(5)
+    g0 = (3 * rng.standard_normal(n)).astype(dtype)
+    p0, da = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+    ra, rg, rp = np.empty(n, dtype), g0.copy(), p0.copy()
+    reference.gate_forward(ra, rg, rp)
+    reference.gate_backward(rg, rp, da.copy())
+    got = []
+    for t in (1, 2):
+        a, g, p = np.empty(n, dtype), g0.copy(), p0.copy()
+        with num_threads(t):
+            gating.gate_forward(a, g, p)
+            fwd = (a.copy(), g.copy())
+            gating.gate_backward(g, p, da.copy())
+        got.append((fwd, g, p))
+        np.testing.assert_allclose(fwd[0], ra, **TOL[dtype])
+        np.testing.assert_allclose(g, rg, **TOL[dtype])
+        np.testing.assert_allclose(p, rp, **TOL[dtype])
+    for x, y in zip((*got[0][0], *got[0][1:]), (*got[1][0], *got[1][1:])):
+        np.testing.assert_array_equal(x, y)
+
+
+# ----------------------------------------------------------------------------- empty batches
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_batches_write_nothing_and_return(dtype):
+    # Check that every compiled row kernel accepts N = 0 (an empty batch): nothing written,
+    # the losses nan like the mean of nothing, the parameter gradients untouched.
+    import math
+
+    from kernels import dropout, layernorm, losses, softmax
+    e = np.empty((0, 5), dtype)
+    for fwd, bwd in ((softmax.softmax_forward, softmax.softmax_backward),
+                     (softmax.log_softmax_forward, softmax.log_softmax_backward)):
+        assert fwd(np.empty((0, 5), dtype), e).shape == (0, 5)
+        assert bwd(np.empty((0, 5), dtype), e, np.empty((0, 5), dtype)).shape == (0, 5)
+    assert math.isnan(losses.softmax_cross_entropy_forward(np.empty((0, 5), dtype), e,
+                                                           np.empty(0, np.int64)))
+    assert math.isnan(losses.mse_forward_backward(np.empty((0, 5), dtype), e, e))
+    g, b = np.full(5, 3, dtype), np.full(5, 4, dtype)
+    layernorm.layernorm_forward(np.empty((0, 5), dtype), np.empty(0, dtype), np.empty(0, dtype),
+                                e, g, b)
+    layernorm.layernorm_backward(np.empty((0, 5), dtype), g, b, e, e, np.empty(0, dtype),
+                                 np.empty(0, dtype), g)
+    assert np.all(g == 3) and np.all(b == 4)
+    rng = np.random.default_rng(0)
+    state = rng.bit_generator.state
+    dropout.dropout_forward(np.empty((0, 5), dtype), np.empty((0, 5), dtype), e, 0.5, rng)
+    assert rng.bit_generator.state == state  # nothing drawn
+    p = np.empty(0, dtype)
+    optim.adamw_update(p, p.copy(), p.copy(), p.copy(), 1, 1e-3)
+    rows.fill_rows(np.empty((0, 5), dtype), b)
+    embedding.embedding_backward(np.ones((3, 5), dtype), np.empty(0, np.int64), e)
