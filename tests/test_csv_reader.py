@@ -92,3 +92,22 @@ def test_cli_delimiter_flag(tmp_path, capsys):
     assert main(["train", "--data", p, "--y-cols", "y", "--delimiter", "\\t", "--model", "mlp",
                  "--hidden", "4", "--epochs", "1"]) == 0
     assert "2 inputs" in capsys.readouterr().out
+
+
+def test_semicolon_file_trains_and_predicts_by_column_name(tmp_path, capsys):
+    # Check that the column names saved by train are split as the data was (semicolons),
+    # so predict finds them again in a file with the columns in another order
+    rows = "".join(f"{i / 7:.4f};{(i * 3) % 5};{i % 2}\n" for i in range(40))
+    p = _write(tmp_path, "a;b;y\n" + rows, name="s.csv")
+    ck = str(tmp_path / "s.npz")
+    assert main(["train", "--data", p, "--y-cols", "y", "--model", "mlp", "--hidden", "4",
+                 "--epochs", "1", "--save", ck]) == 0
+    from engine.training import checkpoint
+    assert checkpoint.read_header(ck)["metadata"]["x_cols"] == ["a", "b"]
+    q = _write(tmp_path, "b;a\n" + "".join(f"{(i * 3) % 5};{i / 7:.4f}\n" for i in range(40)),
+               name="q.csv")
+    capsys.readouterr()
+    assert main(["predict", ck, "--data", q]) == 0
+    by_name = capsys.readouterr().out
+    assert main(["predict", ck, "--data", p]) == 0
+    assert capsys.readouterr().out == by_name
