@@ -22,12 +22,13 @@ test: install
 	$(PY) -m pytest -q tests
 
 # QUICK=1 runs a shortened bench (fewer rounds, no large shapes on one thread, fewer
-# processes for the run-to-run spread).
+# processes for the run-to-run spread, tiny shapes for the compile time).
 bench: install
 	$(PY) bench/run.py $(if $(QUICK),--quick,)
 	$(PY) bench/spread.py $(if $(QUICK),--quick,)
 	$(PY) bench/distributed.py $(if $(QUICK),--quick,)
 	$(PY) -m bench.checkpoint_memory $(if $(QUICK),--quick,) --out bench/results/checkpoint_memory.json >/dev/null
+	$(PY) bench/compile_time.py $(if $(QUICK),--quick,)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench/results/*.json

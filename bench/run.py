@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:  # run as a script: make the "bench" package impor
     sys.path.insert(0, str(ROOT))
 
 from bench import bandwidth, cases, floors  # noqa: E402
+from kernels import blas_kernel  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 _SUMMARY = re.compile(r"\d+ (passed|failed|error|skipped)")
@@ -890,6 +891,8 @@ def _machine_line(m) -> str:
     if loads and loads[0] > 0.5:
         line += ("\n(other processes were busy when the bench started: samples they disturbed "
                  "are dropped, see below)")
+    if m.get("blas"):
+        line += "\n" + "\n".join(blas_kernel.header_lines(m["blas"]))
     return line
 
 
@@ -917,12 +920,16 @@ def main(argv=None) -> int:
     if not args.report_only:
         print(f"blasnet bench{' (quick)' if args.quick else ''}: threads {threads}, "
               f"results in {result_dir}", flush=True)
+        # The kernel every child runs: they inherit this environment (a pin included).
+        blas = blas_kernel.facts(measure=True)
+        print("\n".join(blas_kernel.header_lines(blas)), flush=True)
         loads = [os.getloadavg()[0]]
         for t in threads:
             rc |= run_pytest(t, args.quick, result_dir / f"threads{t}.json", args.select)
             loads.append(os.getloadavg()[0])
         (result_dir / "machine.json").write_text(json.dumps(dict(
-            cpus=os.cpu_count(), load_1min=loads, quick=args.quick, threads=threads)))
+            cpus=os.cpu_count(), load_1min=loads, quick=args.quick, threads=threads,
+            blas=blas)))
         prof = result_dir / "profile.json"
         small = [(t, result_dir / f"profile_small{t}.json") for t in threads]
         if args.no_profile or args.select:

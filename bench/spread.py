@@ -219,12 +219,15 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     print(f"blasnet spread{' (quick)' if args.quick else ''}: {runs} processes x threads "
           f"{tuple(args.threads)}, {len(which)} cases each", flush=True)
+    from kernels import blas_kernel
+    blas = blas_kernel.facts(measure=False)  # the children inherit this environment
+    print("\n".join(blas_kernel.header_lines(blas)), flush=True)
     results = run_all(runs, args.threads, args.quick, which,
                       echo=lambda s: print(s, flush=True))
     rows = summarize(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(runs=runs, quick=args.quick, threads=args.threads,
-                                        processes=results, summary=rows), indent=1))
+                                        blas=blas, processes=results, summary=rows), indent=1))
     print()
     print(format_report(rows, runs, args.quick))
     print(f"\nspread finished in {time.perf_counter() - t0:.0f} s")

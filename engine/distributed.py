@@ -26,7 +26,8 @@ from kernels.memory import aligned_empty
 from kernels.optim import adamw_consts
 
 from ._checks import check_int
-from .nn.module import Module, arena_layout_version, check_float, make_rng, runs
+from .nn.arena import LAYOUT_VERSION
+from .nn.module import Module, check_float, make_rng, runs
 from .optim.optimizers import (AdamW, Optimizer, check_optimizer_of, clip_grad_norm,
                                defer_keyboard_interrupt)
 
@@ -393,11 +394,11 @@ class ShardedAdamW(AdamW):
         self._arena = ranges[0][2]
         self._lo, self._n = ranges[0][0], ranges[-1][1] - ranges[0][0]
         self._dtype = self._arena.dtype
-        self._range_gen = arena_layout_version()
+        self._range_gen = LAYOUT_VERSION[0]
 
     def flat_range(self):
         """``(id(arena), lo, hi)``: the flat parameter range this optimizer shards."""
-        if self._range_gen != arena_layout_version():
+        if self._range_gen != LAYOUT_VERSION[0]:
             self._find_range()
         return (id(self._arena), self._lo, self._lo + self._n)
 
@@ -416,7 +417,7 @@ class ShardedAdamW(AdamW):
     def _shard_plan(self) -> list:
         """Per group: ``(data, grad, m, v)`` views of each run of its parameters inside this
         rank's shard; the reduced gradient of arena element ``lo + s0 + i`` is ``grad[i]``."""
-        if self._pieces_gen == arena_layout_version():
+        if self._pieces_gen == LAYOUT_VERSION[0]:
             return self._pieces
         self.flat_range()
         a, base, s0, s1 = self._arena, self._lo, self._s0, self._s1
@@ -430,7 +431,7 @@ class ShardedAdamW(AdamW):
                     pieces.append((a.data[base + x0:base + x1], a.grad[base + i0:base + i1],
                                    self._m[i0:i1], self._v[i0:i1]))
             plan.append(pieces)
-        self._pieces, self._pieces_gen = plan, arena_layout_version()
+        self._pieces, self._pieces_gen = plan, LAYOUT_VERSION[0]
         return plan
 
     def reduce_gradients(self, weight=None) -> None:

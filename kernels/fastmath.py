@@ -1,71 +1,36 @@
-"""Transcendentals the compiled kernels call per element: ``exp`` and ``sigmoid``.
+"""Transcendentals the compiled kernels call per element: ``exp`` and ``sigmoid``, as numba
+overloads that pick the dtype's version at compile time.
 
-numba has no vector math library here, so ``math.exp`` in a loop is a scalar libm call
-(~2 ns per element) that also stops LLVM's vectoriser. For float32 these are built from
-mul, add, div and a bit cast, which vectorise: exp by Cody-Waite range reduction
-(x = n ln2 + r, |r| <= ln2/2) and the degree-6 polynomial of Cephes' expf, scaled by 2^n
-in two halves so that results that overflow give inf and tiny ones become denormals or 0,
-as libm's. NaN gives NaN. float64 calls libm (those kernels serve gradient checks, not
-speed). The accuracy bound is stated and checked in tests/test_fastmath.py.
+float32 uses ``kernels.fmath.exp_f32`` (range reduction and a polynomial, which vectorise;
+numba's ``math.exp`` is a scalar libm call that stops LLVM's vectoriser), float64 calls libm
+(those kernels serve gradient checks, not speed). The accuracy bound is ``kernels.fmath``'s,
+checked again here through the overload in tests/test_fastmath.py.
 
-These are numba overloads: call ``fastmath.exp(x)`` inside an ``@jit`` kernel. Called from
-Python (or with ``NUMBA_DISABLE_JIT=1``) they run NumPy's functions. numba's disk cache
-keys a kernel on its own file only: after editing this file, clear the ``__pycache__``
-index files of the kernels that use it (``make clean``), or they keep the old code.
+Call ``fastmath.exp(x)`` inside an ``@jit`` kernel. Called from Python (or with
+``NUMBA_DISABLE_JIT=1``) these run NumPy's functions. numba's disk cache keys a kernel on its
+own file only: after editing this file or kernels/fmath.py, delete the ``__pycache__`` index
+files (``*.nbi``) of the kernels that use them, or they keep the old code.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.np.numpy_support import as_dtype
-from numba.core.extending import intrinsic, overload
+from numba.core.extending import overload
 
+from .fmath import EXP_MAX_REL_ERR_F32, exp_f32
 from .jit import OPTIONS
 
 __all__ = ["exp", "sigmoid", "const", "EXP_MAX_REL_ERR"]
 
 # Maximum relative error of the float32 exp against the float64 exp, rounded to float32,
 # over normal results (tests/test_fastmath.py sweeps every magnitude).
-EXP_MAX_REL_ERR = 2.5e-7
+EXP_MAX_REL_ERR = EXP_MAX_REL_ERR_F32
 
 _F = np.float32
-_LOG2E = _F(1.4426950408889634)
-_LN2_HI = _F(0.693359375)        # ln 2 split so that n * _LN2_HI is exact (Cody & Waite)
-_LN2_LO = _F(-2.12194440e-4)
-_HI = _F(89.0)                   # exp(89) overflows float32: clamp here, still gives inf
-_LO = _F(-104.0)                 # exp(-104) rounds to 0: clamp here, still gives 0
-_ROUND = _F(12582912.0)          # 1.5 * 2^23: adding and subtracting rounds to an integer
-_P0, _P1, _P2 = _F(1.9875691500e-4), _F(1.3981999507e-3), _F(8.3334519073e-3)
-_P3, _P4, _P5 = _F(4.1665795894e-2), _F(1.6666665459e-1), _F(5.0000001201e-1)
-_ONE, _HALF = _F(1.0), _F(0.5)
-
-
-@intrinsic
-def _pow2(typingctx, n):
-    """2**n as float32 for an integer-valued float32 n in [-126, 127], from its bits."""
-    sig = types.float32(types.float32)
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        k = builder.fptosi(args[0], i32)
-        bits = builder.shl(builder.add(k, ir.Constant(i32, 127)), ir.Constant(i32, 23))
-        return builder.bitcast(bits, ir.FloatType())
-    return sig, codegen
-
-
-def _exp32(x):
-    xc = _HI if x > _HI else x
-    xc = _LO if xc < _LO else xc
-    n = (xc * _LOG2E + _ROUND) - _ROUND          # round(x / ln 2), in [-150, 129]
-    r = (xc - n * _LN2_HI) - n * _LN2_LO
-    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
-    e = (p * r * r + r) + _ONE                   # exp(r), |r| <= ln2/2
-    h = (n * _HALF + _ROUND) - _ROUND            # 2^n as 2^h 2^(n-h), each factor normal
-    e = e * _pow2(h) * _pow2(n - h)
-    return e if x == x else x                    # NaN stays NaN
+_ONE = _F(1.0)
 
 
 def exp(x):
@@ -87,7 +52,7 @@ _OV = {"jit_options": {k: v for k, v in OPTIONS.items() if k in ("fastmath", "er
 @overload(exp, **_OV)
 def _exp_impl(x):
     if x == types.float32:
-        return _exp32
+        return lambda x: exp_f32(x)
     if isinstance(x, types.Float):
         return lambda x: math.exp(x)
     return None

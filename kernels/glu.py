@@ -3,7 +3,7 @@ activations, and the per-feature helpers of a transposed layout.
 
 A gated FFN computes its gate and up projections in one GEMM into ``[G; U]`` of shape
 (2 d_ff, N), features by rows: each half is then one contiguous (d_ff, N) array, so the
-gating runs on flat blocks. ``glu_forward`` computes ``H = act(G) * U`` and leaves in G and U
+gating is one compiled pass over flat elements. ``glu_forward`` computes ``H = act(G) * U`` and leaves in G and U
 what the backward multiplies by (``act'(G) * U`` and ``act(G)``), so ``glu_backward`` is two
 multiplies. In this layout a bias is per row: ``fill_by_row`` writes it before the GEMM
 accumulates, ``rowsum`` adds its gradient (one gemv).
@@ -13,68 +13,55 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas as _blas
 
-from . import parallel as _par
-from .activations import ACTIVATIONS, bias_act_forward_unchecked
+from .activations import ACTIVATIONS, kernels_for
 from .gemm import check_array
+from .jit import jit
 from .memory import ones as _ones
-from .memory import scratch
+from .parallel import split as _split
+from .parallel import threads_for as _threads_for
 
 __all__ = ["glu_forward", "glu_backward", "fill_by_row", "rowsum", "glu_forward_unchecked",
            "glu_backward_unchecked", "fill_by_row_unchecked", "rowsum_unchecked"]
 
-# Elements per flat block: the activation's chain, its scratch and the three operands of a
-# block stay in L2 (kernels.activations uses the same sizes).
-_BLOCK_BYTES = 128 * 1024
-_SPLIT_BLOCK_BYTES = 512 * 1024
 _GEMV = {np.dtype(np.float32): _blas.sgemv, np.dtype(np.float64): _blas.dgemv}
 
 
-def _flat_blocks(fn, size, itemsize):
-    """``fn(i, j)`` over flat blocks of [0, size), split over blasnet's threads when large."""
-    def run(i0, i1, slot, blk):
-        for i in range(i0, i1, blk):
-            fn(i, min(i + blk, i1))
-    if size < _par.SPLIT_MIN:
-        run(0, size, 0, _BLOCK_BYTES // itemsize)
+@jit
+def _glu_backward(g, u, dh, i0, i1, slope):
+    """g *= dh and u *= dh, flat elements [i0, i1)."""
+    gf, uf, df = g.reshape(-1), u.reshape(-1), dh.reshape(-1)
+    for k in range(i0, i1):
+        w = df[k]
+        gf[k] = gf[k] * w
+        uf[k] = uf[k] * w
+
+
+def _flat(kern, size, slope, *arrays):
+    """``kern(*arrays, i0, i1, slope)`` over flat elements [0, size), split over blasnet's
+    threads when large (every element is computed alike: the split does not change results)."""
+    k = _threads_for(size)
+    if k <= 1:
+        kern(*arrays, 0, size, slope)
     else:
-        _par.split(lambda i0, i1, slot: run(i0, i1, slot, _SPLIT_BLOCK_BYTES // itemsize), size)
+        _split(lambda i0, i1, s: kern(*arrays, i0, i1, slope), size, k=k)
 
 
 # ----------------------------------------------------------------------------- unchecked cores
 def glu_forward_unchecked(h, g, u, act="silu", negative_slope=0.01):
     """``h = act(g) * u``; then ``g = act'(g) * u`` and ``u = act(g)`` in place (the factors of
-    the backward). C-contiguous arrays of one shape and dtype, ``h`` distinct from both; no
-    checks."""
-    hf, gf, uf = h.reshape(-1), g.reshape(-1), u.reshape(-1)
-    dt = g.dtype
-
-    def block(i, j):
-        m = j - i
-        a = scratch("glu.a", (1, m), dt)  # (1, m) act(g) of the block
-        gb = gf[i:j].reshape(1, m)
-        ub = uf[i:j]
-        # act(g) into a, act'(g) over g: one pass of the activation's fused chain.
-        bias_act_forward_unchecked(a, gb, None, act, negative_slope, gb)
-        a1, g1 = a.reshape(m), gb.reshape(m)
-        np.multiply(a1, ub, out=hf[i:j])
-        np.multiply(g1, ub, out=g1)
-        np.copyto(ub, a1)
-
-    _flat_blocks(block, gf.size, dt.itemsize)
+    the backward), in one pass. C-contiguous arrays of one shape and dtype, ``h`` distinct from
+    both; no checks."""
+    if g.size:
+        _flat(kernels_for(act, g.dtype).glu, g.size, negative_slope, h, g, u)
     return h
 
 
 def glu_backward_unchecked(g, u, dh):
     """In place: ``g *= dh`` and ``u *= dh``, turning the factors left by ``glu_forward`` into
-    ``dG = dh * act'(G) * U`` and ``dU = dh * act(G)``. C-contiguous, one shape; no checks."""
-    gf, uf, df = g.reshape(-1), u.reshape(-1), dh.reshape(-1)
-
-    def block(i, j):
-        db = df[i:j]
-        np.multiply(gf[i:j], db, out=gf[i:j])
-        np.multiply(uf[i:j], db, out=uf[i:j])
-
-    _flat_blocks(block, gf.size, g.dtype.itemsize)
+    ``dG = dh * act'(G) * U`` and ``dU = dh * act(G)``, in one pass. C-contiguous, one shape;
+    no checks."""
+    if g.size:
+        _flat(_glu_backward, g.size, 0.0, g, u, dh)
     return g
 
 

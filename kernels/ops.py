@@ -24,8 +24,8 @@ from .rows import add, fill_rows
 gemm = gemm_unchecked                      # out = alpha op(a) op(b) + beta out
 colsum = gemv_colsum                       # out = x.sum(0) + beta out
 bias_act = bias_act_forward_unchecked      # z += bias; h = act(z) (grad = act'(z))
-act_backward = act_backward_unchecked      # dz = dh * act'(z), act' recomputed
-act_backward_cached = act_backward_cached_unchecked  # dz = dh * grad
+act_backward = act_backward_unchecked      # dz = dh * act'(z), act' recomputed (db += dz.sum(0))
+act_backward_cached = act_backward_cached_unchecked  # dz = dh * grad (db += dz.sum(0))
 dropout_forward = dropout_forward_unchecked
 dropout_backward = dropout_backward_unchecked
 layernorm_forward = layernorm_forward_unchecked

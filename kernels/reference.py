@@ -27,8 +27,9 @@ def gemm(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
 
 # ----------------------------------------------------------------------------- activations
 # One pair per activation: act(z) and act'(z) as new arrays, ``(z, negative_slope)`` (the
-# slope is read by leaky_relu only). kernels.activations.REGISTRY points at these pairs; the
-# names an activation goes by live there, not here.
+# slope is read by leaky_relu only), written from the formulas independently of the scalar
+# pairs the fast kernels are generated from (kernels.activation_pairs, whose registry points
+# here). ``activation`` / ``activation_grad`` find a pair by its name in this module.
 def _sigmoid(z):
     # 1/(1+exp(-z)) written to avoid overflow for large |z|.
     e = np.exp(-np.abs(z))
@@ -130,21 +131,24 @@ def mish_grad(z, negative_slope=0.01):
     return (t + z * _sigmoid(z) * (1.0 - t * t)).astype(z.dtype)
 
 
-def _entry(act):
-    from .activations import ACTIVATIONS, REGISTRY  # the registry imports this module
-    if not isinstance(act, str) or act not in REGISTRY:
-        raise ValueError(f"act: expected one of {ACTIVATIONS}, got {act!r}")
-    return REGISTRY[act]
+def _pair(act):
+    """The reference pair ``act`` / ``act_grad`` defined above (no fast kernel involved)."""
+    if isinstance(act, str) and act.isidentifier() and not act.startswith("_"):
+        fn, grad = globals().get(act), globals().get(act + "_grad")
+        if callable(fn) and callable(grad):
+            return fn, grad
+    raise ValueError(f"act: expected the name of an activation with a reference pair here "
+                     f"(e.g. 'relu', 'gelu'), got {act!r}")
 
 
 def activation(z, act="relu", negative_slope=0.01):
     """act(z) as a new array, for any name in kernels.activations.ACTIVATIONS."""
-    return _entry(act).reference(z, negative_slope)
+    return _pair(act)[0](z, negative_slope)
 
 
 def activation_grad(z, act="relu", negative_slope=0.01):
     """act'(z) as a new array."""
-    return _entry(act).reference_grad(z, negative_slope)
+    return _pair(act)[1](z, negative_slope)
 
 
 def bias_act_forward(h, z, bias=None, act="relu", negative_slope=0.01, grad=None):

@@ -169,7 +169,7 @@ def _train(args) -> int:
     t_all = time.perf_counter()
     check_args(args)
     if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/models/lm.py
-        from ..models import lm
+        from . import lm
         return lm.run_cli(args)
     if args.prompt is not None or args.sample_length is not None:
         raise UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
@@ -282,13 +282,25 @@ def info(args) -> int:
     print(f"threadpoolctl  {threadpoolctl.__version__}", file=out)
     print(f"platform       {platform.platform()}, {os.cpu_count()} CPUs", file=out)
     print(f"engine GEMMs   scipy.linalg.blas, {kernels.get_num_threads()} thread(s)", file=out)
+    from kernels import blas_kernel
+    facts = blas_kernel.facts()  # times the pin's cost when there is one
     print("libraries (threadpoolctl):", file=out)
     for lib in kernels.blas_info():
+        level = blas_kernel.kernel_level(lib.get("architecture"))
+        kernel = f"{lib.get('architecture') or '?'}" + (f" ({level})" if level else "")
         print(f"  {lib.get('user_api', '?'):<7} {lib.get('internal_api', '?'):<9} "
-              f"{lib.get('version') or '?':<14} threads {lib.get('num_threads', '?'):<3} "
+              f"{lib.get('version') or '?':<14} kernel {kernel:<16} "
+              f"threads {lib.get('num_threads', '?'):<3} "
               f"shipped with {lib.get('owner', '?'):<6} {lib.get('filepath', '')}", file=out)
+    cpu = f"{facts['cpu']} ({facts['cpu_class']}-class kernels)" if facts["cpu"] else "unknown"
+    print(f"CPU SIMD       {cpu}; BLAS kernel verdict: {facts['verdict']}", file=out)
+    for line in blas_kernel.header_lines(facts)[1:]:  # the pin line, a failed measurement
+        print(line, file=out)
+    print(f"numba          {facts['numba']}, compiled kernels "
+          f"{'DISABLED (run as Python)' if facts['jit_disabled'] else 'enabled'}", file=out)
     print("environment:", file=out)
-    for var in (kernels.ENV_VAR, "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    for var in (kernels.ENV_VAR, "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                *blas_kernel.PIN_VARS, *blas_kernel.NOTED_VARS, "NUMBA_DISABLE_JIT"):
         print(f"  {var}={os.environ.get(var, '(unset)')}", file=out)
     return 0
 

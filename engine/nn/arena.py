@@ -15,24 +15,25 @@ from kernels.memory import aligned_empty
 from .._checks import check_dtype
 
 __all__ = ["Arena", "Parameter", "Workspace", "adjacent_views", "arena_layout_version",
-           "bump_arena_layout", "buffer_owner", "runs", "shaped_like"]
+           "bump_arena_layout", "buffer_owner", "runs", "shaped_like", "LAYOUT_VERSION",
+           "BUFFER_OWNERS"]
 
 
 # ----------------------------------------------------------------------------- arena
 # The arena layout's version: bumped whenever parameters move to another arena (or work
 # buffers are reassigned), so a cache of arena ranges built at one version is stale at another.
-_LAYOUT_VERSION = [0]
+LAYOUT_VERSION = [0]
 
 
 def arena_layout_version() -> int:
     """The current arena layout's version: caches of arena ranges (optimizer runs, a
     module's range) compare the version they were built at with this one."""
-    return _LAYOUT_VERSION[0]
+    return LAYOUT_VERSION[0]
 
 
 def bump_arena_layout() -> None:
     """Mark every cache of arena ranges stale (parameters or work buffers moved)."""
-    _LAYOUT_VERSION[0] += 1
+    LAYOUT_VERSION[0] += 1
 
 
 class Arena:
@@ -56,7 +57,7 @@ class Arena:
             p._data, p._grad = shaped_like(d, p), shaped_like(g, p)
             p._arena, p._offset = self, off
             off += n
-        _LAYOUT_VERSION[0] += 1
+        LAYOUT_VERSION[0] += 1
 
     @property
     def dtype(self):
@@ -175,13 +176,13 @@ def runs(params) -> list:
 
 # ----------------------------------------------------------------------------- workspace
 # id(raw allocation) -> weak refs (raw, Workspace): which module's buffer an array views.
-_RAW_OWNER: dict = {}
+BUFFER_OWNERS: dict = {}
 
 
 def buffer_owner(base):
     """The Workspace whose work buffer is the raw allocation ``base`` (None: no work buffer,
     or the Workspace is gone)."""
-    hit = _RAW_OWNER.get(id(base))
+    hit = BUFFER_OWNERS.get(id(base))
     if hit is not None and hit[0]() is base:
         return hit[1]()
     return None
@@ -201,9 +202,9 @@ class Workspace:
         buf = self._bufs.get(key)
         if buf is None or buf.shape[0] < n or buf.shape[1:] != cols:
             if buf is not None:
-                _RAW_OWNER.pop(id(buf.base), None)
+                BUFFER_OWNERS.pop(id(buf.base), None)
             buf = self._bufs[key] = aligned_empty((max(n, 1), *cols), self.dtype)
-            _RAW_OWNER[id(buf.base)] = (weakref.ref(buf.base), weakref.ref(self))
+            BUFFER_OWNERS[id(buf.base)] = (weakref.ref(buf.base), weakref.ref(self))
             bump_arena_layout()
         return buf[:n]
 
@@ -215,4 +216,4 @@ class Workspace:
 
     def __del__(self):
         for buf in getattr(self, "_bufs", {}).values():  # {} if __init__ was cut short
-            _RAW_OWNER.pop(id(buf.base), None)
+            BUFFER_OWNERS.pop(id(buf.base), None)

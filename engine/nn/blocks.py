@@ -216,12 +216,11 @@ class FFN(Module):
         ops.gemm(dh, dy2, self.W_out.data, False, True, 1.0, 0.0)  # may overwrite h
         if self._c.dropped:
             ops.dropout_backward(dh, dh, v.mask)
+        db1 = None if self.b1 is None else self.b1.grad  # db1 += dz.sum(0) in the same pass
         if self._inplace:
-            ops.act_backward(dh, dh, v.z, self.activation, 0.01, v.z)  # v.z is act(z)
+            ops.act_backward(dh, dh, v.z, self.activation, 0.01, v.z, db1)  # v.z is act(z)
         else:
-            ops.act_backward_cached(dh, dh, v.z)                       # v.z is act'(z)
-        if self.b1 is not None:
-            ops.colsum(self.b1.grad, dh, 1.0)
+            ops.act_backward_cached(dh, dh, v.z, db1)                       # v.z is act'(z)
         ops.gemm(self.W_in.grad, self._c.x, dh, True, False, 1.0, 1.0)
         ops.gemm(dx, dh, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
         self._c.x = None

@@ -261,8 +261,7 @@ class GMLPBlock(_TokenMixing):
         dz = self.sgu.backward(v.da.reshape(b, t, self.d_ffn // 2))
         dz2 = dz.reshape(n, self.d_ffn)
         if n:
-            ops.act_backward_cached(dz2, dz2, v.zpre)                        # through GELU
-            ops.colsum(self.b_in.grad, dz2, 1.0)
+            ops.act_backward_cached(dz2, dz2, v.zpre, self.b_in.grad)  # GELU; db_in += sum
             ops.gemm(self.W_in.grad, self._c.xn, dz2, True, False, 1.0, 1.0)  # += LN(x)^T dZ
             ops.gemm(v.dxn, dz2, self.W_in.data, False, True, 1.0, 0.0)       # dZ W_in^T
         dx = self.norm.backward(v.dxn)

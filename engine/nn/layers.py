@@ -122,16 +122,17 @@ class Linear(Module):
         else:
             dz = ws.get("dz", n, self.d_out)  # (N, d_out)
             if n:
+                db = None if self.b is None else self.b.grad  # db += dz.sum(0) in the same pass
                 if self._rowwise:
                     _rowwise_backward(act, dz, dy2, self._c.z)
                 elif self._inplace:
-                    ops.act_backward(dz, dy2, self._c.z, act, self.negative_slope, self._c.z)
+                    ops.act_backward(dz, dy2, self._c.z, act, self.negative_slope, self._c.z, db)
                 else:
-                    ops.act_backward_cached(dz, dy2, self._c.z)
+                    ops.act_backward_cached(dz, dy2, self._c.z, db)
         dx = acc2 if acc2 is not None else ws.get("dx", n, self.d_in)  # (N, d_in)
         if n:
             ops.gemm(self.W.grad, self._c.x, dz, True, False, 1.0, 1.0)  # dW += x^T dz
-            if self.b is not None:
+            if self.b is not None and (act is None or self._rowwise):
                 ops.colsum(self.b.grad, dz, 1.0)                        # db += dz.sum(0)
             ops.gemm(dx, dz, self.W.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
         self._c.x = None

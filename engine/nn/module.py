@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import threading
 from collections import OrderedDict
 from types import SimpleNamespace
@@ -23,102 +22,14 @@ from kernels import ops
 
 from .._checks import check_dtype, check_positive_int
 from .._checks import check_real as check_float
-from .arena import (Arena, Parameter, Workspace, adjacent_views, arena_layout_version,
-                    buffer_owner, bump_arena_layout, runs, shaped_like)
+from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
+                    arena_layout_version, bump_arena_layout, runs, shaped_like)
+from .rows import (INITS, as_rows, check_array, flat3, init_weight, make_rng, rows_of,
+                   shaped)
 
 __all__ = ["Parameter", "Arena", "adjacent_views", "arena_layout_version", "mode_version",
            "rows_of", "shaped", "shaped_like", "Module", "Workspace", "make_rng", "check_dtype",
            "check_positive_int", "check_float", "as_rows", "INITS", "init_weight", "runs"]
-
-
-# ----------------------------------------------------------------------------- checks
-# check_dtype, check_positive_int and check_float (a finite number in an interval) are the
-# engine's shared checks, re-exported here for the modules.
-
-
-def make_rng(rng) -> np.random.Generator:
-    """``rng`` as a Generator: an int seed (or None) makes a fresh one; a Generator is used as is."""
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
-        if rng is not None and rng < 0:
-            raise ValueError(f"rng: expected a non-negative int seed, got {rng}")
-        return np.random.default_rng(rng)
-    raise TypeError(f"rng: expected an int seed or a numpy.random.Generator, got {type(rng).__name__}")
-
-
-INITS = ("he", "xavier", "normal", "zeros")
-
-
-def init_weight(d_in: int, d_out: int, init: str, dtype, rng) -> np.ndarray:
-    """A (d_in, d_out) weight: he N(0, 2/d_in), xavier N(0, 2/(d_in+d_out)), normal
-    N(0, 0.02^2) or zeros. Drawn in float64 and rounded to ``dtype``, so float32 and float64
-    modules built from one seed hold the same weights (up to rounding)."""
-    if init == "zeros":
-        return np.zeros((d_in, d_out), dtype)
-    if init == "he":
-        std = math.sqrt(2.0 / d_in)
-    elif init == "xavier":
-        std = math.sqrt(2.0 / (d_in + d_out))
-    elif init == "normal":
-        std = 0.02
-    else:
-        raise ValueError(f"init: expected one of {INITS}, got {init!r}")
-    w = rng.standard_normal((d_in, d_out))  # (d_in, d_out) float64
-    w *= std
-    return w.astype(dtype)
-
-
-def _check_array(name: str, x, dtype) -> None:
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
-    if x.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {x.dtype} "
-                        f"(convert with .astype(np.{np.dtype(dtype)}))")
-
-
-def as_rows(x, d, dtype, name: str = "x"):
-    """Check a module input and view it as rows: returns ``(x2d, lead_shape)``.
-
-    ``x`` must be a C-contiguous ndarray of ``dtype``, of shape ``(N, d)`` or ``(B, T, d)``
-    (``d=None``: any feature size); the 2-D view costs no copy. Raises TypeError/ValueError
-    naming ``name``."""
-    _check_array(name, x, dtype)
-    if x.ndim not in (2, 3):
-        want = "(N, d) or (B, T, d)" if d is None else f"(N, {d}) or (B, T, {d})"
-        raise ValueError(f"{name}: expected shape {want}, got {x.shape}")
-    if d is not None and x.shape[-1] != d:
-        raise ValueError(f"{name}: expected last dimension {d}, got shape {x.shape}")
-    if not x.flags.c_contiguous:
-        raise ValueError(f"{name}: expected a C-contiguous array, got strides {x.strides} "
-                         f"for shape {x.shape} (use np.ascontiguousarray)")
-    if x.ndim == 3:
-        return _flat3(x), x.shape[:-1]
-    return x, x.shape[:-1]
-
-
-def rows_of(a, shape, dtype, name):
-    """Check ``a`` against an expected full ``shape``; return its 2-D row view (no copy)."""
-    if (not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dtype
-            or not a.flags.c_contiguous):
-        _check_array(name, a, dtype)
-        if a.shape != shape:
-            raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
-        raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} "
-                         f"for shape {a.shape} (use np.ascontiguousarray)")
-    return _flat3(a) if a.ndim == 3 else a
-
-
-def _flat3(a):
-    """(B, T, d) as (B*T, d) without a copy; explicit sizes, since reshape(-1, 0) of an
-    empty feature axis is ambiguous to NumPy."""
-    b, t, d = a.shape
-    return a.reshape(b * t, d)
-
-
-def shaped(a2, lead):
-    """A 2-D row buffer back in the caller's leading shape."""
-    return a2 if len(lead) == 1 else a2.reshape(*lead, a2.shape[-1])
 
 
 _MODE_VERSION = [0]  # bumped by every train()/eval() call
@@ -331,18 +242,18 @@ class Module(metaclass=_ModuleMeta):
         """Check ``dy`` against the last forward's output ``shape``; return it as rows."""
         if not isinstance(dy, np.ndarray) or dy.shape != shape or dy.dtype != self.dtype \
                 or not dy.flags.c_contiguous:
-            _check_array(name, dy, self.dtype)
+            check_array(name, dy, self.dtype)
             if dy.shape != shape:
                 raise ValueError(f"{name}: expected shape {shape} (the output of the last "
                                  f"forward), got {dy.shape}")
             raise ValueError(f"{name}: expected a C-contiguous array, got strides {dy.strides}")
         self._no_overlap(name, dy)
-        return _flat3(dy) if dy.ndim == 3 else dy
+        return flat3(dy) if dy.ndim == 3 else dy
 
     def _workspace_ids(self):
         s = self._s
         s.ws_ids = frozenset(id(w) for _, m in self.named_modules() for w in m._workspaces())
-        s.ws_gen = arena_layout_version()
+        s.ws_gen = LAYOUT_VERSION[0]
         return s.ws_ids
 
     def _workspaces(self) -> list:
@@ -366,11 +277,11 @@ class Module(metaclass=_ModuleMeta):
         base = a.base
         if base is None:  # an array owning its memory is no view of a work buffer
             return
-        owner = buffer_owner(base)
-        if owner is not None:
+        hit = BUFFER_OWNERS.get(id(base))  # inline (a hot path): what buffer_owner() does
+        if hit is not None and hit[0]() is base:
             s = self._s
-            ids = s.ws_ids if s.ws_gen == arena_layout_version() else self._workspace_ids()
-            if id(owner) not in ids:
+            ids = s.ws_ids if s.ws_gen == LAYOUT_VERSION[0] else self._workspace_ids()
+            if id(hit[1]()) not in ids:
                 return
         elif isinstance(base, np.ndarray) and base.flags.owndata:
             return  # a view of another allocation (work buffers own theirs)
@@ -431,7 +342,7 @@ class Module(metaclass=_ModuleMeta):
         """``(arena, lo, hi)``: this module's parameters, one contiguous range of one arena
         (packed anew if they are not: e.g. after a child was given to another parent)."""
         s = self._s
-        if s.range_gen != arena_layout_version():
+        if s.range_gen != LAYOUT_VERSION[0]:
             params = self.parameters()
             if not params:
                 s.range = None
@@ -444,7 +355,7 @@ class Module(metaclass=_ModuleMeta):
                     self._pack()
                     r = runs(params)
                 s.range = r[0][:3]
-            s.range_gen = arena_layout_version()
+            s.range_gen = LAYOUT_VERSION[0]
         return s.range
 
     def flat_params(self) -> np.ndarray:

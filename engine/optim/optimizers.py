@@ -12,12 +12,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import threading
-
-try:  # the C functions behind ``signal``: an order of magnitude cheaper per call
-    import _signal as _sig
-except ImportError:  # pragma: no cover - other Python implementations
-    import signal as _sig
 
 import numpy as np
 
@@ -26,58 +20,14 @@ from kernels import optim as _kopt
 from kernels.memory import aligned_empty
 
 from .._checks import check_bool, check_int, check_real
-from ..nn.module import Module, Parameter, arena_layout_version, runs, shaped_like
+from ..nn.arena import LAYOUT_VERSION
+from ..nn.module import Module, Parameter, runs, shaped_like
+from .interrupt import defer_keyboard_interrupt
 
 __all__ = ["Optimizer", "AdamW", "SGD", "clip_grad_norm", "defer_keyboard_interrupt",
            "check_optimizer_of"]
 
 _adamw_consts = _kopt.adamw_consts
-
-
-# ----------------------------------------------------------------------------- Ctrl-C
-_MAIN_THREAD = threading.main_thread().ident
-_SIGINT = 2
-_held = [0, None, None]  # [nesting depth, the handler replaced, a SIGINT held (signum, frame)]
-
-
-def _hold_sigint(signum, frame):
-    _held[2] = (signum, frame)
-
-
-class defer_keyboard_interrupt:
-    """Context manager: a SIGINT (Ctrl-C) that arrives inside the block is held and delivered
-    (the previous handler runs, by default raising KeyboardInterrupt) when the block ends, so
-    an update such as ``optimizer.step()`` is never left half done. Nestable; acts on the main
-    thread only (where Python runs signal handlers) and only when SIGINT has a Python
-    handler; elsewhere it does nothing."""
-
-    __slots__ = ("_on",)
-
-    def __enter__(self):
-        self._on = False
-        if threading.get_ident() != _MAIN_THREAD:
-            return self
-        if _held[0] == 0:
-            if not callable(_sig.getsignal(_SIGINT)):  # ignored, default or set from C
-                return self
-            _held[2] = None  # before the handler is in place: it may set this at once
-            _held[1] = _sig.signal(_SIGINT, _hold_sigint)
-        _held[0] += 1
-        self._on = True
-        return self
-
-    def __exit__(self, *exc):
-        if not self._on:
-            return False
-        _held[0] -= 1
-        if _held[0] == 0:
-            old = _held[1]
-            _sig.signal(_SIGINT, old)
-            pending = _held[2]  # read after the restore: a SIGINT until then was held
-            _held[1] = _held[2] = None
-            if pending is not None:
-                old(*pending)  # the default handler raises KeyboardInterrupt here
-        return False
 
 
 # ----------------------------------------------------------------------------- validation
@@ -163,7 +113,7 @@ class Optimizer:
         self.state = [{} for _ in params]
         for k in self._state_keys:
             self._buffer(k)
-        self._plan = None       # cached runs, rebuilt when parameters move (arena_layout_version)
+        self._plan = None       # cached runs, rebuilt when parameters move (LAYOUT_VERSION)
         self._plan_gen = -1
         # Per group, the option values last checked: step() checks again only what changed.
         self._checked = [tuple(g[k] for k in self.defaults) for g in self.param_groups]
@@ -191,7 +141,7 @@ class Optimizer:
     def _runs(self) -> list:
         """Per group: ``(first, stop, data, grad, state_offset, dtype)`` for each maximal run
         of its parameters that lies back to back in one arena (cached until parameters move)."""
-        if self._plan_gen != arena_layout_version():
+        if self._plan_gen != LAYOUT_VERSION[0]:
             plan, i = [], 0
             for g in self.param_groups:
                 plist = g["params"]
@@ -201,7 +151,7 @@ class Optimizer:
                                   self._offsets[i + first], a.dtype))
                 plan.append(group)
                 i += len(plist)
-            self._plan, self._plan_gen = plan, arena_layout_version()
+            self._plan, self._plan_gen = plan, LAYOUT_VERSION[0]
         return self._plan
 
     def step(self) -> None:
@@ -283,6 +233,22 @@ class Optimizer:
             got = len(groups) if isinstance(groups, (list, tuple)) else type(groups).__name__
             raise ValueError(f"{name}.load_state_dict: expected {len(self.param_groups)} parameter "
                              f"group(s), got {got}")
+        new_options = self._checked_groups(name, groups)
+        state = sd["state"]
+        if not isinstance(state, dict):
+            raise TypeError(f"{name}.load_state_dict: state: expected a dict, got {type(state).__name__}")
+        params = self._all_params()
+        bad = sorted(str(k) for k in state if not (isinstance(k, numbers.Integral)
+                                                  and 0 <= k < len(params)))
+        if bad:
+            raise KeyError(f"{name}.load_state_dict: state: unexpected parameter indices {bad} "
+                           f"(the optimizer has {len(params)} parameters)")
+        new_state = [self._checked_buffers(name, idx, p, state.get(idx, {}))
+                     for idx, p in enumerate(params)]
+        return int(steps), new_options, new_state
+
+    def _checked_groups(self, name: str, groups) -> list:
+        """Each saved group's options, checked against this optimizer's groups."""
         new_options, i = [], 0
         for gi, (own, g) in enumerate(zip(self.param_groups, groups)):
             if not isinstance(g, dict):
@@ -301,39 +267,30 @@ class Optimizer:
             opts = {k: g[k] for k in self.defaults}
             self._check_options(opts, f"{name}.load_state_dict: param_groups[{gi}]")
             new_options.append(opts)
-        state = sd["state"]
-        if not isinstance(state, dict):
-            raise TypeError(f"{name}.load_state_dict: state: expected a dict, got {type(state).__name__}")
-        params = self._all_params()
-        bad = sorted(str(k) for k in state if not (isinstance(k, numbers.Integral)
-                                                  and 0 <= k < len(params)))
-        if bad:
-            raise KeyError(f"{name}.load_state_dict: state: unexpected parameter indices {bad} "
-                           f"(the optimizer has {len(params)} parameters)")
-        new_state = []
-        for idx, p in enumerate(params):
-            st = state.get(idx, {})
-            if not isinstance(st, dict):
-                raise TypeError(f"{name}.load_state_dict: state[{idx}]: expected a dict, "
-                                f"got {type(st).__name__}")
-            keys = set(st)
-            need, allowed = set(self._state_keys), set(self._state_keys) | set(self._optional_keys)
-            if not need <= keys <= allowed:
-                raise KeyError(f"{name}.load_state_dict: state[{idx}] ({p.name}): missing buffers "
-                               f"{sorted(need - keys)}, unexpected {sorted(keys - allowed)}")
-            for k in keys:
-                v = st[k]
-                if not isinstance(v, np.ndarray):
-                    raise TypeError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
-                                    f"expected a numpy.ndarray, got {type(v).__name__}")
-                if v.shape != p.data.shape:
-                    raise ValueError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
-                                     f"expected shape {p.data.shape}, got {v.shape}")
-                if v.dtype != p.data.dtype:
-                    raise TypeError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
-                                    f"expected dtype {p.data.dtype}, got {v.dtype}")
-            new_state.append(st)
-        return int(steps), new_options, new_state
+        return new_options
+
+    def _checked_buffers(self, name: str, idx: int, p, st) -> dict:
+        """The saved buffers of parameter ``idx`` (``p``), checked: names, shapes, dtypes."""
+        if not isinstance(st, dict):
+            raise TypeError(f"{name}.load_state_dict: state[{idx}]: expected a dict, "
+                            f"got {type(st).__name__}")
+        keys = set(st)
+        need, allowed = set(self._state_keys), set(self._state_keys) | set(self._optional_keys)
+        if not need <= keys <= allowed:
+            raise KeyError(f"{name}.load_state_dict: state[{idx}] ({p.name}): missing buffers "
+                           f"{sorted(need - keys)}, unexpected {sorted(keys - allowed)}")
+        for k in keys:
+            v = st[k]
+            if not isinstance(v, np.ndarray):
+                raise TypeError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
+                                f"expected a numpy.ndarray, got {type(v).__name__}")
+            if v.shape != p.data.shape:
+                raise ValueError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
+                                 f"expected shape {p.data.shape}, got {v.shape}")
+            if v.dtype != p.data.dtype:
+                raise TypeError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
+                                f"expected dtype {p.data.dtype}, got {v.dtype}")
+        return st
 
     def apply_state(self, checked) -> None:
         """Install a state validated by ``validate_state_dict`` (cannot fail)."""

@@ -505,44 +505,8 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
         raise TypeError(f"scheduler: expected a scheduler of engine.lr_scheduler, got "
                         f"{type(scheduler).__name__}")
     header, arrays = _read(path)
-
-    # Model parameters: check all names, shapes and dtypes before copying anything.
-    params = {k[len(_PARAM):]: v for k, v in arrays.items() if k.startswith(_PARAM)}
-    named = model.named_parameters()
-    own = [n for n, _ in named]
-    missing = [n for n in own if n not in params]
-    unexpected = [n for n in params if n not in set(own)]
-    if missing or unexpected:
-        raise CheckpointError(f"{path}: the checkpoint does not fit {type(model).__name__} "
-                              f"(saved from {header.get('model')}): missing parameters {missing}, "
-                              f"unexpected parameters {unexpected}")
-    for n, p in named:
-        v = params[n]
-        if v.shape != p.data.shape:
-            raise CheckpointError(f"{path}: parameter {n}: the model has shape {p.data.shape}, "
-                                  f"the checkpoint {v.shape}")
-        if v.dtype != p.data.dtype:
-            raise CheckpointError(f"{path}: parameter {n}: the model has dtype {p.data.dtype}, "
-                                  f"the checkpoint {v.dtype} (no silent casts)")
-
-    # Optimizer state: rebuild the state dict and let the optimizer check it.
-    checked = None
-    if optimizer is not None:
-        optim = _saved_part(path, header, "optimizer")
-        state: dict = {}
-        for k, v in arrays.items():
-            if k.startswith(_OPTIM):
-                idx, _, key = k[len(_OPTIM):].partition("/")
-                if not (idx.isascii() and idx.isdigit() and str(int(idx)) == idx) or not key:
-                    raise CheckpointError(f"{path}: corrupt optimizer entry {k!r}")
-                state.setdefault(int(idx), {})[key] = v
-        try:
-            checked = optimizer.validate_state_dict({**optim, "state": state})
-        except Exception as e:  # whatever an edited header holds, it is the file's fault
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-            raise CheckpointError(f"{path}: the optimizer state does not fit "
-                                  f"{type(optimizer).__name__}: {msg}") from None
-
+    params = _checked_parameters(path, header, arrays, model)
+    checked = None if optimizer is None else _checked_optimizer(path, header, arrays, optimizer)
     sched_checked = None
     if scheduler is not None:
         sd = _saved_part(path, header, "scheduler")
@@ -560,3 +524,45 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     if sched_checked is not None:
         scheduler.apply_state(sched_checked)  # after the optimizer: it writes the groups' lr
     return header.get("metadata", {})
+
+
+def _checked_parameters(path: str, header: dict, arrays: dict, model) -> dict:
+    """The saved parameters by name, after checking all names, shapes and dtypes against
+    the model (nothing is copied here)."""
+    params = {k[len(_PARAM):]: v for k, v in arrays.items() if k.startswith(_PARAM)}
+    named = model.named_parameters()
+    own = [n for n, _ in named]
+    missing = [n for n in own if n not in params]
+    unexpected = [n for n in params if n not in set(own)]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: the checkpoint does not fit {type(model).__name__} "
+                              f"(saved from {header.get('model')}): missing parameters {missing}, "
+                              f"unexpected parameters {unexpected}")
+    for n, p in named:
+        v = params[n]
+        if v.shape != p.data.shape:
+            raise CheckpointError(f"{path}: parameter {n}: the model has shape {p.data.shape}, "
+                                  f"the checkpoint {v.shape}")
+        if v.dtype != p.data.dtype:
+            raise CheckpointError(f"{path}: parameter {n}: the model has dtype {p.data.dtype}, "
+                                  f"the checkpoint {v.dtype} (no silent casts)")
+    return params
+
+
+def _checked_optimizer(path: str, header: dict, arrays: dict, optimizer):
+    """The optimizer state rebuilt from the file and checked by the optimizer itself (what
+    its ``apply_state`` takes)."""
+    optim = _saved_part(path, header, "optimizer")
+    state: dict = {}
+    for k, v in arrays.items():
+        if k.startswith(_OPTIM):
+            idx, _, key = k[len(_OPTIM):].partition("/")
+            if not (idx.isascii() and idx.isdigit() and str(int(idx)) == idx) or not key:
+                raise CheckpointError(f"{path}: corrupt optimizer entry {k!r}")
+            state.setdefault(int(idx), {})[key] = v
+    try:
+        return optimizer.validate_state_dict({**optim, "state": state})
+    except Exception as e:  # whatever an edited header holds, it is the file's fault
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise CheckpointError(f"{path}: the optimizer state does not fit "
+                              f"{type(optimizer).__name__}: {msg}") from None

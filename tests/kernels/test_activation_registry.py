@@ -1,16 +1,17 @@
-"""kernels.activations.REGISTRY: every entry complete for both dtypes and agreeing with its
-reference, construction refusing incomplete entries, and sign_from_output meaning what the
-engine relies on (act' recomputed from act(z) equals act'(z))."""
+"""kernels.activations.REGISTRY: every entry a scalar pair with generated kernels for both
+dtypes agreeing with its reference, construction refusing malformed entries, and
+sign_from_output meaning what the engine relies on (act' recomputed from act(z) equals
+act'(z))."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from kernels import activation_pairs
 from kernels import activations as A
 from kernels import reference as R
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-KERNEL_FIELDS = ("forward", "forward_grad", "backward")
 TOL = {np.dtype(np.float64): dict(rtol=1e-12, atol=1e-14),
        np.dtype(np.float32): dict(rtol=2e-5, atol=2e-6)}
 
@@ -27,11 +28,10 @@ def _kernel_stub(*args):
 
 
 def _fields(**over):
-    """Arguments of a complete entry (the relu kernels and reference), with ``over`` applied."""
+    """Arguments of a complete entry (the relu pair and reference), with ``over`` applied."""
     relu = A.REGISTRY["relu"]
-    kw = dict(name="probe", forward=dict(relu.forward), forward_grad=dict(relu.forward_grad),
-              backward=dict(relu.backward), reference=R.relu, reference_grad=R.relu_grad,
-              sign_from_output=True)
+    kw = dict(name="probe", forward=relu.forward, derivative=relu.derivative,
+              reference=R.relu, reference_grad=R.relu_grad, sign_from_output=True)
     kw.update(over)
     return kw
 
@@ -46,19 +46,30 @@ def test_activations_are_the_registry_names():
 
 
 @pytest.mark.parametrize("name", A.ACTIVATIONS)
-def test_entry_has_every_field_for_both_dtypes(name):
-    # Check that the entry is an Activation named by its key, with a callable kernel for
-    # float32 and float64 in forward, forward_grad and backward (and nothing else), callable
-    # reference functions and a bool sign_from_output.
+def test_entry_has_every_field_and_generated_kernels(name):
+    # Check that the entry is an Activation named by its key, with a callable scalar pair,
+    # reference pair, a bool sign_from_output, and every generated kernel for both dtypes.
     e = A.REGISTRY[name]
     assert isinstance(e, A.Activation)
     assert e.name == name
-    for field in KERNEL_FIELDS:
-        kernels = getattr(e, field)
-        assert set(kernels) == set(DTYPES), (field, set(kernels))
-        assert all(callable(kernels[dt]) for dt in DTYPES), field
+    assert callable(e.forward) and callable(e.derivative)
     assert callable(e.reference) and callable(e.reference_grad)
     assert type(e.sign_from_output) is bool
+    for dt in DTYPES:
+        kern = A.kernels_for(name, dt)
+        assert all(callable(k) for k in kern), kern
+
+
+@pytest.mark.parametrize("name", A.ACTIVATIONS)
+def test_scalar_pair_agrees_with_reference(name):
+    # Check that the pair itself, run as Python on float64 numbers, is the reference's act and
+    # act' (it is what the kernels are generated from).
+    e = A.REGISTRY[name]
+    z = _sample(np.float64)
+    np.testing.assert_allclose([e.forward(float(v), 0.01) for v in z.flat],
+                               e.reference(z, 0.01).ravel(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose([e.derivative(float(v), 0.01) for v in z.flat],
+                               e.reference_grad(z, 0.01).ravel(), rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,40 +106,39 @@ def test_reference_dispatch_uses_the_entry(name):
     np.testing.assert_array_equal(R.activation_grad(z, name), e.reference_grad(z, 0.01))
 
 
+def test_reference_imports_no_fast_kernel():
+    # Check that kernels.reference is pure NumPy: it imports nothing from the kernels package.
+    import ast
+    tree = ast.parse(open(R.__file__).read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and not (node.module or "").startswith("kernels"), node.module
+        if isinstance(node, ast.Import):
+            assert not any(a.name.startswith("kernels") for a in node.names)
+
+
 def test_reference_rejects_unknown_names():
     # Check that the reference dispatch raises ValueError naming act for an unknown name.
     with pytest.raises(ValueError, match=r"^act\b.*'swish'"):
         R.activation(np.zeros((2, 2)), "swish")
     with pytest.raises(ValueError, match=r"^act\b"):
         R.activation_grad(np.zeros((2, 2)), None)
+    with pytest.raises(ValueError, match=r"^act\b"):
+        R.activation(np.zeros((2, 2)), "softmax")  # a reference function, not an activation
 
 
 def test_registry_is_read_only():
     # Check that the registry cannot be changed after import (ACTIVATIONS would go stale).
     with pytest.raises(TypeError):
         A.REGISTRY["probe"] = A.REGISTRY["relu"]
-    with pytest.raises(TypeError):
-        A.REGISTRY["relu"].forward[np.dtype(np.float32)] = _kernel_stub
+    with pytest.raises(AttributeError):
+        A.REGISTRY["relu"].forward = _kernel_stub
 
 
 # ----------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("field", KERNEL_FIELDS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_missing_kernel_is_an_error(field, dtype):
-    # Check that an entry lacking one dtype's kernel in one field raises ValueError naming
-    # the entry, the field and the dtype, instead of falling back to anything.
-    kernels = dict(getattr(A.REGISTRY["relu"], field))
-    del kernels[dtype]
-    with pytest.raises(ValueError, match=rf"'probe'.*{field}.*{dtype}"):
-        A.Activation(**_fields(**{field: kernels}))
-
-
 @pytest.mark.parametrize("over, exc, words", [
-    (dict(forward={np.float32: _kernel_stub, np.float64: None}), TypeError, "forward"),
-    (dict(backward=_kernel_stub), TypeError, "backward"),
-    (dict(forward_grad={np.float16: _kernel_stub, np.float32: _kernel_stub,
-                        np.float64: _kernel_stub}), ValueError, "forward_grad.*float16"),
-    (dict(forward_grad={"no such dtype": _kernel_stub}), ValueError, "forward_grad"),
+    (dict(forward=None), TypeError, "forward"),
+    (dict(derivative=1.0), TypeError, "derivative"),
     (dict(reference=None), TypeError, "reference"),
     (dict(reference_grad="relu"), TypeError, "reference_grad"),
     (dict(sign_from_output=1), TypeError, "sign_from_output"),
@@ -142,19 +152,19 @@ def test_malformed_entry_is_an_error(over, exc, words):
         A.Activation(**_fields(**over))
 
 
-def test_complete_entry_accepts_dtype_types_as_keys():
-    # Check that kernels keyed by np.float32 / np.float64 (types, not dtypes) are accepted and
-    # looked up by the arrays' dtype.
-    e = A.Activation(**_fields(forward={np.float32: _kernel_stub, np.float64: _kernel_stub}))
-    z = np.zeros((1, 1), np.float64)
-    assert e.forward[z.dtype] is _kernel_stub
+def test_unknown_kernels_are_an_error():
+    # Check that asking for the kernels of an unregistered name or dtype raises ValueError.
+    with pytest.raises(ValueError, match="'probe'"):
+        A.kernels_for("probe", np.dtype(np.float32))
+    with pytest.raises(ValueError, match="float16"):
+        A.kernels_for("relu", np.dtype(np.float16))
 
 
 def test_duplicate_names_are_an_error():
     # Check that building a registry with one name twice raises ValueError naming it.
     e = A.Activation(**_fields())
     with pytest.raises(ValueError, match="'probe'"):
-        A._registry(e, e)
+        activation_pairs._registry(e, e)
 
 
 # ----------------------------------------------------------------------------- sign_from_output

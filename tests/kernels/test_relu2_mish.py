@@ -16,16 +16,9 @@ from kernels import reference as R
 
 DTYPES = [np.float64, np.float32]
 TOL = {np.float64: dict(rtol=1e-12, atol=1e-14), np.float32: dict(rtol=2e-5, atol=2e-6)}
-SMALL = (7, 33)                                      # one block
-MULTI = (3 * (A._BLOCK_BYTES // (4 * 200)) + 5, 200)  # several blocks + a remainder (float32)
-SPLIT = (2 * parallel.SPLIT_MIN // 777 + 3, 777)      # split over 2 threads (3 Mi threshold)
-
-@pytest.fixture(autouse=True)
-def _split_work_3mi(monkeypatch):
-    # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
-    # is the split, not where the threshold lies; tests/kernels/test_parallel.py checks that).
-    monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
-
+SMALL = (7, 33)                                      # widths not a multiple of 16
+MULTI = (1000, 200)                                   # rows not a multiple of 32
+SPLIT = (2 * parallel.SPLIT_MIN // 777 + 3, 777)      # split over 2 threads
 
 
 def _z(shape, dtype, seed=0, scale=4.0):

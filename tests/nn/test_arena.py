@@ -1,4 +1,4 @@
-"""The flat parameter arena over every module with parameters (tests/modules_zoo.py):
+"""The flat parameter arena over every module with parameters (tests/support/modules_zoo.py):
 flat_params()/flat_grads() are aligned 1-D views packing the parameters in
 named_parameters order; assigning p.data / p.grad copies into the arena (any layout) or
 raises and changes nothing; AdamW and SGD update exactly the arena, as the formulas of

@@ -1,4 +1,4 @@
-"""The module protocol over every module kind (tests/modules_zoo.py), float64, (N, d) and
+"""The module protocol over every module kind (tests/support/modules_zoo.py), float64, (N, d) and
 (B, T, d) inputs: arrays that alias a module's own work buffers are rejected with a
 ValueError and change nothing (checked against a twin built from the same seed that never
 saw the bad call); one backward per forward; ``forward(x, residual=r)`` and

@@ -2,6 +2,7 @@
 History so far. A SIGINT is raised at every point of the call in turn (at each event of a
 profile hook: every Python and C function call and return), so no window is missed."""
 import functools
+import gc
 import signal
 import sys
 import threading
@@ -33,6 +34,9 @@ def _interrupt_at(k, fn):
         if state["n"] == k:
             signal.raise_signal(signal.SIGINT)
 
+    # Collect earlier runs' garbage first: a SIGINT raised inside a finalizer (a Workspace's
+    # __del__ run by the cyclic collector in the middle of fn) is swallowed by Python.
+    gc.collect()
     sys.setprofile(hook)
     try:
         try:

@@ -1,0 +1,57 @@
+"""``defer_keyboard_interrupt``: a Ctrl-C arriving inside the block is held and raised when
+the block ends, so an optimizer step or a History row is applied whole or not at all."""
+from __future__ import annotations
+
+import threading
+
+try:  # the C functions behind ``signal``: an order of magnitude cheaper per call
+    import _signal as _sig
+except ImportError:  # pragma: no cover - other Python implementations
+    import signal as _sig
+
+__all__ = ["defer_keyboard_interrupt"]
+
+
+_MAIN_THREAD = threading.main_thread().ident
+_SIGINT = 2
+_held = [0, None, None]  # [nesting depth, the handler replaced, a SIGINT held (signum, frame)]
+
+
+def _hold_sigint(signum, frame):
+    _held[2] = (signum, frame)
+
+
+class defer_keyboard_interrupt:
+    """Context manager: a SIGINT (Ctrl-C) that arrives inside the block is held and delivered
+    (the previous handler runs, by default raising KeyboardInterrupt) when the block ends, so
+    an update such as ``optimizer.step()`` is never left half done. Nestable; acts on the main
+    thread only (where Python runs signal handlers) and only when SIGINT has a Python
+    handler; elsewhere it does nothing."""
+
+    __slots__ = ("_on",)
+
+    def __enter__(self):
+        self._on = False
+        if threading.get_ident() != _MAIN_THREAD:
+            return self
+        if _held[0] == 0:
+            if not callable(_sig.getsignal(_SIGINT)):  # ignored, default or set from C
+                return self
+            _held[2] = None  # before the handler is in place: it may set this at once
+            _held[1] = _sig.signal(_SIGINT, _hold_sigint)
+        _held[0] += 1
+        self._on = True
+        return self
+
+    def __exit__(self, *exc):
+        if not self._on:
+            return False
+        _held[0] -= 1
+        if _held[0] == 0:
+            old = _held[1]
+            _sig.signal(_SIGINT, old)
+            pending = _held[2]  # read after the restore: a SIGINT until then was held
+            _held[1] = _held[2] = None
+            if pending is not None:
+                old(*pending)  # the default handler raises KeyboardInterrupt here
+        return False
