@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(PY) -m engine train
+	$(PY) -m engine train --verbose
 
 test: install
 	$(PY) -m pytest -q tests

@@ -5,6 +5,8 @@ Numerics are delegated to ``kernels``; this package is bookkeeping.
 import os as _os
 import sys as _sys
 
+from ._names import import_kernels as _import_kernels
+
 # sys.argv[0] is "-m" while `python -m engine` imports this package, the script's path for
 # the console script.
 if _sys.argv[:1] == ["-m"] or _os.path.basename((_sys.argv or [""])[0]) in ("blasnet",
@@ -12,10 +14,12 @@ if _sys.argv[:1] == ["-m"] or _os.path.basename((_sys.argv or [""])[0]) in ("bla
     # Run as `python -m engine` or `blasnet`: a bad BLASNET_NUM_THREADS (read when kernels is
     # imported) is a one-line usage error with exit status 2, not an import traceback.
     try:
-        import kernels as _kernels  # noqa: F401
+        _import_kernels()
     except ValueError as _e:
         print(f"blasnet: error: {_e}", file=_sys.stderr)
         raise SystemExit(2) from None
+
+_import_kernels()  # before any module of engine imports it: another 'kernels' is named here
 
 from .nn.module import Module, Parameter, Workspace
 
@@ -30,6 +34,7 @@ from .optim import lr_scheduler
 # --- data, training, callbacks, checkpoints (engine/data.py, engine/training/) ---
 from . import data
 from .training.checkpoint import CheckpointError, load, save
+from .training.load_model import LoadedModel, load_model
 from .training.loop import History, NonFiniteLossError, evaluate, fit, predict
 from .training.callbacks import Callback, EarlyStopping, ModelCheckpoint
 # --- PyTorch state dicts (engine/interop.py) ---

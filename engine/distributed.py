@@ -597,7 +597,7 @@ class _SavedState:
         return self._sd
 
 
-def save(path, model, optimizer=None, /, *, comm=None, scheduler=None, **metadata) -> None:
+def save(path, model, /, optimizer=None, scheduler=None, *, comm=None, **metadata) -> None:
     """``engine.save`` for a data-parallel run (collective: every rank calls it, and a
     ``ShardedAdamW`` gathers its state first): rank 0 writes the file (atomically); an error
     on rank 0 is raised on every rank."""

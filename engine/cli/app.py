@@ -205,12 +205,14 @@ def _train(args) -> int:
     sched, sched_text = _scheduler(args, opt, max(args.epochs * -(-n // (bs or n)), 1))
     stopper = None if args.early_stopping is None else EarlyStopping(
         "val_loss", patience=args.early_stopping, restore_best_weights=True)
-    out = sys.stdout if rank == 0 else open(os.devnull, "w")  # rank 0 prints
+    # rank 0 prints, unless --quiet
+    out = sys.stdout if rank == 0 and not args.quiet else open(os.devnull, "w")
     report.banner(out, args, comm, model, d, opt_text, sched_text, bs)
     t0 = time.perf_counter()
     try:
         h = fit(model, loss, opt, d.X, d.Y, args.epochs, batch_size=bs, rng=args.seed,
-                progress=args.log_every or max(1, args.epochs // 10), validation=d.val,
+                progress=False if args.quiet else args.log_every or max(1, args.epochs // 10),
+                validation=d.val,
                 callbacks=[stopper] if stopper else [], scheduler=sched,
                 scheduler_interval="step", clip_grad_norm=args.clip_grad_norm, comm=comm)
     except (NonFiniteLossError, distributed.RankError) as e:  # raised on every rank
@@ -222,7 +224,7 @@ def _train(args) -> int:
         return 130
     t_fit = time.perf_counter() - t0
     gemm_s = n_gemms = None
-    if comm is None and h.steps > 0:  # one process: the step's own GEMMs, for the time line
+    if comm is None and h.steps > 0 and args.verbose:  # the step's own GEMMs, one process
         rows = bs or n
         gemm_s, n_gemms = step_gemm_time(args, model, d.d_in, d.d_out, loss, d.X[:rows],
                                          d.Y[:rows])
@@ -321,7 +323,10 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # re-read by engine/lm.py
-        code = info(args) if args.command == "info" else train(args)
+        if hasattr(args, "run"):
+            code = args.run(args)
+        else:
+            code = info(args) if args.command == "info" else train(args)
         sys.stdout.flush()  # here, so a closed pipe surfaces inside the try
         return code
     except BrokenPipeError:

@@ -10,6 +10,7 @@ import numpy as np
 from .. import data as _data
 from ..data import make_task
 from ..training.callbacks import check_output_path
+from .task_rule import refusal, small_label_set
 
 __all__ = ["UsageError", "check_args", "val_fraction", "TrainData", "load_data", "MAX_CLASSES"]
 
@@ -78,7 +79,8 @@ def _own_data(args, dt):
         raise UsageError(f"--data: no such file: {path!r}")
     is_csv = path.lower().endswith(".csv")
     try:
-        X, Y = _data.load(path, x=args.x_cols, y=args.y_cols, dtype=dt)
+        X, Y = _data.load(path, x=args.x_cols, y=args.y_cols, dtype=dt,
+                          delimiter=args.delimiter)
     except (ValueError, TypeError, OSError) as e:
         msg = str(e)
         if msg.startswith("y: name the target"):
@@ -88,15 +90,16 @@ def _own_data(args, dt):
         raise UsageError(f"--data: the inputs must be a 2-D array (samples, features), got "
                           f"shape {X.shape}")
     if is_csv:
-        import csv
-        with open(path, newline="", encoding="utf-8-sig") as f:  # as load read it
-            header = [h.strip() for h in next(csv.reader(f))]
+        header = _data.csv_columns(path, args.delimiter)  # as load read them
         y_names = list(args.y_cols)
         x_names = list(args.x_cols) if args.x_cols else [h for h in header if h not in y_names]
     else:
         x_names = [f"x{j}" for j in range(X.shape[1])]
         y_names = None  # named below from the target's width
     inferred = _data.infer_task(Y)
+    if inferred == "classification" and args.task is None and not small_label_set(Y):
+        raise UsageError(refusal(Y, repr(y_names[0]) if y_names else
+                                 f"array {(args.y_cols or ['y'])[0]!r}"))
     kind = args.task or inferred
     note = "given" if args.task else ("inferred: integer targets are class labels"
                                       if kind == "classification" else

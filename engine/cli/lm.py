@@ -46,6 +46,8 @@ def cli_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=argparse_int(1, "a positive integer"), default=None)
     p.add_argument("--save", default=None)
     p.add_argument("--log-every", type=argparse_int(1, "a positive integer"), default=1)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--verbose", action="store_true")  # accepted: the LM prints no GEMM line
     p.add_argument("--prompt", default=c.prompt)
     p.add_argument("--sample-length", type=argparse_int(0, "an integer >= 0"),
                    default=c.sample_length)
@@ -77,6 +79,8 @@ def run_cli(args, out=None) -> int:
     except SystemExit as e:  # argparse has printed the usage and the error
         return 2 if e.code else 0
     c = config_from_options(o)
+    if o.quiet:
+        out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
     if o.threads is not None:
         kernels.set_num_threads(o.threads)
     t_all = time.perf_counter()
@@ -88,7 +92,7 @@ def run_cli(args, out=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     _banner(out, c, s)
-    r = lm.train(progress=o.log_every, prepared=s)
+    r = lm.train(progress=False if o.quiet else o.log_every, prepared=s)
     _report(out, c, r)
     if not _round_trip(out, o, c, s, r):
         return 1

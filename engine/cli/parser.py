@@ -53,6 +53,14 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+class _SizesAction(argparse.Action):
+    """``--hidden 64 64``, the space-separated form every list flag takes; ``64,64`` (the
+    older spelling) is read too. The values land as one flat list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [n for v in values for n in v])
+
+
 def build_parser() -> argparse.ArgumentParser:
     prog = _prog()
     parser = argparse.ArgumentParser(
@@ -61,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"Run '{prog} train --help' for the training options. Threads: "
                "--threads, or BLASNET_NUM_THREADS=N in the environment.")
     parser.add_argument("--version", action="version", version=f"blasnet {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{train,info}")
+    sub = parser.add_subparsers(dest="command",
+                                metavar="{train,info,inspect,predict,sample}")
     sub.required = True
     d = _HelpFormatter
     t = sub.add_parser(
@@ -84,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "OPENBLAS_CORETYPE holds OpenBLAS below what the CPU supports, "
                                "one line says so with both kernels' sgemm rate, measured on "
                                "the spot. Changes nothing.")
+    from . import inspect_cmd, predict_cmd, sample_cmd  # a saved model's uses
+    for command in (inspect_cmd, predict_cmd, sample_cmd):
+        command.add_parser(sub)
     return parser
 
 
@@ -101,8 +113,9 @@ def _model_options(t) -> None:
                    help="gMLP d_hidden (width after W_in); d_model of the ffn/sublayer models")
     g.add_argument("--d-ff", type=_positive, default=512, metavar="N",
                    help="gMLP d_ffn (width of the gate and projection); d_ff of ffn/sublayer")
-    g.add_argument("--hidden", type=_sizes, default="64,32", metavar="N,N,...",
-                   help="hidden layer sizes of the mlp model")
+    g.add_argument("--hidden", type=_sizes, nargs="+", action=_SizesAction, default=[64, 32],
+                   metavar="N", help="hidden layer sizes of the mlp model, e.g. --hidden 64 32 "
+                                     "(default: 64 32)")
     g.add_argument("--activation", default="relu", choices=kernels.ACTIVATIONS,
                    help="activation of the ffn, sublayer and mlp models (gMLP uses GELU and "
                         "a sigmoid gate)")
@@ -118,7 +131,8 @@ def _data_options(t) -> None:
                         "smooth nonlinear targets (MSE); spiral: two-spiral classification in "
                         "2-D (cross-entropy); xor: the 4 XOR points (cross-entropy); sine: y = "
                         "sin(x) on [-pi, pi] (MSE). With --data: regression or classification "
-                        "(default: inferred, an integer target column is class labels). text: "
+                        "(default: inferred; classification only for a small label set, "
+                        "engine/cli/task_rule.py). text: "
                         "next-character prediction on Python's own help texts (gmlp-lm)")
     g.add_argument("--samples", type=_int_at_least(2, "an integer >= 2 (R^2 and accuracy need "
                                                     "two samples or more)"),
@@ -128,6 +142,10 @@ def _data_options(t) -> None:
     g.add_argument("--data", default=None, metavar="FILE",
                    help="train on your own data: a .csv file (header row, numbers only) or a "
                         ".npz file (arrays x and y)")
+    g.add_argument("--delimiter", default=None, metavar="CHAR",
+                   type=lambda t: "\t" if t in ("\\t", "tab") else t,
+                   help="field separator of the CSV (default: the one of , ; tab | found most "
+                        "often in its header line)")
     g.add_argument("--x-cols", nargs="+", default=None, metavar="NAME",
                    help="input columns of the CSV (default: all but --y-cols), or the input "
                         "array of the .npz (default: x)")
@@ -198,6 +216,13 @@ def _output_options(t) -> None:
                         "temporary directory, removed at exit)")
     g.add_argument("--history", default=None, metavar="PATH",
                    help="write the per-epoch history here (.csv or .json)")
+    loud = g.add_mutually_exclusive_group()
+    loud.add_argument("--quiet", action="store_true",
+                      help="print nothing but errors and warnings (the exit status says how "
+                           "it went)")
+    loud.add_argument("--verbose", action="store_true",
+                      help="also time one training step against its own GEMMs, replayed on a "
+                           "copy of the model (~0.2 s), in the time line")
     g.add_argument("--plot", default=None, metavar="PATH",
                    help="save a PNG of the loss (and validation loss) per epoch here (needs "
                         "matplotlib: pip install 'blasnet[plot]')")

@@ -43,6 +43,9 @@ class Dropout(Module):
         self._rng = make_rng(rng)
         self._c.dropped = False  # whether the last forward applied a mask
 
+    def get_config(self) -> dict:
+        return {"p": self.p, "dtype": self.dtype.name}
+
     def extra_repr(self):
         return f"p={self.p}, dtype={self.dtype}"
 
@@ -86,6 +89,9 @@ class LayerNorm(Module):
         self.gamma = Parameter(np.ones(self.d, self.dtype))
         self.beta = Parameter(np.zeros(self.d, self.dtype))
         self._c.x = None  # (n, d) the last input, by reference
+
+    def get_config(self) -> dict:
+        return {"d": self.d, "eps": self.eps, "dtype": self.dtype.name}
 
     def extra_repr(self):
         return f"d={self.d}, eps={self.eps}, dtype={self.dtype}"
@@ -148,6 +154,11 @@ class FFN(Module):
         self.b2 = Parameter(np.zeros(self.d_model, dt)) if bias else None
         self._c.x = None
         self._c.dropped = False
+
+    def get_config(self) -> dict:
+        return {"d_model": self.d_model, "d_ff": self.d_ff, "activation": self.activation,
+                "dropout": self.p, "bias": self.b1 is not None, "init": self.init,
+                "dtype": self.dtype.name}
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, activation={self.activation!r}, "
@@ -250,6 +261,10 @@ class GMLP(Module):
         self.W_out = Parameter(init_weight(self.d_ffn, self.d_out, "xavier", dt, rng))
         self._c.x = None
 
+    def get_config(self) -> dict:
+        return {"d_in": self.d_in, "d_hidden": self.d_hidden, "d_ffn": self.d_ffn,
+                "d_out": self.d_out, "dtype": self.dtype.name}
+
     def _params_moved(self):
         g, p = self.W_gate, self.W_proj
         f, dh = self.d_ffn, self.d_hidden
@@ -334,6 +349,10 @@ class AddNorm(Module):
         self.beta = Parameter(np.zeros(self.d_model, self.dtype))
         self._c.dropped = False
 
+    def get_config(self) -> dict:
+        return {"d_model": self.d_model, "dropout": self.p, "eps": self.eps,
+                "dtype": self.dtype.name}
+
     def extra_repr(self):
         return f"d_model={self.d_model}, dropout={self.p}, eps={self.eps}, dtype={self.dtype}"
 
@@ -416,6 +435,11 @@ class FFNSublayer(Module):
         self.norm = LayerNorm(d_model, eps, dtype)
         self.drop = Dropout(p, dtype, rng)  # residual dropout (no parameters)
         self._c.dropped = False
+
+    def get_config(self) -> dict:
+        return {"d_model": self.d_model, "d_ff": self.ffn.d_ff,
+                "activation": self.ffn.activation, "dropout": self.p, "norm": self.norm_mode, "eps": self.norm.eps,
+                "dtype": self.dtype.name}
 
     def extra_repr(self):
         return f"norm={self.norm_mode!r}, dropout={self.p}, dtype={self.dtype}"

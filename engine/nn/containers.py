@@ -103,6 +103,9 @@ class Sequential(Module):
             self._c.modes = None     # their flags at the last forward: the reruns repeat them
             self._c.modes_gen = -1   # mode_version() when they were read
 
+    def get_config(self) -> dict:
+        return {"modules": list(self._seq), "checkpoint": self.checkpoint}
+
     def extra_repr(self) -> str:
         return "checkpoint=True" if self.checkpoint else ""
 
@@ -328,6 +331,11 @@ class MLP(Sequential):
             for a, n in zip(activations, names)]
         self.negative_slope = negative_slope
         self.slopes = slopes
+
+    def get_config(self) -> dict:
+        return {"sizes": list(self.sizes), "activations": list(self.activations),
+                "init": self[0].init, "bias": self[0].b is not None,
+                "negative_slope": list(self.slopes), "dtype": self.dtype.name}
 
     def __getitem__(self, i):
         return self._seq[i]

@@ -31,6 +31,10 @@ class Embedding(Module):
         self._iws = Workspace(np.int64)  # ids kept for backward (the caller may reuse its array)
         self._c.ids = None  # (N,) int64 the last ids
 
+    def get_config(self) -> dict:
+        return {"num_embeddings": self.num_embeddings, "dim": self.dim,
+                "dtype": self.dtype.name}
+
     def out_features(self, d_in: int) -> int:
         return self.dim
 

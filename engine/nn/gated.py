@@ -66,6 +66,11 @@ class GatedFFN(Module):
         self._c.x = None
         self._c.dropped = False
 
+    def get_config(self) -> dict:
+        return {"d_model": self.d_model, "d_ff": self.d_ff, "activation": self.activation,
+                "bias": self.b_gate is not None, "dropout": self.p, "init": self.init,
+                "dtype": self.dtype.name, "negative_slope": self.negative_slope}
+
     def _params_moved(self):
         g, u, f, d = self.W_gate, self.W_up, self.d_ff, self.d_model
         data, grad = adjacent_views((g, u), "GatedFFN: W_gate and W_up")

@@ -108,6 +108,10 @@ class SpatialGatingUnit(_TokenMixing):
         c.vp = None       # (T, B * half) LN(V) time-major (the child's output)
         c.wm = None       # (T, T) the weight the forward used (W or masked W)
 
+    def get_config(self) -> dict:
+        return {"d_ffn": self.d_ffn, "seq_len": self.seq_len, "causal": self.causal,
+                "eps": self.norm.eps, "dtype": self.dtype.name}
+
     def out_features(self, d_in: int) -> int:
         return self.half
 
@@ -217,6 +221,10 @@ class GMLPBlock(_TokenMixing):
         c = self._c
         c.xn = None       # (n, d_model) LN(x) (the child's output)
         c.a = None        # (n, d_ffn/2) s(Z) (the child's output)
+
+    def get_config(self) -> dict:
+        return {"d_model": self.d_model, "d_ffn": self.d_ffn, "seq_len": self.seq_len,
+                "causal": self.causal, "eps": self.norm.eps, "dtype": self.dtype.name}
 
     def _make_views(self, n):
         ws, d, f = self._ws, self.d_model, self.d_ffn

@@ -87,6 +87,11 @@ class Linear(Module):
         self._c.x = None  # (N, d_in) the last input, by reference
         self._c.z = None  # (N, d_out) act(z) (in place, or row-wise) or act'(z), for backward
 
+    def get_config(self) -> dict:
+        return {"d_in": self.d_in, "d_out": self.d_out, "bias": self.b is not None,
+                "init": self.init, "dtype": self.dtype.name, "activation": self.activation,
+                "negative_slope": self.negative_slope}
+
     def out_features(self, d_in: int) -> int:
         return self.d_out
 
@@ -151,6 +156,10 @@ class Activation(Module):
         self._c.z = None  # (N, d) the last input, by reference
         self._c.h = None  # (N, d) the last output (a work buffer)
 
+    def get_config(self) -> dict:
+        return {"activation": self.activation, "negative_slope": self.negative_slope,
+                "dtype": self.dtype.name}
+
     def _forward(self, z2, res2):
         h = self._ws.get("h", *z2.shape)  # (N, d)
         if z2.size:
@@ -176,12 +185,18 @@ class ReLU(Activation):
     def __init__(self, dtype=np.float32):
         super().__init__("relu", dtype=dtype)
 
+    def get_config(self) -> dict:
+        return {"dtype": self.dtype.name}
+
 
 class LeakyReLU(Activation):
     """``z if z > 0 else negative_slope * z``."""
 
     def __init__(self, negative_slope: float = 0.01, dtype=np.float32):
         super().__init__("leaky_relu", negative_slope, dtype)
+
+    def get_config(self) -> dict:
+        return {"negative_slope": self.negative_slope, "dtype": self.dtype.name}
 
 
 class GELU(Activation):
@@ -193,12 +208,18 @@ class GELU(Activation):
         super().__init__("gelu" if approximate == "none" else "gelu_tanh", dtype=dtype)
         self.approximate = approximate
 
+    def get_config(self) -> dict:
+        return {"approximate": self.approximate, "dtype": self.dtype.name}
+
 
 class SiLU(Activation):
     """``z * sigmoid(z)``."""
 
     def __init__(self, dtype=np.float32):
         super().__init__("silu", dtype=dtype)
+
+    def get_config(self) -> dict:
+        return {"dtype": self.dtype.name}
 
 
 class Sigmoid(Activation):
@@ -207,6 +228,9 @@ class Sigmoid(Activation):
     def __init__(self, dtype=np.float32):
         super().__init__("sigmoid", dtype=dtype)
 
+    def get_config(self) -> dict:
+        return {"dtype": self.dtype.name}
+
 
 class Tanh(Activation):
     """``tanh(z)``."""
@@ -214,9 +238,15 @@ class Tanh(Activation):
     def __init__(self, dtype=np.float32):
         super().__init__("tanh", dtype=dtype)
 
+    def get_config(self) -> dict:
+        return {"dtype": self.dtype.name}
+
 
 class Identity(Module):
     """Returns its input itself (no copy) and ``dy`` itself as the input gradient."""
+
+    def get_config(self) -> dict:
+        return {"dtype": self.dtype.name}
 
     def _forward(self, x2, res2):
         return x2
@@ -248,6 +278,9 @@ class RowwiseActivation(Module):
     def __init__(self, dtype=np.float32):
         super().__init__(dtype)
         self._c.y = None  # (N, C) the last output, read by backward
+
+    def get_config(self) -> dict:
+        return {"dtype": self.dtype.name}
 
     def _forward(self, x2, res2):
         y = self._ws.get("y", *x2.shape)  # (N, C)

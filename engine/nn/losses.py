@@ -42,6 +42,9 @@ class _Loss(Module):
         self._target = None  # the last target, viewed as rows (or (N,) labels)
         self._shape = None  # shape of the last pred
 
+    def get_config(self) -> dict:
+        return {"dtype": None if self.dtype is None else self.dtype.name}
+
     def _ws_for(self, dt) -> Workspace:
         ws = self._wss.get(dt)
         if ws is None:

@@ -438,6 +438,18 @@ class Module(metaclass=_ModuleMeta):
         pools = {id(w): w for _, m in self.named_modules() for w in m._workspaces()}
         return sum(w.nbytes() for w in pools.values())
 
+    # -- configuration ------------------------------------------------------------------------
+    def get_config(self) -> dict:
+        """The keyword arguments that rebuild this module with ``type(self)(**config)``:
+        sizes, options and ``dtype`` as JSON values, child modules as modules (a stack's
+        children in a list). Not the weights, nor ``rng`` (a checkpoint holds the weights).
+        Every engine module defines it; a user's module that should be rebuilt from a
+        checkpoint (``engine.load_model``) defines it too, for its own ``__init__``."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.get_config() is not defined: a module rebuilt from a "
+            f"checkpoint must return the keyword arguments of its __init__ (see "
+            f"engine.Module.get_config)")
+
     # -- display --------------------------------------------------------------------------------
     def extra_repr(self) -> str:
         return ""

@@ -3,3 +3,4 @@ from .loop import (History, NonFiniteLossError, TrainingInterrupted, evaluate, f
                    mean_absolute_error, predict, r2_score)
 from .callbacks import Callback, EarlyStopping, ModelCheckpoint
 from .checkpoint import CheckpointError, load, save
+from .load_model import LoadedModel, load_model

@@ -27,8 +27,8 @@ import numpy as np
 
 from .atomic_file import atomic_write, check_target, file_path, fspath, writable_target
 
-__all__ = ["save", "load", "check_target", "save_or_rescue", "SaveError", "CheckpointError",
-           "FORMAT_VERSION"]
+__all__ = ["save", "load", "read_header", "check_target", "save_or_rescue", "SaveError",
+           "CheckpointError", "FORMAT_VERSION"]
 
 FORMAT = "blasnet-checkpoint"
 FORMAT_VERSION = 1
@@ -52,12 +52,15 @@ def _safetensors_numpy():
 
 
 # ----------------------------------------------------------------------------- save
-def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
-    """Write ``model``'s parameters (and ``optimizer``'s and ``scheduler``'s state, if given)
-    to ``path``.
+def save(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
+    """Write ``model``'s parameters and constructor configuration (and ``optimizer``'s and
+    ``scheduler``'s state, if given) to ``path``: the arguments of ``load``, in its order.
 
-    ``metadata`` (JSON-serialisable keyword arguments, e.g. ``epoch=10``; ``scheduler`` is the
-    one reserved name) is stored and returned by ``load``. A path ending in ``.safetensors``
+    ``metadata`` (JSON-serialisable keyword arguments, e.g. ``epoch=10``; ``optimizer`` and
+    ``scheduler`` are the reserved names) is stored and returned by ``load``. The
+    configuration (``model.get_config()``, recursively) lets ``engine.load_model`` rebuild
+    the model alone; a model that cannot describe itself is saved without it, and the
+    reason is kept for ``load_model`` to report. A path ending in ``.safetensors``
     gets a safetensors file with the parameters (blasnet's names and layouts) and the
     metadata in its header; only ``.npz`` holds optimizer and scheduler state. The file
     appears under ``path`` only once it is complete; a failure part-way leaves any previous
@@ -82,7 +85,7 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
         if optimizer is not None or scheduler is not None:
             raise ValueError(f"{path}: a .safetensors checkpoint holds parameters only; save the "
                              f"optimizer and scheduler state to an .npz file")
-        _save_safetensors(target, model, meta_json)
+        _save_safetensors(target, model, meta_json, _config_fields(model))
         return
     arrays = {}
     params = {}
@@ -97,7 +100,12 @@ def save(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
                 arrays[f"{_OPTIM}{idx}/{key}"] = value
         optim = {k: v for k, v in sd.items() if k != "state"}
     header = {"format": FORMAT, "version": FORMAT_VERSION, "model": type(model).__name__,
-              "params": params, "optimizer": optim, "metadata": json.loads(meta_json)}
+              "params": params, "optimizer": optim, "metadata": json.loads(meta_json),
+              **_config_fields(model)}
+    if optimizer is not None and optim is not None:
+        order = _optimizer_order(optimizer, model)
+        if order is not None:
+            header["optimizer_params"] = order
     if sched is not None:
         header["scheduler"] = sched
     arrays[_HEADER] = np.array(json.dumps(header))
@@ -113,12 +121,12 @@ class SaveError(OSError):
         self.rescued = rescued
 
 
-def save_or_rescue(path, model, optimizer=None, /, *, scheduler=None, **metadata) -> None:
+def save_or_rescue(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
     """``save``; if writing fails (a full disk, a directory made read-only during the run),
     save the same checkpoint to a new file in the temporary directory instead and raise
     ``SaveError`` naming both: a run's end never loses the trained model."""
     try:
-        save(path, model, optimizer, scheduler=scheduler, **metadata)
+        save(path, model, optimizer, scheduler, **metadata)
         return
     except OSError as e:
         reason = e.strerror or str(e)
@@ -127,7 +135,7 @@ def save_or_rescue(path, model, optimizer=None, /, *, scheduler=None, **metadata
     try:
         fd, rescued = tempfile.mkstemp(prefix="blasnet-rescued-", suffix=suffix)
         os.close(fd)
-        save(rescued, model, optimizer, scheduler=scheduler, **metadata)
+        save(rescued, model, optimizer, scheduler, **metadata)
         where = f"the model was saved to {rescued} instead"
     except OSError as e2:
         where = f"saving it to {rescued} failed too ({e2.strerror or e2})"
@@ -136,7 +144,28 @@ def save_or_rescue(path, model, optimizer=None, /, *, scheduler=None, **metadata
                     rescued)
 
 
-def _save_safetensors(path: str, model, meta_json: str) -> None:
+def _config_fields(model) -> dict:
+    """``{"model_config": node}``, or ``{"model_config_error": why}`` for a model that
+    cannot describe itself (saving it still works; rebuilding it alone does not)."""
+    from ..models.config import ConfigError, to_config
+    try:
+        return {"model_config": to_config(model)}
+    except ConfigError as e:
+        return {"model_config_error": str(e)}
+
+
+def _optimizer_order(optimizer, model):
+    """The names of ``model``'s parameters in the optimizer's state order (its groups'
+    order), which ``load_model`` needs to rebuild the groups; None when unknown."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None:
+        return None
+    order = [names.get(id(p)) for g in groups for p in g["params"]]
+    return None if None in order else order
+
+
+def _save_safetensors(path: str, model, meta_json: str, config: dict) -> None:
     st = _safetensors_numpy()
     tensors = {name: np.ascontiguousarray(p.data) for name, p in model.named_parameters()}
     # safetensors metadata is str -> str: the user's metadata goes in as one JSON string;
@@ -146,6 +175,7 @@ def _save_safetensors(path: str, model, meta_json: str) -> None:
     header = {"format": FORMAT, "version": str(FORMAT_VERSION), "model": type(model).__name__,
               "metadata": meta_json,
               "crc32": json.dumps({k: _crc32(v) for k, v in tensors.items()}),
+              **{k: json.dumps(v) for k, v in config.items()},
               _HEADER_CRC: _CRC_PLACEHOLDER}
     data = bytearray(st.save(tensors, metadata=header))
     end = 8 + int.from_bytes(data[:8], "little")
@@ -260,6 +290,9 @@ def _read_safetensors(path: str):
         raise CheckpointError(f"{path}: checkpoint format version {version!r}; this "
                               f"blasnet reads versions 1 to {FORMAT_VERSION}")
     header["metadata"] = _json_field(path, "metadata", meta.get("metadata", "{}"), dict)
+    for key in ("model_config", "model_config_error"):
+        if key in meta:
+            header[key] = _json_field(path, key, meta[key], dict if key == "model_config" else str)
     if "crc32" in meta or _HEADER_CRC in meta:
         crcs = _json_field(path, "crc32", meta.get("crc32"), dict)
         names = {k[len(_PARAM):] for k in arrays}
@@ -404,7 +437,9 @@ def _read(path: str):
 def _check_header(path: str, header: dict, arrays: dict) -> None:
     """The header's fields have their types, and its parameter list matches the arrays."""
     for key, kinds in (("metadata", (dict,)), ("optimizer", (dict, type(None))),
-                       ("scheduler", (dict, type(None))), ("params", (dict,))):
+                       ("scheduler", (dict, type(None))), ("params", (dict,)),
+                       ("model_config", (dict,)), ("model_config_error", (str,)),
+                       ("optimizer_params", (list,))):
         if key in header and not isinstance(header[key], kinds):
             raise CheckpointError(f"{path}: corrupt checkpoint header ({key!r} is a "
                                   f"{type(header[key]).__name__})")
@@ -421,6 +456,22 @@ def _check_header(path: str, header: dict, arrays: dict) -> None:
             raise CheckpointError(f"{path}: corrupt checkpoint (parameter {name}: the header "
                                   f"says {declared[name]}, the array is {list(v.shape)} "
                                   f"{v.dtype})")
+
+
+def read_header(path) -> dict:
+    """What the checkpoint at ``path`` holds, checked as ``load`` checks it, without a model:
+    ``model`` (the class name), ``model_config`` (or ``model_config_error``), ``params``
+    (``{name: (shape, dtype)}``), ``optimizer`` and ``scheduler`` (their saved options, or
+    None), ``optimizer_params``, ``metadata`` and ``format`` (".npz" or ".safetensors")."""
+    path = fspath(path)
+    header, arrays = _read(path)
+    out = {k: header.get(k) for k in ("model", "model_config", "model_config_error",
+                                      "optimizer", "scheduler", "optimizer_params")}
+    out["metadata"] = header.get("metadata", {})
+    out["params"] = {k[len(_PARAM):]: (tuple(v.shape), str(v.dtype))
+                     for k, v in arrays.items() if k.startswith(_PARAM)}
+    out["format"] = SAFETENSORS if header.get("safetensors") else ".npz"
+    return out
 
 
 def _saved_part(path, header, what: str):

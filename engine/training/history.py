@@ -56,6 +56,13 @@ class History:
     def __len__(self) -> int:
         return len(self.loss)
 
+    @property
+    def history(self) -> dict:
+        """``{"loss": [...], "val_loss": [...], ...}``: the per-epoch lists that hold one value
+        per epoch, as Keras's ``History.history`` (no "epoch" key, no timings)."""
+        cols = self.columns()
+        return {k: v for k, v in cols.items() if k not in ("epoch", "epoch_time")}
+
     def columns(self) -> dict:
         """``{"epoch": [1, 2, ...], "loss": [...], ...}``: the per-epoch lists that hold one
         value per epoch (an empty list, e.g. accuracy in a regression, is left out)."""

@@ -13,8 +13,8 @@ from engine.losses import MSELoss
 from engine.optim import AdamW
 from engine.train import fit
 
-SMALL = ["train", "--samples", "64", "--d-hidden", "16", "--d-ff", "32", "--seed", "3",
-         "--epochs", "4"]
+SMALL = ["train", "--verbose", "--samples", "64", "--d-hidden", "16", "--d-ff", "32", "--seed",
+         "3", "--epochs", "4"]
 TIME_LINE = re.compile(r"^time +\S+ s for \d+ epochs, (\d+) steps \(\S+ samples/s\); "
                        r"step (\d+\.\d\d) ms = (\d+\.\d\d)x its (\d+) GEMMs \((\d+\.\d\d) ms\)$",
                        re.M)

@@ -1,0 +1,134 @@
+"""``load_model``: a checkpoint back into a working model without naming its architecture
+(Keras's ``load_model``, Hugging Face's ``from_pretrained``): the model is rebuilt from the
+configuration ``save`` stored, its weights loaded, and the optimizer, learning-rate
+scheduler and input ``Standardizer`` rebuilt too when the file holds them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from . import checkpoint
+
+__all__ = ["load_model", "LoadedModel"]
+
+
+@dataclass
+class LoadedModel:
+    """What ``load_model`` rebuilt: ``model`` always; ``optimizer``, ``scheduler`` and
+    ``standardizer`` when the checkpoint holds them (else None); ``metadata`` as ``load``
+    returns it; ``config``, the model's stored configuration."""
+    model: object
+    optimizer: object = None
+    scheduler: object = None
+    standardizer: object = None
+    metadata: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+
+
+def _optimizer_types() -> dict:
+    from ..optim.optimizers import SGD, AdamW
+    # A ShardedAdamW saves the gathered state of the equivalent AdamW (type "AdamW").
+    return {"AdamW": AdamW, "SGD": SGD}
+
+
+def _scheduler_types() -> dict:
+    from ..optim import lr_scheduler as lrs
+    return {name: getattr(lrs, name) for name in ("StepLR", "LinearLR", "CosineAnnealingLR",
+                                                  "SequentialLR", "LambdaLR")}
+
+
+def _build_optimizer(path, header, model, base_lrs):
+    saved = header["optimizer"]
+    kind = saved.get("type")
+    cls = _optimizer_types().get(kind)
+    if cls is None:
+        raise checkpoint.CheckpointError(f"{path}: the optimizer type {kind!r} cannot be "
+                                         f"rebuilt (known: {sorted(_optimizer_types())})")
+    named = dict(model.named_parameters())
+    order = header.get("optimizer_params") or list(named)  # saved without: the model's order
+    unknown = [n for n in order if n not in named]
+    if unknown:
+        raise checkpoint.CheckpointError(f"{path}: the optimizer's parameters {unknown} are "
+                                         f"not the model's")
+    groups = []
+    for gi, g in enumerate(saved.get("param_groups") or []):
+        try:
+            params = [named[order[i]] for i in g["params"]]
+        except (KeyError, IndexError, TypeError):
+            raise checkpoint.CheckpointError(f"{path}: corrupt optimizer group {gi}") from None
+        options = {k: v for k, v in g.items() if k != "params"}
+        if base_lrs is not None and gi < len(base_lrs):
+            options["lr"] = base_lrs[gi]  # the schedule's start; load sets the current rate
+        groups.append({"params": params, **options})
+    if not groups:
+        raise checkpoint.CheckpointError(f"{path}: the optimizer state has no parameter group")
+    try:
+        return cls(groups, lr=groups[0]["lr"])  # every group carries all its options
+    except (TypeError, ValueError) as e:
+        raise checkpoint.CheckpointError(f"{path}: the optimizer cannot be rebuilt: {e}") from None
+
+
+def _build_scheduler(path, saved, optimizer):
+    kind = saved.get("type")
+    types = _scheduler_types()
+    if kind == "LambdaLR":
+        raise checkpoint.CheckpointError(
+            f"{path}: a LambdaLR's function is not saved, so it cannot be rebuilt; call "
+            f"load_model(path, scheduler=False) and build it again, then "
+            f"engine.load(path, model, optimizer, scheduler)")
+    cls = types.get(kind)
+    if cls is None:
+        raise checkpoint.CheckpointError(f"{path}: the scheduler type {kind!r} cannot be "
+                                         f"rebuilt (known: {sorted(types)})")
+    options = dict(saved.get("options") or {})
+    try:
+        if kind == "SequentialLR":
+            children = [_build_scheduler(path, c, optimizer) for c in saved.get("children", [])]
+            return cls(optimizer, children, options.get("milestones"))
+        return cls(optimizer, **options)
+    except (TypeError, ValueError) as e:
+        raise checkpoint.CheckpointError(f"{path}: the {kind} cannot be rebuilt: {e}") from None
+
+
+def load_model(path, *, custom_objects=None, optimizer: bool = True,
+               scheduler: bool = True) -> LoadedModel:
+    """Rebuild the model saved at ``path`` from its stored configuration and load its
+    weights; rebuild the optimizer and scheduler too when the file holds their state (unless
+    ``optimizer`` / ``scheduler`` is False), and the ``Standardizer`` saved in the metadata
+    under ``standardizer``. Returns a ``LoadedModel``.
+
+    Engine modules are found by name; a user's module class (one that defines
+    ``get_config``) is passed in ``custom_objects={"Name": Class}``: no class is imported
+    from a name read in a file. A checkpoint of a model that could not describe itself
+    raises ``CheckpointError`` naming the missing piece; every check runs before anything
+    is returned, through ``engine.load``'s own."""
+    from ..models.config import ConfigError, from_config
+    from ..data import Standardizer
+    header = checkpoint.read_header(path)  # a TypeError for a path that is not one
+    path = os.fspath(path)
+    node = header.get("model_config")
+    if node is None:
+        why = header.get("model_config_error") or "it was written before checkpoints held one"
+        raise checkpoint.CheckpointError(f"{path}: the checkpoint holds no model configuration "
+                                         f"({why}); build the model yourself and call "
+                                         f"engine.load(path, model)")
+    try:
+        model = from_config(node, custom_objects)
+    except ConfigError as e:
+        raise checkpoint.CheckpointError(f"{path}: {e}") from None
+    sched_state = header.get("scheduler") if scheduler else None
+    opt = sched = None
+    if optimizer and header.get("optimizer") is not None:
+        base = sched_state.get("base_lrs") if isinstance(sched_state, dict) else None
+        opt = _build_optimizer(path, header, model, base)
+        if sched_state is not None:
+            sched = _build_scheduler(path, sched_state, opt)
+    metadata = checkpoint.load(path, model, opt, sched)
+    standardizer = None
+    if isinstance(metadata, dict) and "standardizer" in metadata:
+        try:
+            standardizer = Standardizer.from_state_dict(metadata["standardizer"])
+        except ValueError as e:
+            raise checkpoint.CheckpointError(f"{path}: metadata 'standardizer': {e}") from None
+    return LoadedModel(model, opt, sched, standardizer, metadata, node)
