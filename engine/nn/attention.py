@@ -82,6 +82,11 @@ class MultiHeadAttention(Module):
         c.x = None        # (N, d_model) the last input, by reference
         c.dropped = False
 
+    def get_config(self) -> dict:
+        return {"d_model": self.d_model, "n_heads": self.n_heads, "causal": self.causal,
+                "dropout": self.p, "bias": self.bias, "init": self.init,
+                "max_scores_bytes": self.max_scores_bytes, "dtype": self.dtype.name}
+
     def extra_repr(self):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, "
                 f"dropout={self.p}, bias={self.bias}, dtype={self.dtype}")

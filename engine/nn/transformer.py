@@ -64,6 +64,12 @@ class TransformerBlock(Module):
         self._c.pending = self._c.bt = None  # (B, T) of the call being checked / the last one
         self._c.dropped = False
 
+    def get_config(self) -> dict:
+        a = self.attn
+        return {"d_model": self.d_model, "n_heads": a.n_heads, "d_ff": self.d_ff,
+                "ffn": self.ffn, "norm": self.norm, "dropout": self.p, "causal": a.causal,
+                "bias": a.bias, "init": a.init, "eps": self.ln_1.eps, "dtype": self.dtype.name}
+
     def extra_repr(self):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, ffn={self.ffn!r}, "
                 f"norm={self.norm!r}, dropout={self.p}, dtype={self.dtype}")

@@ -44,6 +44,11 @@ EXAMPLES = {
     "Embedding": dict(num_embeddings=9, dim=4, dtype="float64"),
     "MSELoss": dict(dtype="float64"),
     "CrossEntropyLoss": dict(dtype="float64"),
+    "MultiHeadAttention": dict(d_model=6, n_heads=2, causal=False, dropout=0.1, bias=False,
+                               init="he", max_scores_bytes=1 << 20, dtype="float64"),
+    "TransformerBlock": dict(d_model=6, n_heads=3, d_ff=8, ffn="swiglu", norm="post",
+                             dropout=0.1, causal=False, bias=False, init="normal", eps=1e-4,
+                             dtype="float64"),
 }
 
 
