@@ -93,7 +93,7 @@ def run_cli(args, out=None) -> int:
         return 2
     _banner(out, c, s)
     r = lm.train(progress=False if o.quiet else o.log_every, prepared=s)
-    _report(out, c, r)
+    lm.print_result(out, c, r)
     if not _round_trip(out, o, c, s, r):
         return 1
     print(f"wall time {time.perf_counter() - t_all:.1f} s", file=out)
@@ -112,20 +112,6 @@ def _banner(out, c, s) -> None:
           f"steps then cosine; {c.epochs} epochs x {s.steps // max(c.epochs, 1)} steps of "
           f"{c.batch_size} windows of {c.seq_len}; seed {c.seed}", file=out)
     out.flush()
-
-
-def _report(out, c, r) -> None:
-    chars = r.history.samples * c.seq_len
-    print(f"time      {r.seconds:.1f} s for {r.history.steps} steps "
-          f"({chars / r.seconds if r.seconds > 0 else 0:,.0f} characters/s)", file=out)
-    gain = r.unigram_bits - r.held_bits
-    versus = (f"{gain:.2f} bits/char below it, {100 * gain / r.unigram_bits:.0f}% fewer bits"
-              if gain > 0 else f"{-gain:.2f} bits/char above it")
-    print(f"held-out  {r.held_bits:.3f} bits/char; unigram baseline {r.unigram_bits:.3f} "
-          f"bits/char ({versus})", file=out)
-    print(f"sample    (prompt {c.prompt!r}, {c.sample_length} characters, temperature "
-          f"{c.temperature}):", file=out)
-    print(r.sample, file=out)
 
 
 def _round_trip(out, o, c, s, r) -> bool:

@@ -195,17 +195,7 @@ def run_cli(args, out=None) -> int:
           f"{c.batch_size} windows of {c.seq_len}; seed {c.seed}", file=out)
     out.flush()
     r = train(progress=o.log_every if rank == 0 else False, prepared=s, comm=comm)
-    chars = r.history.samples * c.seq_len
-    print(f"time      {r.seconds:.1f} s for {r.history.steps} steps "
-          f"({chars / r.seconds if r.seconds > 0 else 0:,.0f} characters/s)", file=out)
-    gain = r.unigram_bits - r.held_bits
-    versus = (f"{gain:.2f} bits/char below it, {100 * gain / r.unigram_bits:.0f}% fewer bits"
-              if gain > 0 else f"{-gain:.2f} bits/char above it")
-    print(f"held-out  {r.held_bits:.3f} bits/char; unigram baseline {r.unigram_bits:.3f} "
-          f"bits/char ({versus})", file=out)
-    print(f"sample    (prompt {c.prompt!r}, {c.sample_length} characters, temperature "
-          f"{c.temperature}):", file=out)
-    print(r.sample, file=out)
+    lm.print_result(out, c, r)
     if rank == 0:
         _save_and_reload(o, c, s, r, out, checkpoint)
     print(f"wall time {time.perf_counter() - t_all:.1f} s", file=out)

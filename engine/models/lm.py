@@ -29,7 +29,7 @@ from ..training.loop import evaluate, fit
 
 __all__ = ["LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split", "windows",
            "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train",
-           "check_config"]
+           "check_config", "print_result"]
 
 LN2 = math.log(2.0)
 
@@ -394,3 +394,21 @@ def train(config: LMConfig | None = None, progress=True, text: str | None = None
                       np.random.default_rng(c.seed))
     return LMResult(s, history, held, unigram_bits(s.train_ids, s.held_ids, len(s.vocab)),
                     text_out, seconds)
+
+
+def print_result(out, config, result) -> None:
+    """The end-of-run lines both language models print: time and characters/s, held-out
+    bits/char against the unigram baseline, and the sample (``config`` needs ``seq_len``,
+    ``prompt``, ``sample_length`` and ``temperature``)."""
+    chars = result.history.samples * config.seq_len
+    rate = chars / result.seconds if result.seconds > 0 else 0
+    print(f"time      {result.seconds:.1f} s for {result.history.steps} steps "
+          f"({rate:,.0f} characters/s)", file=out)
+    gain = result.unigram_bits - result.held_bits
+    versus = (f"{gain:.2f} bits/char below it, {100 * gain / result.unigram_bits:.0f}% fewer "
+              f"bits" if gain > 0 else f"{-gain:.2f} bits/char above it")
+    print(f"held-out  {result.held_bits:.3f} bits/char; unigram baseline "
+          f"{result.unigram_bits:.3f} bits/char ({versus})", file=out)
+    print(f"sample    (prompt {config.prompt!r}, {config.sample_length} characters, "
+          f"temperature {config.temperature}):", file=out)
+    print(result.sample, file=out)
