@@ -71,9 +71,9 @@ class GPT(Module):
             self.lm_head = Linear(d_model, vocab_size, bias=False, init="normal", dtype=dt,
                                   rng=rng)
         self._positions = np.arange(self.block_size)  # (block_size,) wpe's ids
-        self._c.bt = None
-        self._c.dropped = False
-        self._c.hf = None  # (N, d_model) ln_f's output, by reference (tied head's backward)
+        self._saved.bt = None
+        self._saved.dropped = False
+        self._saved.hf = None  # (N, d_model) ln_f's output, by reference (tied head's backward)
         self._init_weights(rng)
 
     def _init_weights(self, rng) -> None:
@@ -127,46 +127,46 @@ class GPT(Module):
         if residual is not None:
             raise ValueError("residual: a GPT's output is logits; it takes no residual")
         b, t = self._check_ids(ids)
-        s = self._s
+        s = self._calls
         s.ready = False
         n, d, v = b * t, self.d_model, self.vocab_size
         x = self.wpe(np.broadcast_to(self._positions[:t], (b, t)), residual=self.wte(ids))
-        self._c.dropped = self.p > 0.0 and self.training
-        if self._c.dropped:
+        self._saved.dropped = self.p > 0.0 and self.training
+        if self._saved.dropped:
             x = self.drop(x)
         hf = self.ln_f(self.h(x)).reshape(n, d)
         if self.tie_weights:
             logits = self._ws.get("logits", n, v)  # (N, vocab_size)
             if n:
                 ops.gemm(logits, hf, self.wte.W.data, False, True, 1.0, 0.0)  # h wte.W^T
-            self._c.hf = hf
+            self._saved.hf = hf
         else:
             logits = self.lm_head(hf)
-        self._c.bt = (b, t)
+        self._saved.bt = (b, t)
         s.out_shape, s.ready = (b, t, v), True
         return logits.reshape(b, t, v)
 
     def backward(self, dy, *, dx_acc=None):
         """Adds every parameter's gradient for dlogits ``dy`` (B, T, vocab_size); None."""
-        s = self._s
+        s = self._calls
         if not s.ready:
             raise self._no_forward()
         if dx_acc is not None:
             raise ValueError("dx_acc: a GPT has no input gradient (its input is token ids)")
         dy2 = self._dy_rows(dy, s.out_shape)
-        b, t = self._c.bt
+        b, t = self._saved.bt
         n, d = b * t, self.d_model
         if self.tie_weights:
             dhf = self._ws.get("dhf", n, d)  # (N, d_model)
             if n:
                 w = self.wte.W
-                ops.gemm(w.grad, dy2, self._c.hf, True, False, 1.0, 1.0)  # dW += dy^T h
+                ops.gemm(w.grad, dy2, self._saved.hf, True, False, 1.0, 1.0)  # dW += dy^T h
                 ops.gemm(dhf, dy2, w.data, False, False, 1.0, 0.0)        # dh = dy W
-            self._c.hf = None
+            self._saved.hf = None
         else:
             dhf = self.lm_head.backward(dy2)
         dx = self.h.backward(self.ln_f.backward(dhf.reshape(b, t, d)))
-        if self._c.dropped:
+        if self._saved.dropped:
             dx = self.drop.backward(dx)
         self.wpe.backward(dx)
         self.wte.backward(dx)  # adds into wte.W.grad after the tied head's GEMM

@@ -76,7 +76,7 @@ class MultiHeadAttention(Module):
         self.b_qkv = Parameter(np.zeros(3 * d, dt)) if bias else None
         self.W_o = Parameter(init_weight(d, d, init, dt, rng))
         self.b_o = Parameter(np.zeros(d, dt)) if bias else None
-        c = self._c
+        c = self._saved
         c.pending = None  # (B, T) of the call being checked (committed by _forward)
         c.bt = None       # (B, T) of the last forward
         c.x = None        # (N, d_model) the last input, by reference
@@ -126,7 +126,7 @@ class MultiHeadAttention(Module):
 
     def forward(self, x, *, residual=None):
         """``attention(x)`` (``+ residual``) for ``x`` of shape (B, T, d_model)."""
-        self._c.pending = self.check_sequences(x)
+        self._saved.pending = self.check_sequences(x)
         return super().forward(x, residual=residual)
 
     def _make_views(self, key):
@@ -159,10 +159,10 @@ class MultiHeadAttention(Module):
         return v
 
     def _forward(self, x2, res2):
-        b, t = self._c.bt = self._c.pending  # the base class has checked the rest of x
+        b, t = self._saved.bt = self._saved.pending  # the base class has checked the rest of x
         v = self._views((b, t))
-        self._c.x = x2
-        self._c.dropped = dropped = self.training and self.p > 0.0
+        self._saved.x = x2
+        self._saved.dropped = dropped = self.training and self.p > 0.0
         if b == 0:
             return v.y
         gemm, scale = ops.gemm, self.scale
@@ -190,12 +190,12 @@ class MultiHeadAttention(Module):
         return v.y
 
     def _backward(self, dy2, acc2):
-        b, t = self._c.bt
+        b, t = self._saved.bt
         v = self._views((b, t))
         dx = v.dx if acc2 is None else acc2
         if b == 0:
             return dx
-        gemm, scale, dropped = ops.gemm, self.scale, self._c.dropped
+        gemm, scale, dropped = ops.gemm, self.scale, self._saved.dropped
         if self.b_o is not None:
             ops.colsum(self.b_o.grad, dy2, 1.0)                 # db_o += dy.sum(0)
         gemm(self.W_o.grad, v.o, dy2, True, False, 1.0, 1.0)    # dW_o += O^T dy
@@ -213,7 +213,7 @@ class MultiHeadAttention(Module):
         ops.heads_merge(v.qkv, v.dheads)                        # d[q | k | v] as rows
         if self.b_qkv is not None:
             ops.colsum(self.b_qkv.grad, v.qkv, 1.0)
-        gemm(self.W_qkv.grad, self._c.x, v.qkv, True, False, 1.0, 1.0)  # dW_qkv += x^T dqkv
+        gemm(self.W_qkv.grad, self._saved.x, v.qkv, True, False, 1.0, 1.0)  # dW_qkv += x^T dqkv
         gemm(dx, v.qkv, self.W_qkv.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._c.x = None
+        self._saved.x = None
         return dx

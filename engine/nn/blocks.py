@@ -41,7 +41,7 @@ class Dropout(Module):
         super().__init__(dtype)
         self.p = _check_p("p", p)
         self._rng = make_rng(rng)
-        self._c.dropped = False  # whether the last forward applied a mask
+        self._saved.dropped = False  # whether the last forward applied a mask
 
     def get_config(self) -> dict:
         return {"p": self.p, "dtype": self.dtype.name}
@@ -57,7 +57,7 @@ class Dropout(Module):
                                dx=ws.get("dx", n, d))      # (n, d)
 
     def _forward(self, x2, res2):
-        self._c.dropped = dropped = self.training and self.p > 0.0
+        self._saved.dropped = dropped = self.training and self.p > 0.0
         if not dropped:
             if res2 is None:
                 return x2
@@ -70,7 +70,7 @@ class Dropout(Module):
         return v.out
 
     def _backward(self, dy2, acc2):
-        if not self._c.dropped:
+        if not self._saved.dropped:
             return dy2
         v = self._views(dy2.shape)
         ops.dropout_backward(v.dx, dy2, v.mask)
@@ -88,7 +88,7 @@ class LayerNorm(Module):
         self.eps = _check_eps(eps)
         self.gamma = Parameter(np.ones(self.d, self.dtype))
         self.beta = Parameter(np.zeros(self.d, self.dtype))
-        self._c.x = None  # (n, d) the last input, by reference
+        self._saved.x = None  # (n, d) the last input, by reference
 
     def get_config(self) -> dict:
         return {"d": self.d, "eps": self.eps, "dtype": self.dtype.name}
@@ -106,14 +106,14 @@ class LayerNorm(Module):
     def _forward(self, x2, res2):
         v = self._views(x2.shape[0])
         ops.layernorm_forward(v.y, v.mean, v.rstd, x2, self.gamma.data, self.beta.data, self.eps)
-        self._c.x = x2
+        self._saved.x = x2
         return v.y
 
     def _backward(self, dy2, acc2):
         v = self._views(dy2.shape[0])
-        ops.layernorm_backward(v.dx, self.gamma.grad, self.beta.grad, dy2, self._c.x, v.mean,
+        ops.layernorm_backward(v.dx, self.gamma.grad, self.beta.grad, dy2, self._saved.x, v.mean,
                                v.rstd, self.gamma.data)
-        self._c.x = None
+        self._saved.x = None
         return v.dx
 
 
@@ -152,8 +152,8 @@ class FFN(Module):
         self.b1 = Parameter(np.zeros(self.d_ff, dt)) if bias else None
         self.W_out = Parameter(init_weight(self.d_ff, self.d_model, init, dt, rng))
         self.b2 = Parameter(np.zeros(self.d_model, dt)) if bias else None
-        self._c.x = None
-        self._c.dropped = False
+        self._saved.x = None
+        self._saved.dropped = False
 
     def get_config(self) -> dict:
         return {"d_model": self.d_model, "d_ff": self.d_ff, "activation": self.activation,
@@ -182,8 +182,8 @@ class FFN(Module):
     def _forward(self, x2, res2):
         n = x2.shape[0]
         v = self._views(n)
-        self._c.x = x2
-        self._c.dropped = dropped = self.training and self.p > 0.0
+        self._saved.x = x2
+        self._saved.dropped = dropped = self.training and self.p > 0.0
         if n == 0:
             return v.y
         z, h, y = v.z, v.h, v.y
@@ -214,16 +214,16 @@ class FFN(Module):
             ops.colsum(self.b2.grad, dy2, 1.0)
         ops.gemm(self.W_out.grad, h, dy2, True, False, 1.0, 1.0)
         ops.gemm(dh, dy2, self.W_out.data, False, True, 1.0, 0.0)  # may overwrite h
-        if self._c.dropped:
+        if self._saved.dropped:
             ops.dropout_backward(dh, dh, v.mask)
         db1 = None if self.b1 is None else self.b1.grad  # db1 += dz.sum(0) in the same pass
         if self._inplace:
             ops.act_backward(dh, dh, v.z, self.activation, 0.01, v.z, db1)  # v.z is act(z)
         else:
             ops.act_backward_cached(dh, dh, v.z, db1)                       # v.z is act'(z)
-        ops.gemm(self.W_in.grad, self._c.x, dh, True, False, 1.0, 1.0)
+        ops.gemm(self.W_in.grad, self._saved.x, dh, True, False, 1.0, 1.0)
         ops.gemm(dx, dh, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._c.x = None
+        self._saved.x = None
         return dx
 
 
@@ -259,7 +259,7 @@ class GMLP(Module):
         self.W_gate = Parameter(np.asfortranarray(init_weight(dh, self.d_ffn, "xavier", dt, rng)))
         self.W_proj = Parameter(np.asfortranarray(init_weight(dh, self.d_ffn, "xavier", dt, rng)))
         self.W_out = Parameter(init_weight(self.d_ffn, self.d_out, "xavier", dt, rng))
-        self._c.x = None
+        self._saved.x = None
 
     def get_config(self) -> dict:
         return {"d_in": self.d_in, "d_hidden": self.d_hidden, "d_ffn": self.d_ffn,
@@ -297,7 +297,7 @@ class GMLP(Module):
     def _forward(self, x2, res2):
         n = x2.shape[0]
         v = self._views(n)
-        self._c.x = x2
+        self._saved.x = x2
         if n:
             ops.gemm(v.u, x2, self.W_in.data, False, False, 1.0, 0.0)
             ops.bias_act(v.z, v.u, None, "gelu", 0.01, v.u)                 # GELU' cached over u
@@ -322,9 +322,9 @@ class GMLP(Module):
             ops.gemm(self.dWgp_T, v.gpt, z, False, False, 0.5, 1.0)    # both halves, one GEMM
             ops.gemm(z, v.gpt, self.Wgp_T, True, False, 0.5, 0.0)      # dZ = dGP Wgp_T over Z
             ops.act_backward_cached(z, z, v.u)                          # dU in place
-            ops.gemm(self.W_in.grad, self._c.x, z, True, False, 1.0, 1.0)
+            ops.gemm(self.W_in.grad, self._saved.x, z, True, False, 1.0, 1.0)
             ops.gemm(dx, z, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._c.x = None
+        self._saved.x = None
         return dx
 
 
@@ -347,7 +347,7 @@ class AddNorm(Module):
         self._rng = make_rng(rng)
         self.gamma = Parameter(np.ones(self.d_model, self.dtype))
         self.beta = Parameter(np.zeros(self.d_model, self.dtype))
-        self._c.dropped = False
+        self._saved.dropped = False
 
     def get_config(self) -> dict:
         return {"d_model": self.d_model, "dropout": self.p, "eps": self.eps,
@@ -380,10 +380,10 @@ class AddNorm(Module):
         sub2 = rows_of(sub, x.shape, self.dtype, "sub")
         self._no_overlap("x", x)
         self._no_overlap("sub", sub)
-        s = self._s
+        s = self._calls
         s.ready = False
         v = self._views(x2.shape[0])
-        self._c.dropped = dropped = self.training and self.p > 0.0
+        self._saved.dropped = dropped = self.training and self.p > 0.0
         if dropped:
             ops.dropout_forward(v.s, v.mask, sub2, self.p, self._rng)
             ops.add(v.s, v.s, x2)
@@ -396,14 +396,14 @@ class AddNorm(Module):
 
     def backward(self, dy):
         """``(dx, dsub)`` for output gradient ``dy``; separate arrays."""
-        s = self._s
+        s = self._calls
         if not s.ready:
             raise self._no_forward()
         dy2 = self._dy_rows(dy, s.out_shape)
         v = self._views(dy2.shape[0])
         ops.layernorm_backward(v.ds, self.gamma.grad, self.beta.grad, dy2, v.s, v.mean,
                                v.rstd, self.gamma.data)
-        if self._c.dropped:
+        if self._saved.dropped:
             ops.dropout_backward(v.dsub, v.ds, v.mask)
         else:
             np.copyto(v.dsub, v.ds)
@@ -434,7 +434,7 @@ class FFNSublayer(Module):
         self.ffn = FFN(d_model, d_ff, activation, p, True, "he", dtype, rng)
         self.norm = LayerNorm(d_model, eps, dtype)
         self.drop = Dropout(p, dtype, rng)  # residual dropout (no parameters)
-        self._c.dropped = False
+        self._saved.dropped = False
 
     def get_config(self) -> dict:
         return {"d_model": self.d_model, "d_ff": self.ffn.d_ff,
@@ -446,7 +446,7 @@ class FFNSublayer(Module):
 
     def _forward(self, x2, res2):
         ffn, norm = self.ffn, self.norm
-        self._c.dropped = dropped = self.training and self.p > 0.0
+        self._saved.dropped = dropped = self.training and self.p > 0.0
         if self.norm_mode == "post":
             if dropped:
                 return norm(self.drop(ffn(x2), residual=x2))
@@ -460,8 +460,8 @@ class FFNSublayer(Module):
         ffn, norm = self.ffn, self.norm
         if self.norm_mode == "post":
             ds = norm.backward(dy2)
-            dsub = self.drop.backward(ds) if self._c.dropped else ds
+            dsub = self.drop.backward(ds) if self._saved.dropped else ds
             return ffn.backward(dsub, dx_acc=ds)  # dx = ds + FFN'(x)^T dsub, in one GEMM
-        dmid = self.drop.backward(dy2) if self._c.dropped else dy2
+        dmid = self.drop.backward(dy2) if self._saved.dropped else dy2
         dx = norm.backward(ffn.backward(dmid))
         return ops.add(dx, dx, dy2)

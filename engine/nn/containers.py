@@ -100,8 +100,8 @@ class Sequential(Module):
             self._keys = [f"in{i}" for i in range(len(modules))]
             self._inputs = [None] * len(modules)  # each child's input: x by reference, copies
             self._moded = [m for _, m in self.named_modules()]  # whose train/eval flag counts
-            self._c.modes = None     # their flags at the last forward: the reruns repeat them
-            self._c.modes_gen = -1   # mode_version() when they were read
+            self._saved.modes = None     # their flags at the last forward: the reruns repeat them
+            self._saved.modes_gen = -1   # mode_version() when they were read
 
     def get_config(self) -> dict:
         return {"modules": list(self._seq), "checkpoint": self.checkpoint}
@@ -127,7 +127,7 @@ class Sequential(Module):
 
     def forward(self, x, *, residual=None):
         """Each child's forward in order (``residual`` fused into the last one)."""
-        s, seq = self._s, self._seq
+        s, seq = self._calls, self._seq
         if residual is not None:
             # Checked here, before any child runs: a rejected call changes nothing.
             if not seq:
@@ -157,7 +157,7 @@ class Sequential(Module):
 
     def backward(self, dy, *, dx_acc=None):
         """Each child's backward in reverse order (``dx_acc`` fused into the first one)."""
-        s = self._s
+        s = self._calls
         if not s.ready:
             raise self._no_forward()
         if isinstance(dy, np.ndarray):
@@ -197,10 +197,10 @@ class Sequential(Module):
         return slot
 
     def _forward_checkpointed(self, x, residual):
-        s, seq = self._s, self._seq
+        s, seq = self._calls, self._seq
         last = len(seq) - 1
         inputs = self._inputs
-        c, gen = self._c, mode_version()
+        c, gen = self._saved, mode_version()
         if c.modes_gen != gen:  # a train()/eval() somewhere since they were read
             modes = [m.training for m in self._moded]
         else:
@@ -219,8 +219,8 @@ class Sequential(Module):
         return y
 
     def _backward_checkpointed(self, dy, dx_acc):
-        s, seq, inputs = self._s, self._seq, self._inputs
-        c = self._c
+        s, seq, inputs = self._calls, self._seq, self._inputs
+        c = self._saved
         if c.modes_gen != mode_version() and [m.training for m in self._moded] != c.modes:
             # The reruns would recompute in the other mode (dropout on/off): wrong gradients.
             raise RuntimeError("Sequential(checkpoint=True).backward: the train/eval mode "

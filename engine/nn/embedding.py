@@ -29,7 +29,7 @@ class Embedding(Module):
         w = make_rng(rng).standard_normal((self.num_embeddings, self.dim))  # float64 draw
         self.W = Parameter(w.astype(self.dtype))
         self._iws = Workspace(np.int64)  # ids kept for backward (the caller may reuse its array)
-        self._c.ids = None  # (N,) int64 the last ids
+        self._saved.ids = None  # (N,) int64 the last ids
 
     def get_config(self) -> dict:
         return {"num_embeddings": self.num_embeddings, "dim": self.dim,
@@ -77,7 +77,7 @@ class Embedding(Module):
             rows_of(residual, out_shape, self.dtype, "residual")
             self._no_overlap("residual", residual)
             res2 = residual.reshape(n, self.dim)
-        s = self._s
+        s = self._calls
         s.ready = False
         idx = self._iws.get("ids", n)               # (N,) int64 ids, read again by backward
         np.copyto(idx.reshape(ids.shape), ids, casting="unsafe")  # in range: nothing is lost
@@ -86,13 +86,13 @@ class Embedding(Module):
             ops.embedding_forward(y, idx, self.W.data)
             if res2 is not None:
                 ops.add(y, y, res2)
-        self._c.ids = idx
+        self._saved.ids = idx
         s.out_shape, s.ready = out_shape, True
         return y.reshape(out_shape)
 
     def backward(self, dy, *, dx_acc=None):
         """Adds ``dy``'s rows into ``W.grad`` at the last forward's ids; returns None."""
-        s = self._s
+        s = self._calls
         if not s.ready:
             raise self._no_forward()
         if dx_acc is not None:
@@ -100,6 +100,6 @@ class Embedding(Module):
                              "ids); pass dx_acc=None")
         dy2 = self._dy_rows(dy, s.out_shape).reshape(-1, self.dim)
         if dy2.shape[0]:
-            ops.embedding_backward(self.W.grad, self._c.ids, dy2)
+            ops.embedding_backward(self.W.grad, self._saved.ids, dy2)
         s.ready = False
         return None

@@ -63,8 +63,8 @@ class GatedFFN(Module):
         self.W_down = Parameter(init_weight(f, d, init, dt, rng))
         self.b_down = Parameter(np.zeros(d, dt)) if bias else None
         self.bias = bias
-        self._c.x = None
-        self._c.dropped = False
+        self._saved.x = None
+        self._saved.dropped = False
 
     def get_config(self) -> dict:
         return {"d_model": self.d_model, "d_ff": self.d_ff, "activation": self.activation,
@@ -104,8 +104,8 @@ class GatedFFN(Module):
     def _forward(self, x2, res2):
         n = x2.shape[0]
         v = self._views(n)
-        self._c.x = x2
-        self._c.dropped = dropped = self.training and self.p > 0.0
+        self._saved.x = x2
+        self._saved.dropped = dropped = self.training and self.p > 0.0
         if n == 0:
             return v.y
         if self.bias:  # [G; U]^T = b + Wgu_T x^T: the bias rides in the GEMM
@@ -134,12 +134,12 @@ class GatedFFN(Module):
             ops.colsum(self.b_down.grad, dy2, 1.0)
         ops.gemm(self.W_down.grad, v.ht, dy2, False, False, 1.0, 1.0)  # dW_down += H^T dy
         ops.gemm(v.ht, self.W_down.data, dy2, False, True, 1.0, 0.0)   # dH^T = W_down dy^T
-        if self._c.dropped:
+        if self._saved.dropped:
             ops.dropout_backward(v.ht, v.ht, v.mask)
         ops.glu_backward(v.g, v.u, v.ht)                               # [dG; dU]^T in place
         if self.bias:
             ops.rowsum(self.db_gu, v.zt, 1.0)
-        ops.gemm(self.dWgu_T, v.zt, self._c.x, False, False, 1.0, 1.0)   # both halves, one GEMM
+        ops.gemm(self.dWgu_T, v.zt, self._saved.x, False, False, 1.0, 1.0)  # both halves
         ops.gemm(dx, v.zt, self.Wgu_T, True, False, 1.0, 0.0 if acc2 is None else 1.0)
-        self._c.x = None
+        self._saved.x = None
         return dx

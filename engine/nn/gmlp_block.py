@@ -55,7 +55,7 @@ class _TokenMixing(Module):
     def _set_sequences(self, seq_len, causal):
         self.seq_len = check_positive_int("seq_len", seq_len)
         self.causal = _check_bool("causal", causal)
-        c = self._c
+        c = self._saved
         c.bt = None       # (B, T) of the last forward
         c.pending = None  # (B, T) of the call being checked (committed by _forward)
 
@@ -69,7 +69,7 @@ class _TokenMixing(Module):
     def forward(self, x, *, residual=None):
         """The module on ``x`` of shape (B, T, in_features) (``+ residual`` when given); the
         class says what it computes and returns."""
-        self._c.pending = _check_sequences(x, self.seq_len, self.causal, self.in_features,
+        self._saved.pending = _check_sequences(x, self.seq_len, self.causal, self.in_features,
                                            self._what)
         return super().forward(x, residual=residual)
 
@@ -102,7 +102,7 @@ class SpatialGatingUnit(_TokenMixing):
         self.W = Parameter(rng.uniform(-init_eps, init_eps, (t, t)).astype(self.dtype))
         self.b = Parameter(np.ones(t, self.dtype))
         self.norm = LayerNorm(self.half, eps, dtype)
-        c = self._c
+        c = self._saved
         c.mask = None     # (T, T) lower-triangular ones (not a work buffer: it outlives a call)
         c.z3 = None       # (B, T, d_ffn) the last input, by reference
         c.vp = None       # (T, B * half) LN(V) time-major (the child's output)
@@ -140,46 +140,46 @@ class SpatialGatingUnit(_TokenMixing):
         """The (T, T) weight of this call: W itself, or its masked corner (causal)."""
         if not self.causal:
             return self.W.data
-        if self._c.mask is None or self._c.mask.shape[0] != t:
-            self._c.mask = np.tri(t, dtype=self.dtype)  # only when T changes
-        ops.causal_weight(v.wm, self.W.data[:t, :t], self._c.mask)
+        if self._saved.mask is None or self._saved.mask.shape[0] != t:
+            self._saved.mask = np.tri(t, dtype=self.dtype)  # only when T changes
+        ops.causal_weight(v.wm, self.W.data[:t, :t], self._saved.mask)
         return v.wm
 
     def _forward(self, z2, res2):
-        b, t = self._c.bt = self._c.pending  # the base class has checked the rest of z
+        b, t = self._saved.bt = self._saved.pending  # the base class has checked the rest of z
         h = self.half
         v = self._views((b, t))
         z3 = z2.reshape(b, t, 2 * h)
-        self._c.z3 = z3
+        self._saved.z3 = z3
         if b == 0:
             return v.a
         ops.swap01(v.vtm3, z3[:, :, h:])                 # V time-major
         vp = self.norm(v.vtm).reshape(t, b * h)         # LN over channels, rows in any order
-        w = self._c.wm = self._weight(v, t)
+        w = self._saved.wm = self._weight(v, t)
         ops.fill_by_row(v.stm, self.b.data[:t])         # S = b, then += W V' in the GEMM
         ops.gemm(v.stm, w, vp, False, False, 1.0, 1.0)  # all B sequences in one GEMM
         ops.sgu_gate_forward(v.a3, v.sbt3, v.stm3, z3[:, :, :h])
-        self._c.vp = vp
+        self._saved.vp = vp
         return v.a
 
     def _backward(self, da2, acc2):
-        b, t = self._c.bt
+        b, t = self._saved.bt
         h = self.half
         v = self._views((b, t))
         if b == 0:
             return v.dz
         ops.sgu_gate_backward(v.du3, v.stm3, v.tmp3, da2.reshape(b, t, h), v.sbt3,
-                              self._c.z3[:, :, :h])        # dU, and dS time-major over S
+                              self._saved.z3[:, :, :h])        # dU, and dS time-major over S
         ops.rowsum(self.b.grad[:t], v.stm, 1.0)         # db += dS summed over B and channels
         if self.causal:
-            ops.gemm(v.gw, v.stm, self._c.vp, False, True, 1.0, 0.0)
-            ops.causal_grad_add(self.W.grad[:t, :t], v.gw, self._c.mask)
+            ops.gemm(v.gw, v.stm, self._saved.vp, False, True, 1.0, 0.0)
+            ops.causal_grad_add(self.W.grad[:t, :t], v.gw, self._saved.mask)
         else:
-            ops.gemm(self.W.grad, v.stm, self._c.vp, False, True, 1.0, 1.0)  # dW += dS V'^T
-        ops.gemm(v.dvp, self._c.wm, v.stm, True, False, 1.0, 0.0)            # dV' = W^T dS
+            ops.gemm(self.W.grad, v.stm, self._saved.vp, False, True, 1.0, 1.0)  # dW += dS V'^T
+        ops.gemm(v.dvp, self._saved.wm, v.stm, True, False, 1.0, 0.0)            # dV' = W^T dS
         dv = self.norm.backward(v.dvp.reshape(t * b, h))
         ops.swap01(v.dv3, dv.reshape(t, b, h))           # dV back batch-major
-        self._c.z3 = self._c.vp = None
+        self._saved.z3 = self._saved.vp = None
         return v.dz
 
 
@@ -218,7 +218,7 @@ class GMLPBlock(_TokenMixing):
         self.sgu = SpatialGatingUnit(d_ffn, seq_len, causal, eps, dtype, rng)
         self.W_out = Parameter(init_weight(h, d_model, "xavier", dt, rng))
         self.b_out = Parameter(np.zeros(d_model, dt))
-        c = self._c
+        c = self._saved
         c.xn = None       # (n, d_model) LN(x) (the child's output)
         c.a = None        # (n, d_ffn/2) s(Z) (the child's output)
 
@@ -237,7 +237,7 @@ class GMLPBlock(_TokenMixing):
 
     def _forward(self, x2, res2):
         n = x2.shape[0]
-        b, t = self._c.bt = self._c.pending  # the base class has checked the rest of x
+        b, t = self._saved.bt = self._saved.pending  # the base class has checked the rest of x
         v = self._views(n)
         xn = self.norm(x2)
         if n:
@@ -247,26 +247,26 @@ class GMLPBlock(_TokenMixing):
         if n:
             ops.fill_rows(v.y, self.b_out.data, x2)                    # y = x + b_out, then
             ops.gemm(v.y, a2, self.W_out.data, False, False, 1.0, 1.0)  # += s(Z) W_out
-        self._c.xn, self._c.a = xn, a2
+        self._saved.xn, self._saved.a = xn, a2
         return v.y
 
     def _backward(self, dy2, acc2):
         n = dy2.shape[0]
         v = self._views(n)
-        b, t = self._c.bt
+        b, t = self._saved.bt
         if n:
             ops.colsum(self.b_out.grad, dy2, 1.0)
-            ops.gemm(self.W_out.grad, self._c.a, dy2, True, False, 1.0, 1.0)  # dW_out += A^T dy
+            ops.gemm(self.W_out.grad, self._saved.a, dy2, True, False, 1.0, 1.0)  # += A^T dy
             ops.gemm(v.da, dy2, self.W_out.data, False, True, 1.0, 0.0)       # dA = dy W_out^T
         dz = self.sgu.backward(v.da.reshape(b, t, self.d_ffn // 2))
         dz2 = dz.reshape(n, self.d_ffn)
         if n:
             ops.act_backward_cached(dz2, dz2, v.zpre, self.b_in.grad)  # GELU; db_in += sum
-            ops.gemm(self.W_in.grad, self._c.xn, dz2, True, False, 1.0, 1.0)  # += LN(x)^T dZ
+            ops.gemm(self.W_in.grad, self._saved.xn, dz2, True, False, 1.0, 1.0)  # += LN(x)^T dZ
             ops.gemm(v.dxn, dz2, self.W_in.data, False, True, 1.0, 0.0)       # dZ W_in^T
         dx = self.norm.backward(v.dxn)
         ops.add(dx, dx, dy2)                                                 # the residual path
-        self._c.xn = self._c.a = None
+        self._saved.xn = self._saved.a = None
         return dx
 
 

@@ -84,8 +84,8 @@ class Linear(Module):
                          and sign_from_output(activation, self.negative_slope))
         self.W = Parameter(init_weight(self.d_in, self.d_out, init, self.dtype, make_rng(rng)))
         self.b = Parameter(np.zeros(self.d_out, self.dtype)) if bias else None
-        self._c.x = None  # (N, d_in) the last input, by reference
-        self._c.z = None  # (N, d_out) act(z) (in place, or row-wise) or act'(z), for backward
+        self._saved.x = None  # (N, d_in) the last input, by reference
+        self._saved.z = None  # (N, d_out) act(z) (in place, or row-wise) or act'(z), for backward
 
     def get_config(self) -> dict:
         return {"d_in": self.d_in, "d_out": self.d_out, "bias": self.b is not None,
@@ -112,7 +112,7 @@ class Linear(Module):
             elif act is not None:
                 ops.bias_act(y, z, None, act, self.negative_slope,
                              None if self._inplace else z)
-        self._c.x, self._c.z = x2, (y if self._rowwise else z)
+        self._saved.x, self._saved.z = x2, (y if self._rowwise else z)
         return y
 
     def _backward(self, dy2, acc2):
@@ -124,18 +124,19 @@ class Linear(Module):
             if n:
                 db = None if self.b is None else self.b.grad  # db += dz.sum(0) in the same pass
                 if self._rowwise:
-                    _rowwise_backward(act, dz, dy2, self._c.z)
+                    _rowwise_backward(act, dz, dy2, self._saved.z)
                 elif self._inplace:
-                    ops.act_backward(dz, dy2, self._c.z, act, self.negative_slope, self._c.z, db)
+                    ops.act_backward(dz, dy2, self._saved.z, act, self.negative_slope,
+                                     self._saved.z, db)
                 else:
-                    ops.act_backward_cached(dz, dy2, self._c.z, db)
+                    ops.act_backward_cached(dz, dy2, self._saved.z, db)
         dx = acc2 if acc2 is not None else ws.get("dx", n, self.d_in)  # (N, d_in)
         if n:
-            ops.gemm(self.W.grad, self._c.x, dz, True, False, 1.0, 1.0)  # dW += x^T dz
+            ops.gemm(self.W.grad, self._saved.x, dz, True, False, 1.0, 1.0)  # dW += x^T dz
             if self.b is not None and (act is None or self._rowwise):
                 ops.colsum(self.b.grad, dz, 1.0)                        # db += dz.sum(0)
             ops.gemm(dx, dz, self.W.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._c.x = None
+        self._saved.x = None
         return dx
 
     def extra_repr(self) -> str:
@@ -153,8 +154,8 @@ class Activation(Module):
         super().__init__(dtype)
         self.activation = check_activation("activation", activation)
         self.negative_slope = _check_slope(negative_slope)
-        self._c.z = None  # (N, d) the last input, by reference
-        self._c.h = None  # (N, d) the last output (a work buffer)
+        self._saved.z = None  # (N, d) the last input, by reference
+        self._saved.h = None  # (N, d) the last output (a work buffer)
 
     def get_config(self) -> dict:
         return {"activation": self.activation, "negative_slope": self.negative_slope,
@@ -164,14 +165,15 @@ class Activation(Module):
         h = self._ws.get("h", *z2.shape)  # (N, d)
         if z2.size:
             ops.bias_act(h, z2, None, self.activation, self.negative_slope, None)
-        self._c.z, self._c.h = z2, h
+        self._saved.z, self._saved.h = z2, h
         return h
 
     def _backward(self, dh2, acc2):
         dz = self._ws.get("dz", *dh2.shape)  # (N, d)
         if dh2.size:
-            ops.act_backward(dz, dh2, self._c.z, self.activation, self.negative_slope, self._c.h)
-        self._c.z = None
+            ops.act_backward(dz, dh2, self._saved.z, self.activation, self.negative_slope,
+                             self._saved.h)
+        self._saved.z = None
         return dz
 
     def extra_repr(self) -> str:
@@ -277,7 +279,7 @@ class RowwiseActivation(Module):
 
     def __init__(self, dtype=np.float32):
         super().__init__(dtype)
-        self._c.y = None  # (N, C) the last output, read by backward
+        self._saved.y = None  # (N, C) the last output, read by backward
 
     def get_config(self) -> dict:
         return {"dtype": self.dtype.name}
@@ -285,13 +287,13 @@ class RowwiseActivation(Module):
     def _forward(self, x2, res2):
         y = self._ws.get("y", *x2.shape)  # (N, C)
         _rowwise_forward(self.activation, y, x2)
-        self._c.y = y
+        self._saved.y = y
         return y
 
     def _backward(self, dy2, acc2):
         dx = self._ws.get("dx", *dy2.shape)  # (N, C)
-        _rowwise_backward(self.activation, dx, dy2, self._c.y)
-        self._c.y = None
+        _rowwise_backward(self.activation, dx, dy2, self._saved.y)
+        self._saved.y = None
         return dx
 
 

@@ -61,9 +61,9 @@ class _Loss(Module):
         if self._saved is None:
             raise RuntimeError(f"{type(self).__name__}.{what}: called before forward")
         if what == "backward":
-            if not self._s.ready:  # the rule of every module: one backward per forward
+            if not self._calls.ready:  # the rule of every module: one backward per forward
                 raise self._no_forward()
-            self._s.ready = False
+            self._calls.ready = False
 
     def extra_repr(self) -> str:
         return "" if self.dtype is None else f"dtype={self.dtype}"
@@ -94,7 +94,7 @@ class MSELoss(_Loss):
         d = self._ws_for(p2.dtype).get("dpred", *p2.shape)  # (N, C) reused, see backward
         loss = ops.mse_forward_backward(d, p2, t2)
         self._saved, self._target, self._shape = p2, t2, pred.shape
-        self._s.ready = True
+        self._calls.ready = True
         return float(loss)
 
     def backward(self):
@@ -148,7 +148,7 @@ class CrossEntropyLoss(_Loss):
         probs = self._ws_for(logits.dtype).get("probs", n, c)  # (N, C) softmax, cached for backward
         loss = ops.cross_entropy_forward(probs, logits, t)
         self._saved, self._target, self._shape = probs, t, pred.shape
-        self._s.ready = True
+        self._calls.ready = True
         return float(loss)
 
     @property

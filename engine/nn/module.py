@@ -42,7 +42,7 @@ def mode_version() -> int:
 
 
 # ----------------------------------------------------------------------------- Module
-class _State:
+class _CallState:
     """What a module remembers between calls (a plain object: ``Module.__setattr__`` is slow)."""
 
     __slots__ = ("lead", "out_shape", "in_dim", "ready", "ws_ids", "ws_gen", "range",
@@ -115,13 +115,13 @@ class Module(metaclass=_ModuleMeta):
         object.__setattr__(self, "training", True)
         object.__setattr__(self, "dtype", check_dtype(dtype))
         object.__setattr__(self, "_ws", Workspace(self.dtype))
-        object.__setattr__(self, "_s", _State())
+        object.__setattr__(self, "_calls", _CallState())
         object.__setattr__(self, "_built", False)
-        object.__setattr__(self, "_vc", [None, None])  # (key, views) of _views
+        object.__setattr__(self, "_view_cache", [None, None])  # (key, views) of _views
         object.__setattr__(self, "_lock", threading.RLock())  # see _one_caller
         # What forward keeps for backward (input rows, activations, dropout flag): a plain
         # namespace, since Module.__setattr__ is a Python call on the hot path.
-        object.__setattr__(self, "_c", SimpleNamespace())
+        object.__setattr__(self, "_saved", SimpleNamespace())
 
     def __setattr__(self, name, value):
         params = self.__dict__.get("_params")
@@ -170,7 +170,7 @@ class Module(metaclass=_ModuleMeta):
         of shape ``(N, d)`` or ``(B, T, d)``; returns a view of a work buffer."""
         x2, lead = as_rows(x, self.in_features, self.dtype, "x")
         self._no_overlap("x", x)
-        s = self._s
+        s = self._calls
         s.ready = False
         if residual is None:
             y2 = self._forward(x2, None)
@@ -191,7 +191,7 @@ class Module(metaclass=_ModuleMeta):
         """The input gradient for output gradient ``dy`` (the last forward's output shape);
         parameter gradients are added into ``p.grad``. With ``dx_acc`` (an array of the
         input's shape) the input gradient is added into it and ``dx_acc`` is returned."""
-        s = self._s
+        s = self._calls
         if not s.ready:
             raise self._no_forward()
         lead = s.lead
@@ -217,7 +217,7 @@ class Module(metaclass=_ModuleMeta):
     def _views(self, key):
         """``_make_views(key)``, redone only when ``key`` (the batch shape) changes: slicing
         the work buffers costs about a microsecond per view."""
-        c = self._vc
+        c = self._view_cache
         if c[0] != key:
             c[1] = self._make_views(key)
             c[0] = key
@@ -251,7 +251,7 @@ class Module(metaclass=_ModuleMeta):
         return flat3(dy) if dy.ndim == 3 else dy
 
     def _workspace_ids(self):
-        s = self._s
+        s = self._calls
         s.ws_ids = frozenset(id(w) for _, m in self.named_modules() for w in m._workspaces())
         s.ws_gen = LAYOUT_VERSION[0]
         return s.ws_ids
@@ -267,7 +267,7 @@ class Module(metaclass=_ModuleMeta):
         if not isinstance(ws, Workspace) or ws.dtype != self.dtype:
             raise TypeError(f"ws: expected a Workspace of dtype {self.dtype}, got {ws!r}")
         object.__setattr__(self, "_ws", ws)
-        self._vc[0] = None
+        self._view_cache[0] = None
         bump_arena_layout()  # overlap checks re-read which buffers belong to whom
 
     def _no_overlap(self, name: str, a) -> None:
@@ -279,7 +279,7 @@ class Module(metaclass=_ModuleMeta):
             return
         hit = BUFFER_OWNERS.get(id(base))  # inline (a hot path): what buffer_owner() does
         if hit is not None and hit[0]() is base:
-            s = self._s
+            s = self._calls
             ids = s.ws_ids if s.ws_gen == LAYOUT_VERSION[0] else self._workspace_ids()
             if id(hit[1]()) not in ids:
                 return
@@ -341,7 +341,7 @@ class Module(metaclass=_ModuleMeta):
     def _range(self):
         """``(arena, lo, hi)``: this module's parameters, one contiguous range of one arena
         (packed anew if they are not: e.g. after a child was given to another parent)."""
-        s = self._s
+        s = self._calls
         if s.range_gen != LAYOUT_VERSION[0]:
             params = self.parameters()
             if not params:

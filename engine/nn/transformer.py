@@ -61,8 +61,8 @@ class TransformerBlock(Module):
                                  f"{tuple(GATED_FFNS)} for GatedFFN, got {ffn!r} ({e})") from None
         self.drop_1 = Dropout(p, dtype, rng)
         self.drop_2 = Dropout(p, dtype, rng)
-        self._c.pending = self._c.bt = None  # (B, T) of the call being checked / the last one
-        self._c.dropped = False
+        self._saved.pending = self._saved.bt = None  # (B, T): call being checked / last
+        self._saved.dropped = False
 
     def get_config(self) -> dict:
         a = self.attn
@@ -80,13 +80,13 @@ class TransformerBlock(Module):
 
     def forward(self, x, *, residual=None):
         """The block on ``x`` of shape (B, T, d_model) (``+ residual`` when given)."""
-        self._c.pending = self.attn.check_sequences(x)
+        self._saved.pending = self.attn.check_sequences(x)
         return super().forward(x, residual=residual)
 
     def _forward(self, x2, res2):
-        b, t = self._c.bt = self._c.pending
+        b, t = self._saved.bt = self._saved.pending
         x = x2.reshape(b, t, self.d_model)
-        self._c.dropped = dropped = self.training and self.p > 0.0
+        self._saved.dropped = dropped = self.training and self.p > 0.0
         attn, mlp, ln_1, ln_2 = self.attn, self.mlp, self.ln_1, self.ln_2
         if self.norm == "pre":
             h = self.drop_1(attn(ln_1(x)), residual=x) if dropped else attn(ln_1(x), residual=x)
@@ -97,9 +97,9 @@ class TransformerBlock(Module):
         return y.reshape(b * t, self.d_model)
 
     def _backward(self, dy2, acc2):
-        b, t = self._c.bt
+        b, t = self._saved.bt
         dy = dy2.reshape(b, t, self.d_model)
-        dropped = self._c.dropped
+        dropped = self._saved.dropped
         attn, mlp, ln_1, ln_2 = self.attn, self.mlp, self.ln_1, self.ln_2
         if self.norm == "pre":
             dh = ln_2.backward(mlp.backward(self.drop_2.backward(dy) if dropped else dy))

@@ -89,7 +89,7 @@ def test_linear_reuses_buffers():
     y1 = lin(x)
     dx1 = lin.backward(np.ones((8, 3), np.float32))
     y2 = lin(x[:5])
-    assert np.shares_memory(lin._c.x, x)  # the input cached by reference until backward
+    assert np.shares_memory(lin._saved.x, x)  # the input cached by reference until backward
     dx2 = lin.backward(np.ones((5, 3), np.float32))
     assert np.shares_memory(y1, y2) and np.shares_memory(dx1, dx2)
 
