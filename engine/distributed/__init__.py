@@ -25,10 +25,10 @@ from kernels import ops
 from kernels.memory import aligned_empty
 from kernels.optim import adamw_consts
 
-from ._checks import check_int
-from .nn.arena import LAYOUT_VERSION
-from .nn.module import Module, check_float, make_rng, runs
-from .optim.optimizers import (AdamW, Optimizer, check_optimizer_of, clip_grad_norm,
+from .._checks import check_int
+from ..nn.arena import LAYOUT_VERSION
+from ..nn.module import Module, check_float, make_rng, runs
+from ..optim.optimizers import (AdamW, Optimizer, check_optimizer_of, clip_grad_norm,
                                defer_keyboard_interrupt)
 
 __all__ = ["DataParallel", "ShardedAdamW", "RankError", "mpi", "world", "launched_size",
@@ -601,7 +601,7 @@ def save(path, model, /, optimizer=None, scheduler=None, *, comm=None, **metadat
     """``engine.save`` for a data-parallel run (collective: every rank calls it, and a
     ``ShardedAdamW`` gathers its state first): rank 0 writes the file (atomically); an error
     on rank 0 is raised on every rank."""
-    from .training import checkpoint
+    from ..training import checkpoint
     comm = _comm(comm)
     _agree(comm)
     sd = optimizer.state_dict() if optimizer is not None else None  # collective if sharded
@@ -620,7 +620,7 @@ def save(path, model, /, optimizer=None, scheduler=None, *, comm=None, **metadat
 def load(path, model, optimizer=None, scheduler=None, *, comm=None) -> dict:
     """``engine.load`` on every rank (collective: each reads ``path``); an error on any
     rank is raised on every rank (a rank whose own load failed changed nothing)."""
-    from .training import checkpoint
+    from ..training import checkpoint
     comm = _comm(comm)
     _agree(comm)
     error, meta = None, None
