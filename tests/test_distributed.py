@@ -258,7 +258,7 @@ def test_launched_size_reads_the_launcher(monkeypatch):
 
 def test_missing_extra_says_how_to_install(monkeypatch):
     # Check that without mpi4py the API raises ImportError naming the extra to install.
-    monkeypatch.setattr(D, "_MPI", None)
+    monkeypatch.setattr(D.runtime, "_MPI", None)  # the module that caches it
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(ImportError, match=r"blasnet\[mpi\]"):
         D.mpi()
