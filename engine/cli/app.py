@@ -166,12 +166,10 @@ def _set_threads(args, comm) -> None:
 
 
 def _language_model(args):
-    """The exit status of a character language model's run (each re-reads its own options),
-    or None for the other models, after refusing the language models' options given to them."""
-    if args.model == "gpt":  # the GPT character LM: engine/models/gpt_lm.py
-        from ..models import gpt_lm
-        return gpt_lm.run_cli(args)
-    if args.model == "gmlp-lm" or args.task == "text":  # the character LM: engine/models/lm.py
+    """The exit status of a character language model's run (engine/cli/lm.py: each takes its
+    own defaults and the options given), or None for the other models, after refusing the
+    language models' options given to them."""
+    if args.model in ("gpt", "gmlp-lm") or args.task == "text":
         from . import lm
         return lm.run_cli(args)
     if args.prompt is not None or args.sample_length is not None:
@@ -322,7 +320,6 @@ def info(args) -> int:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        args.argv = list(sys.argv[1:] if argv is None else argv)  # re-read by engine/lm.py
         if hasattr(args, "run"):
             code = args.run(args)
         else:

@@ -1,145 +1,189 @@
-"""``train --model gmlp-lm --task text``: the character language model's command line
-(its options, the report, the checkpoint round trip); the model itself is engine/models/lm.py."""
+"""``train --model gmlp-lm|gpt --task text``: the two character language models' command line
+(the options each reads, the banner, the report, the checkpoint round trip); the models are
+engine/models/lm.py and engine/models/gpt_lm.py.
+
+The ``train`` parser reads the command line once. A language model's config starts from its
+own defaults (``LMConfig``, ``GPTConfig``) and takes exactly the options on the command line
+(``args.given``), so the generic defaults (``--epochs 1000``, ...) never reach it and an
+option it does not read is an error.
+"""
 from __future__ import annotations
 
-import argparse
+import io
 import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 import kernels
 
-from .. import __version__
-from .._checks import argparse_int, argparse_real, check_dtype
-from ..models import lm
+from .. import __version__, distributed
+from .._checks import check_dtype, check_int, check_real
+from ..models import gpt_lm, lm
 from ..training import checkpoint
+from .inputs import UsageError
 
-__all__ = ["cli_parser", "config_from_options", "run_cli"]
+__all__ = ["LanguageModelCLI", "GMLP_LM", "GPT", "config_of", "run_cli"]
 
+# Options of the run itself (not of the config) that both models read; --log-every defaults
+# to every epoch for them.
+RUN_OPTIONS = ("model", "task", "threads", "save", "log_every")
+LOG_EVERY = 1
 
-def cli_parser() -> argparse.ArgumentParser:
-    """The options of ``train --model gmlp-lm --task text``, each defaulting to ``LMConfig``'s
-    value: the language model re-reads the command line with it, so an option counts as given
-    exactly when it is on the command line, and one it does not read is an error."""
-    c = lm.LMConfig()
-    p = argparse.ArgumentParser(prog="python -m engine train --model gmlp-lm --task text",
-                                allow_abbrev=False)
-    p.add_argument("--model", choices=("gmlp-lm", "gmlp"), default="gmlp-lm")
-    p.add_argument("--task", choices=("text",), default="text")
-    p.add_argument("--d-hidden", dest="d_model", type=argparse_int(1, "a positive integer"),
-                   default=c.d_model)
-    p.add_argument("--d-ff", dest="d_ffn", type=argparse_int(2, "an integer >= 2"),
-                   default=c.d_ffn)
-    p.add_argument("--epochs", type=argparse_int(0, "an integer >= 0"), default=c.epochs)
-    p.add_argument("--batch-size", type=argparse_int(1, "a positive integer"),
-                   default=c.batch_size)
-    p.add_argument("--lr", type=argparse_real(0.0, None, "a number >= 0"), default=c.lr)
-    p.add_argument("--weight-decay", type=argparse_real(0.0, None, "a number >= 0"),
-                   default=c.weight_decay)
-    p.add_argument("--warmup", type=argparse_int(0, "an integer >= 0"), default=c.warmup)
-    p.add_argument("--seed", type=argparse_int(0, "an integer >= 0"), default=c.seed)
-    p.add_argument("--dtype", choices=("float32", "float64"), default=c.dtype)
-    p.add_argument("--threads", type=argparse_int(1, "a positive integer"), default=None)
-    p.add_argument("--save", default=None)
-    p.add_argument("--log-every", type=argparse_int(1, "a positive integer"), default=1)
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--verbose", action="store_true")  # accepted: the LM prints no GEMM line
-    p.add_argument("--prompt", default=c.prompt)
-    p.add_argument("--sample-length", type=argparse_int(0, "an integer >= 0"),
-                   default=c.sample_length)
-    return p
+# Parsed option -> (config field, least value; None: not a number) for what both models read.
+COMMON = {"epochs": ("epochs", 0), "batch_size": ("batch_size", 1), "lr": ("lr", 0.0),
+          "weight_decay": ("weight_decay", 0.0), "warmup": ("warmup", 0),
+          "seed": ("seed", 0), "dtype": ("dtype", None), "prompt": ("prompt", None),
+          "sample_length": ("sample_length", 0), "d_hidden": ("d_model", 1)}
 
 
-def config_from_options(o) -> "lm.LMConfig":
-    """``LMConfig`` of the options ``cli_parser`` read."""
-    c = lm.LMConfig()
-    for name in ("d_model", "d_ffn", "epochs", "batch_size", "lr", "weight_decay", "warmup",
-                 "seed", "dtype", "prompt", "sample_length"):
-        setattr(c, name, getattr(o, name))
+@dataclass(frozen=True)
+class LanguageModelCLI:
+    """One language model as the command line runs it."""
+    name: str           # its --model
+    models: tuple       # the --model values that run it
+    module: object      # its setup and train (looked up at call time)
+    config: type        # its config dataclass: the defaults
+    options: dict       # parsed option -> (config field, least value), beyond COMMON
+    rebuild: object     # (vocab size, config, seed) -> a fresh model
+    describe: object    # (config, setup) -> the banner's model line
+    extra: tuple = ()   # run options beyond RUN_OPTIONS it accepts
+    mpi: bool = False   # trains data parallel under mpiexec
+
+
+def _gmlp_lm_model(vocab_size: int, c, seed: int):
+    return lm.build_model(vocab_size, c.seq_len, c.d_model, c.d_ffn, c.blocks,
+                          check_dtype(c.dtype), seed)
+
+
+def _gmlp_lm_line(c, s) -> str:
+    v = len(s.vocab)
+    return (f"gmlp-lm: Embedding({v}, {c.d_model}) -> {c.blocks} x GMLPBlock({c.d_model}, "
+            f"d_ffn {c.d_ffn}, seq_len {c.seq_len}, causal) -> LayerNorm -> Linear("
+            f"{c.d_model}, {v}); {s.model.num_parameters():,} parameters")
+
+
+def _gpt_line(c, s) -> str:
+    return (f"gpt: {c.n_layer} layers, {c.n_head} heads, d_model {c.d_model}, d_ff {c.d_ff}, "
+            f"block_size {c.seq_len}, tied head; {s.model.num_parameters():,} parameters")
+
+
+GMLP_LM = LanguageModelCLI("gmlp-lm", ("gmlp-lm", "gmlp"), lm, lm.LMConfig,
+                           {"d_ff": ("d_ffn", 2)}, _gmlp_lm_model, _gmlp_lm_line,
+                           extra=("quiet", "verbose"))
+GPT = LanguageModelCLI("gpt", ("gpt",), gpt_lm, gpt_lm.GPTConfig,
+                       {"d_ff": ("d_ff", 1), "layers": ("n_layer", 1), "heads": ("n_head", 1),
+                        "seq_len": ("seq_len", 1)},
+                       lambda vocab_size, c, seed: gpt_lm.build_model(vocab_size, c, seed),
+                       _gpt_line, mpi=True)
+
+
+def config_of(args, spec: LanguageModelCLI):
+    """``spec``'s config: its defaults, with each option given on the command line
+    (``args.given``); UsageError for an option it does not read or a number below its
+    least value."""
+    fields = {**COMMON, **spec.options}
+    c = spec.config()
+    for dest, flag in args.given.items():
+        if dest in RUN_OPTIONS or dest in spec.extra:
+            continue
+        if dest not in fields:
+            raise UsageError(f"unrecognized arguments: {flag} (not read by --model "
+                             f"{spec.name} --task text)")
+        field, low = fields[dest]
+        v = getattr(args, dest)
+        try:
+            if isinstance(low, float):
+                v = check_real(flag, v, low)
+            elif low is not None:
+                v = check_int(flag, v, low)
+        except (TypeError, ValueError) as e:
+            raise UsageError(str(e)) from None
+        setattr(c, field, v)
     return c
 
 
 def run_cli(args, out=None) -> int:
-    """``python -m engine train --model gmlp-lm --task text``: train, report, save and
-    reload the checkpoint. ``args`` is the engine CLI's namespace; the options are re-read
-    from its ``argv`` (the command line) by ``cli_parser``. Returns the exit status."""
+    """``python -m engine train --model gmlp-lm|gpt --task text``: train, report, save and
+    reload the checkpoint. Under ``mpiexec -n K`` the GPT's ranks each train their share of
+    every global batch and rank 0 reports. Returns the exit status."""
+    spec = GPT if args.model == "gpt" else GMLP_LM
+    if args.model not in spec.models or args.task not in (None, "text"):
+        raise UsageError(f"--model {args.model} --task {args.task}: the text task trains the "
+                         f"{spec.name} model (--model {spec.name} --task text)")
+    c = config_of(args, spec)
+    log_every = args.log_every if "log_every" in args.given else LOG_EVERY
+    quiet = getattr(args, "quiet", False) and "quiet" in spec.extra
+    comm = distributed.world() if spec.mpi else None
+    rank = 0 if comm is None else comm.Get_rank()
     out = out or sys.stdout
-    if args.model not in ("gmlp", "gmlp-lm") or args.task not in (None, "text"):
-        print(f"error: --model {args.model} --task {args.task}: the text task trains the "
-              f"gmlp-lm model (--model gmlp-lm --task text)", file=sys.stderr)
-        return 2
-    argv = list(getattr(args, "argv", None) or [])
-    argv = argv[argv.index("train") + 1:] if "train" in argv else []
-    try:
-        o = cli_parser().parse_args(argv)
-    except SystemExit as e:  # argparse has printed the usage and the error
-        return 2 if e.code else 0
-    c = config_from_options(o)
-    if o.quiet:
+    if quiet:
         out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
-    if o.threads is not None:
-        kernels.set_num_threads(o.threads)
+    elif rank != 0:
+        out = io.StringIO()  # rank 0 reports
+    if args.threads is not None:
+        kernels.set_num_threads(args.threads)
     t_all = time.perf_counter()
+    ranks = "" if comm is None else f" x {comm.Get_size()} MPI ranks"
     print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | "
-          f"{kernels.get_num_threads()} BLAS thread(s)", file=out)
+          f"{kernels.get_num_threads()} BLAS thread(s){ranks}", file=out)
     try:
-        s = lm.setup(c)
-    except (ValueError, TypeError) as e:  # e.g. a prompt with characters the corpus does not have
+        s = spec.module.setup(c)
+    except (ValueError, TypeError) as e:  # e.g. a prompt the corpus cannot encode
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _banner(out, c, s)
-    r = lm.train(progress=False if o.quiet else o.log_every, prepared=s)
+    _banner(out, spec, c, s)
+    progress = False if quiet or rank != 0 else log_every
+    r = (spec.module.train(progress=progress, prepared=s, comm=comm) if spec.mpi else
+         spec.module.train(progress=progress, prepared=s))
     lm.print_result(out, c, r)
-    if not _round_trip(out, o, c, s, r):
+    if rank == 0 and not _round_trip(out, args.save, spec, s, r):
         return 1
     print(f"wall time {time.perf_counter() - t_all:.1f} s", file=out)
+    out.flush()
     return 0
 
 
-def _banner(out, c, s) -> None:
-    v = len(s.vocab)
+def _banner(out, spec, c, s) -> None:
     print(f"corpus    {lm.corpus_description(s.text)}", file=out)
     print(f"split     {len(s.train_ids):,} training / {len(s.held_ids):,} held-out characters "
-          f"(every {round(1 / c.held_out)}th block of {c.block}), vocabulary {v}", file=out)
-    print(f"model     gmlp-lm: Embedding({v}, {c.d_model}) -> {c.blocks} x GMLPBlock("
-          f"{c.d_model}, d_ffn {c.d_ffn}, seq_len {c.seq_len}, causal) -> LayerNorm -> "
-          f"Linear({c.d_model}, {v}); {s.model.num_parameters():,} parameters", file=out)
+          f"(every {round(1 / c.held_out)}th block of {c.block}), vocabulary {len(s.vocab)}",
+          file=out)
+    print(f"model     {spec.describe(c, s)}", file=out)
     print(f"training  AdamW(lr={c.lr}, weight_decay={c.weight_decay}), {c.warmup} warmup "
           f"steps then cosine; {c.epochs} epochs x {s.steps // max(c.epochs, 1)} steps of "
           f"{c.batch_size} windows of {c.seq_len}; seed {c.seed}", file=out)
     out.flush()
 
 
-def _round_trip(out, o, c, s, r) -> bool:
-    """Save the checkpoint, reload it into a fresh model, compare the held-out loss; False
-    when the save failed (the message says where the trained model went)."""
-    tmpdir = None
-    if o.save:
-        path = o.save
+def _round_trip(out, save, spec, s, r) -> bool:
+    """Save the checkpoint (``save``, else a temporary file), reload it into a fresh model,
+    compare the held-out loss; False when the save failed (the message says where the
+    trained model went)."""
+    c, tmpdir = s.config, None
+    if save:
+        path = save
     else:
         tmpdir = tempfile.TemporaryDirectory(prefix="blasnet-")
-        path = os.path.join(tmpdir.name, "gmlp-lm.npz")
+        path = os.path.join(tmpdir.name, f"{spec.name}.npz")
     try:
-        meta = dict(model="gmlp-lm", vocab=s.vocab.chars, held_bits=r.held_bits,
+        meta = dict(model=spec.name, vocab=s.vocab.chars, held_bits=r.held_bits,
                     config=asdict(c))
+        tensors_only = path.lower().endswith(".safetensors")
         try:
-            if path.lower().endswith(".safetensors"):
-                checkpoint.save_or_rescue(path, s.model, **meta)
-            else:
-                checkpoint.save_or_rescue(path, s.model, s.optimizer, **meta)
+            checkpoint.save_or_rescue(path, s.model, None if tensors_only else s.optimizer,
+                                      **meta)
         except checkpoint.SaveError as e:  # the trained model is in e.rescued
             print(f"error: {e}", file=sys.stderr)
             return False
-        fresh = lm.build_model(len(s.vocab), c.seq_len, c.d_model, c.d_ffn, c.blocks,
-                               check_dtype(c.dtype), c.seed + 1)
+        fresh = spec.rebuild(len(s.vocab), c, c.seed + 1)
         checkpoint.load(path, fresh)
         again = lm.bits_per_char(fresh, s.Xh, s.Yh, c.batch_size)
-        same = ("identical" if again == r.held_bits else f"differs by {again - r.held_bits:.3g}")
-        where = path if o.save else f"{path} (temporary)"
+        same = "identical" if again == r.held_bits else f"differs by {again - r.held_bits:.3g}"
+        where = path if save else f"{path} (temporary)"
         print(f"checkpoint {where}, {os.path.getsize(path) / 1024:,.0f} KiB; reloaded: "
               f"held-out {again:.3f} bits/char ({same})", file=out)
     finally:

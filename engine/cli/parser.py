@@ -12,7 +12,7 @@ from .. import __version__
 from .._checks import argparse_int, argparse_real
 from ..data import TASKS
 
-__all__ = ["build_parser", "MODELS", "SCHEDULES"]
+__all__ = ["build_parser", "CommandParser", "MODELS", "SCHEDULES"]
 
 MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
 MODELS += ("gmlp-lm",)  # the character language model of engine/lm.py (--task text)
@@ -53,6 +53,43 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+class _Unset:
+    """The placeholder of an option not on the command line while the parser runs."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_UNSET = _Unset()
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of each command (``train``, ``info``, ...). Besides the values it records ``args.given``: each
+    option on the command line (its dest) with its flag. A model with defaults of its own
+    (the language models, engine/cli/lm.py) takes exactly the options given from it, even
+    one given equal to the generic default, from this one parse of the command line."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace = argparse.Namespace() if namespace is None else namespace
+        flags = {a.dest: a.option_strings[0] for a in self._actions
+                 if a.option_strings and a.dest is not argparse.SUPPRESS
+                 and a.default is not argparse.SUPPRESS}
+        for dest in flags:  # argparse fills only the dests still missing with defaults
+            if not hasattr(namespace, dest):
+                setattr(namespace, dest, _UNSET)
+        namespace, extras = super().parse_known_args(args, namespace)
+        given = {}
+        for a in self._actions:
+            if a.dest not in flags:
+                continue
+            if getattr(namespace, a.dest) is _UNSET:
+                setattr(namespace, a.dest, a.default)
+            else:
+                given[a.dest] = flags[a.dest]
+        namespace.given = given
+        return namespace, extras
+
+
 class _SizesAction(argparse.Action):
     """``--hidden 64 64``, the space-separated form every list flag takes; ``64,64`` (the
     older spelling) is read too. The values land as one flat list."""
@@ -69,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"Run '{prog} train --help' for the training options. Threads: "
                "--threads, or BLASNET_NUM_THREADS=N in the environment.")
     parser.add_argument("--version", action="version", version=f"blasnet {__version__}")
-    sub = parser.add_subparsers(dest="command",
+    sub = parser.add_subparsers(dest="command", parser_class=CommandParser,
                                 metavar="{train,info,inspect,predict,sample}")
     sub.required = True
     d = _HelpFormatter
@@ -234,7 +271,8 @@ def _lm_options(t) -> None:
         "language model (--model gmlp-lm --task text)",
         "Also read: --d-hidden (d_model), --d-ff (d_ffn), --epochs, --batch-size, --lr, "
         "--weight-decay, --warmup, --seed, --dtype, --threads, --save, --log-every; each "
-        "keeps the language model's own default (engine.lm.LMConfig) unless given.")
+        "keeps the language model's own default (engine.lm.LMConfig, "
+        "engine.models.gpt_lm.GPTConfig; --log-every 1) unless given.")
     g.add_argument("--prompt", default=None, metavar="TEXT",
                    help="text the generated sample starts from (default: 'The ')")
     g.add_argument("--sample-length", type=_nonnegative_int, default=None, metavar="N",

@@ -29,7 +29,8 @@ from ..training.loop import evaluate, fit
 
 __all__ = ["LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split", "windows",
            "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train",
-           "check_config", "print_result"]
+           "check_config", "print_result", "warmup_cosine", "corpus_data",
+           "adamw_decaying_matrices", "run_training"]
 
 LN2 = math.log(2.0)
 
@@ -320,16 +321,22 @@ class LMResult:
         return self.setup.vocab
 
 
-def _steps_scheduler(opt, total: int, warmup: int):
+def warmup_cosine(opt, total: int, warmup: int):
+    """The per-step schedule of both language models: LinearLR up over ``warmup`` steps (as
+    the caller settled it), then CosineAnnealingLR down to 0 over the rest (SequentialLR)."""
     from ..optim import lr_scheduler as lrs
-    warmup = lrs.check_warmup(warmup, total)  # refused, never shortened: the banner tells
-    rest = max(total - warmup, 1)
-    cosine = lrs.CosineAnnealingLR(opt, T_max=rest)
+    cosine = lrs.CosineAnnealingLR(opt, T_max=max(total - warmup, 1))
     if warmup == 0:
         return cosine
     warm = lrs.LinearLR(opt, start_factor=1.0 / (warmup + 1), end_factor=1.0,
                         total_iters=warmup)
     return lrs.SequentialLR(opt, [warm, cosine], milestones=[warmup])
+
+
+def _steps_scheduler(opt, total: int, warmup: int):
+    from ..optim import lr_scheduler as lrs
+    # Refused, never shortened: the banner tells.
+    return warmup_cosine(opt, total, lrs.check_warmup(warmup, total))
 
 
 def check_config(c) -> "LMConfig":
@@ -351,26 +358,38 @@ def check_config(c) -> "LMConfig":
     return c
 
 
-def setup(config: LMConfig | None = None, text: str | None = None) -> LMSetup:
-    """The data, model and optimizer of ``config`` for ``text`` (default: ``corpus()``)."""
-    c = check_config(LMConfig() if config is None else config)
-    dt = check_dtype(c.dtype)
+def corpus_data(c, text: str | None = None) -> tuple:
+    """``(text, vocab, train_ids, held_ids, X, Y, Xh, Yh)`` of config ``c`` (its
+    ``held_out``, ``block``, ``seq_len`` and ``prompt``) for ``text`` (default: ``corpus()``):
+    the fields ``LMSetup`` holds before the model, for either language model."""
     text = corpus() if text is None else text
     vocab = Vocabulary(text)
     vocab.encode(c.prompt)  # a prompt the model cannot read fails before training
     train_ids, held_ids = split(vocab.encode(text), c.held_out, c.block)
     X, Y = windows(train_ids, c.seq_len)
     Xh, Yh = windows(held_ids, c.seq_len)
-    model = build_model(len(vocab), c.seq_len, c.d_model, c.d_ffn, c.blocks, dt,
-                        np.random.default_rng(c.seed))
-    # Decoupled weight decay on the matrices only (not on biases and LayerNorm gains).
+    return text, vocab, train_ids, held_ids, X, Y, Xh, Yh
+
+
+def adamw_decaying_matrices(model, c, betas=(0.9, 0.999)) -> AdamW:
+    """AdamW with config ``c``'s ``lr`` and decoupled ``weight_decay`` on the matrices (and
+    embeddings) only, not on biases and LayerNorm gains."""
     decay = [p for p in model.parameters() if p.data.ndim == 2]
     other = [p for p in model.parameters() if p.data.ndim != 2]
-    opt = AdamW([{"params": decay}, {"params": other, "weight_decay": 0.0}], lr=c.lr,
-                weight_decay=c.weight_decay)
-    steps = c.epochs * -(-X.shape[0] // c.batch_size)
-    return LMSetup(c, text, vocab, train_ids, held_ids, X, Y, Xh, Yh, model, opt,
-                   _steps_scheduler(opt, steps, c.warmup), steps)
+    return AdamW([{"params": decay}, {"params": other, "weight_decay": 0.0}], lr=c.lr,
+                 betas=betas, weight_decay=c.weight_decay)
+
+
+def setup(config: LMConfig | None = None, text: str | None = None) -> LMSetup:
+    """The data, model and optimizer of ``config`` for ``text`` (default: ``corpus()``)."""
+    c = check_config(LMConfig() if config is None else config)
+    dt = check_dtype(c.dtype)
+    data = corpus_data(c, text)
+    model = build_model(len(data[1]), c.seq_len, c.d_model, c.d_ffn, c.blocks, dt,
+                        np.random.default_rng(c.seed))
+    opt = adamw_decaying_matrices(model, c)
+    steps = c.epochs * -(-data[4].shape[0] // c.batch_size)
+    return LMSetup(c, *data, model, opt, _steps_scheduler(opt, steps, c.warmup), steps)
 
 
 def train(config: LMConfig | None = None, progress=True, text: str | None = None,
@@ -382,10 +401,18 @@ def train(config: LMConfig | None = None, progress=True, text: str | None = None
     c = check_config(s.config)  # again: a prepared setup's config may have been edited
     s.vocab.encode(c.prompt)
     _check_vocab_fits(s.model, s.vocab)
+    return run_training(s, progress)
+
+
+def run_training(s: LMSetup, progress=True, comm=None) -> LMResult:
+    """``fit`` of a prepared language model (``comm``: an MPI communicator, data parallel),
+    then held-out bits per character, the unigram baseline and a sample from the prompt."""
+    c = s.config
     t0 = time.perf_counter()
-    history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, c.epochs,
+    history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, epochs=c.epochs,
                   batch_size=c.batch_size, rng=c.seed, validation=(s.Xh, s.Yh),
-                  progress=progress, scheduler=s.scheduler, scheduler_interval="step")
+                  progress=progress, scheduler=s.scheduler, scheduler_interval="step",
+                  comm=comm)
     seconds = time.perf_counter() - t0
     # The last epoch's validation is the held-out loss (evaluate, batches of batch_size).
     held = (history.val_loss[-1] / LN2 if history.val_loss else
