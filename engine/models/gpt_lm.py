@@ -19,7 +19,7 @@ __all__ = ["GPTConfig", "build_model", "setup", "train"]
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(lm.TextConfig):
     """Settings of ``train``. The defaults are sized for about a minute of training on two
     idle cores (docs/lm.md has measured runs)."""
     seq_len: int = 64          # block_size: characters per window, and the sampling context
@@ -33,13 +33,8 @@ class GPTConfig:
     lr: float = 2e-3           # AdamW peak learning rate
     weight_decay: float = 0.1  # on the matrices and embeddings only, as nanoGPT
     warmup: int = 50           # steps of linear warmup, then cosine decay to 0
-    held_out: float = 0.1      # the gMLP LM's split (every 10th block of 4096 characters)
-    block: int = 4096
-    seed: int = 0              # initialisation, shuffling and sampling
-    dtype: str = "float32"
-    prompt: str = "The "
-    sample_length: int = 300
-    temperature: float = 0.8
+    # held_out, block, seed, dtype, prompt, sample_length, temperature: the gMLP LM's
+    # (lm.TextConfig), so the two models split and sample alike.
 
 
 def build_model(vocab_size: int, c: GPTConfig, rng=None) -> GPT:

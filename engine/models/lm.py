@@ -27,7 +27,7 @@ from ..nn.module import Module, check_dtype, check_float, check_positive_int, ma
 from ..optim.optimizers import AdamW
 from ..training.loop import evaluate, fit
 
-__all__ = ["LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split", "windows",
+__all__ = ["TextConfig", "LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split", "windows",
            "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train",
            "check_config", "print_result", "warmup_cosine", "corpus_data",
            "adamw_decaying_matrices", "run_training"]
@@ -260,8 +260,22 @@ def _check_vocab_fits(model, vocab: Vocabulary, seq_len: int = 1) -> None:
 
 
 # ----------------------------------------------------------------------------- training
+@dataclass(kw_only=True)
+class TextConfig:
+    """The settings both character language models share (``LMConfig``, ``GPTConfig``): the
+    held-out split, seed and dtype, and the sample drawn after training. Keyword-only, so
+    they follow each model's own fields in its constructor."""
+    held_out: float = 0.1      # fraction of the corpus held out, in blocks of ``block`` chars
+    block: int = 4096
+    seed: int = 0              # initialisation, shuffling and sampling
+    dtype: str = "float32"
+    prompt: str = "The "
+    sample_length: int = 300
+    temperature: float = 0.8
+
+
 @dataclass
-class LMConfig:
+class LMConfig(TextConfig):
     """Settings of ``train``. The defaults are sized for about a minute of training on two
     cores (docs/lm.md has a measured run)."""
     seq_len: int = 64          # characters per training window, and the sampling context
@@ -273,13 +287,6 @@ class LMConfig:
     lr: float = 3e-3           # AdamW peak learning rate
     weight_decay: float = 0.01
     warmup: int = 100          # steps of linear warmup, then cosine decay to 0
-    held_out: float = 0.1      # fraction of the corpus held out, in blocks of ``block`` chars
-    block: int = 4096
-    seed: int = 0              # initialisation, shuffling and sampling
-    dtype: str = "float32"
-    prompt: str = "The "
-    sample_length: int = 300
-    temperature: float = 0.8
 
 
 @dataclass
