@@ -12,7 +12,7 @@ from .. import __version__
 from .._checks import argparse_int, argparse_real
 from ..data import TASKS
 
-__all__ = ["build_parser", "CommandParser", "MODELS", "SCHEDULES"]
+__all__ = ["build_parser", "CommandParser", "add_delimiter_option", "MODELS", "SCHEDULES"]
 
 MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
 MODELS += ("gmlp-lm",)  # the character language model of engine/lm.py (--task text)
@@ -39,6 +39,14 @@ def _sizes(text: str) -> list:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"expected positive comma-separated integers, got {text!r}")
     return sizes
+
+
+def add_delimiter_option(group) -> None:
+    """``--delimiter``, read by ``train --data`` and ``predict``: a CSV's field separator."""
+    group.add_argument("--delimiter", default=None, metavar="CHAR",
+                       type=lambda t: "\t" if t in ("\\t", "tab") else t,
+                       help="field separator of the CSV (default: the one of , ; tab | found "
+                            "most often in its header line)")
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -179,10 +187,7 @@ def _data_options(t) -> None:
     g.add_argument("--data", default=None, metavar="FILE",
                    help="train on your own data: a .csv file (header row, numbers only) or a "
                         ".npz file (arrays x and y)")
-    g.add_argument("--delimiter", default=None, metavar="CHAR",
-                   type=lambda t: "\t" if t in ("\\t", "tab") else t,
-                   help="field separator of the CSV (default: the one of , ; tab | found most "
-                        "often in its header line)")
+    add_delimiter_option(g)
     g.add_argument("--x-cols", nargs="+", default=None, metavar="NAME",
                    help="input columns of the CSV (default: all but --y-cols), or the input "
                         "array of the .npz (default: x)")

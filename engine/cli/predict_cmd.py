@@ -8,6 +8,8 @@ import sys
 
 import numpy as np
 
+from .parser import add_delimiter_option
+
 __all__ = ["add_parser", "run"]
 
 
@@ -22,10 +24,7 @@ def add_parser(sub) -> None:
     p.add_argument("--data", required=True, metavar="FILE",
                    help="the inputs: a .csv with a header row (the training columns are "
                         "picked by name; other columns are ignored) or an .npz (array x)")
-    p.add_argument("--delimiter", default=None, metavar="CHAR",
-                   type=lambda t: "\t" if t in ("\\t", "tab") else t,
-                   help="field separator of the CSV (default: the one of , ; tab | found most "
-                        "often in its header line)")
+    add_delimiter_option(p)
     p.add_argument("--x-cols", nargs="+", default=None, metavar="NAME",
                    help="input columns (default: the ones the model was trained on, as saved "
                         "in the checkpoint; else all columns)")
