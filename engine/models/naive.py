@@ -35,10 +35,18 @@ def _cross_entropy(logits, target):
 LOSSES = {"mse": _mse, "cross_entropy": _cross_entropy}
 
 
-def _no_dropout(dropout) -> None:
+def check_no_dropout(dropout) -> None:
+    """ValueError for a dropout probability other than 0: a twin cannot draw the engine's mask."""
     if dropout:
         raise ValueError(f"dropout: the naive twin has no dropout (it cannot draw the "
                          f"engine's mask); expected 0.0, got {dropout!r}")
+
+
+def sequence_shape(x) -> tuple:
+    """``(B, T)`` of ``x``, which must hold (B, T, d) sequences."""
+    if x.ndim != 3:
+        raise ValueError(f"x: expected (B, T, d) sequences, got shape {x.shape}")
+    return x.shape[:2]
 
 
 class NaiveBlock:
@@ -57,6 +65,25 @@ class NaiveBlock:
         self.lr, self.wd, self.t = lr, weight_decay, 0
         self.loss_fn = LOSSES[loss]
         self._cache = None
+
+    def layer_norm(self, x, name):
+        """LayerNorm of the rows ``x`` with parameters ``<name>.gamma``, ``<name>.beta`` and
+        ``self.eps``: ``(y, cache)``."""
+        n = x.shape[0]
+        y, mean, rstd = np.empty_like(x), np.empty(n, x.dtype), np.empty(n, x.dtype)
+        ref.layernorm_forward(y, mean, rstd, x, self.params[name + ".gamma"],
+                              self.params[name + ".beta"], self.eps)
+        return y, (x, mean, rstd)
+
+    def layer_norm_backward(self, cache, dy, name, grads):
+        """dx of ``layer_norm``; the gradients of ``<name>.gamma``/``.beta`` go into ``grads``."""
+        x, mean, rstd = cache
+        dx = np.empty_like(x)
+        dg = np.zeros_like(self.params[name + ".gamma"])
+        db = np.zeros_like(self.params[name + ".beta"])
+        ref.layernorm_backward(dx, dg, db, dy, x, mean, rstd, self.params[name + ".gamma"])
+        grads[name + ".gamma"], grads[name + ".beta"] = dg, db
+        return dx
 
     def forward_rows(self, x2):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -108,7 +135,7 @@ class NaiveFFN(NaiveBlock):
 
     def __init__(self, params, *, activation="relu", dropout=0.0, prefix="", **kw):
         super().__init__(params, **kw)
-        _no_dropout(dropout)
+        check_no_dropout(dropout)
         self.act, self.pre = activation, prefix
 
     def _ffn_forward(self, x):
@@ -147,28 +174,12 @@ class NaiveFFNSublayer(NaiveFFN):
             raise ValueError(f"norm: expected 'post' or 'pre', got {norm!r}")
         self.norm, self.eps = norm, eps
 
-    def _ln_forward(self, s):
-        n = s.shape[0]
-        y, mean, rstd = np.empty_like(s), np.empty(n, s.dtype), np.empty(n, s.dtype)
-        ref.layernorm_forward(y, mean, rstd, s, self.params["norm.gamma"],
-                              self.params["norm.beta"], self.eps)
-        return y, (s, mean, rstd)
-
-    def _ln_backward(self, cache, dy, grads):
-        s, mean, rstd = cache
-        ds = np.empty_like(s)
-        dgamma = np.zeros_like(self.params["norm.gamma"])
-        dbeta = np.zeros_like(self.params["norm.beta"])
-        ref.layernorm_backward(ds, dgamma, dbeta, dy, s, mean, rstd, self.params["norm.gamma"])
-        grads["norm.gamma"], grads["norm.beta"] = dgamma, dbeta
-        return ds
-
     def forward_rows(self, x):
         if self.norm == "post":
             f, fcache = self._ffn_forward(x)
-            y, lcache = self._ln_forward(x + f)
+            y, lcache = self.layer_norm(x + f, "norm")
         else:
-            xn, lcache = self._ln_forward(x)
+            xn, lcache = self.layer_norm(x, "norm")
             f, fcache = self._ffn_forward(xn)
             y = x + f
         return y, (fcache, lcache)
@@ -177,12 +188,12 @@ class NaiveFFNSublayer(NaiveFFN):
         fcache, lcache = cache
         if self.norm == "post":
             grads: dict = {}
-            ds = self._ln_backward(lcache, dy, grads)
+            ds = self.layer_norm_backward(lcache, dy, "norm", grads)
             dx_ffn, fgrads = self._ffn_backward(fcache, ds)
             grads.update(fgrads)
             return ds + dx_ffn, grads
         dxn, grads = self._ffn_backward(fcache, dy)
-        return dy + self._ln_backward(lcache, dxn, grads), grads
+        return dy + self.layer_norm_backward(lcache, dxn, "norm", grads), grads
 
 
 class NaiveGMLP(NaiveBlock):
@@ -263,7 +274,7 @@ class NaiveGatedFFN(NaiveBlock):
 
     def __init__(self, params, *, activation="silu", bias=False, dropout=0.0, **kw):
         super().__init__(params, **kw)
-        _no_dropout(dropout)
+        check_no_dropout(dropout)
         self.act = activation
 
     def _bias(self, name):
@@ -303,25 +314,8 @@ class NaiveGMLPBlock(NaiveBlock):
         self.half = self.params["W_out"].shape[0]
 
     def forward(self, x):
-        if x.ndim != 3:
-            raise ValueError(f"x: expected (B, T, d) sequences, got shape {x.shape}")
-        self._bt = x.shape[:2]
+        self._bt = sequence_shape(x)
         return super().forward(x)
-
-    def _ln(self, x, name):
-        n = x.shape[0]
-        y, mean, rstd = np.empty_like(x), np.empty(n, x.dtype), np.empty(n, x.dtype)
-        ref.layernorm_forward(y, mean, rstd, x, self.params[name + ".gamma"],
-                              self.params[name + ".beta"], self.eps)
-        return y, (x, mean, rstd)
-
-    def _ln_backward(self, cache, dy, name, grads):
-        x, mean, rstd = cache
-        dx = np.empty_like(x)
-        dg, db = np.zeros(x.shape[1], x.dtype), np.zeros(x.shape[1], x.dtype)
-        ref.layernorm_backward(dx, dg, db, dy, x, mean, rstd, self.params[name + ".gamma"])
-        grads[name + ".gamma"], grads[name + ".beta"] = dg, db
-        return dx
 
     def _w(self, t):
         w = self.params["sgu.W"][:t, :t]
@@ -329,11 +323,11 @@ class NaiveGMLPBlock(NaiveBlock):
 
     def forward_rows(self, x):
         p, (b, t), h = self.params, self._bt, self.half
-        xn, c1 = self._ln(x, "norm")
+        xn, c1 = self.layer_norm(x, "norm")
         zp = xn @ p["W_in"] + p["b_in"]
         z = ref.activation(zp, "gelu")
         u, v = z[:, :h], z[:, h:]
-        vn, c2 = self._ln(v, "sgu.norm")
+        vn, c2 = self.layer_norm(v, "sgu.norm")
         s = (self._w(t) @ vn.reshape(b, t, h) + p["sgu.b"][:t, None]).reshape(b * t, h)
         a = u * s
         return x + a @ p["W_out"] + p["b_out"], (c1, xn, zp, u, c2, vn, s, a)
@@ -352,7 +346,7 @@ class NaiveGMLPBlock(NaiveBlock):
             gw = np.tril(gw)
         grads["sgu.W"], grads["sgu.b"] = gw, gb
         dvn = (self._w(t).T @ ds).reshape(b * t, h)
-        dv = self._ln_backward(c2, dvn, "sgu.norm", grads)
+        dv = self.layer_norm_backward(c2, dvn, "sgu.norm", grads)
         dzp = np.concatenate([du, dv], axis=1) * ref.activation_grad(zp, "gelu")
         grads["W_in"], grads["b_in"] = xn.T @ dzp, dzp.sum(axis=0)
-        return dy + self._ln_backward(c1, dzp @ p["W_in"].T, "norm", grads), grads
+        return dy + self.layer_norm_backward(c1, dzp @ p["W_in"].T, "norm", grads), grads

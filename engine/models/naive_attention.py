@@ -7,21 +7,9 @@ import numpy as np
 
 from kernels import reference as ref
 
-from .naive import NaiveBlock
+from .naive import NaiveBlock, check_no_dropout, sequence_shape
 
 __all__ = ["NaiveMultiHeadAttention", "NaiveTransformerBlock"]
-
-
-def _no_dropout(dropout) -> None:
-    if dropout:
-        raise ValueError(f"dropout: the naive twin has no dropout (it cannot draw the "
-                         f"engine's mask); expected 0.0, got {dropout!r}")
-
-
-def _sequences(x):
-    if x.ndim != 3:
-        raise ValueError(f"x: expected (B, T, d) sequences, got shape {x.shape}")
-    return x.shape[:2]
 
 
 class _Attention:
@@ -80,11 +68,11 @@ class NaiveMultiHeadAttention(NaiveBlock):
 
     def __init__(self, params, *, n_heads, causal=True, dropout=0.0, bias=True, **kw):
         super().__init__(params, **kw)
-        _no_dropout(dropout)
+        check_no_dropout(dropout)
         self.attn = _Attention(self.params, n_heads, causal)
 
     def forward(self, x):
-        self._bt = _sequences(x)
+        self._bt = sequence_shape(x)
         return super().forward(x)
 
     def forward_rows(self, x):
@@ -101,27 +89,13 @@ class NaiveTransformerBlock(NaiveBlock):
     def __init__(self, params, *, n_heads, ffn="gelu", norm="pre", causal=True, dropout=0.0,
                  eps=1e-5, **kw):
         super().__init__(params, **kw)
-        _no_dropout(dropout)
+        check_no_dropout(dropout)
         self.attn = _Attention(self.params, n_heads, causal, "attn.")
         self.act, self.norm, self.eps = ffn, norm, eps
 
     def forward(self, x):
-        self._bt = _sequences(x)
+        self._bt = sequence_shape(x)
         return super().forward(x)
-
-    def _ln(self, x, name):
-        n = x.shape[0]
-        y, mean, rstd = np.empty_like(x), np.empty(n, x.dtype), np.empty(n, x.dtype)
-        ref.layernorm_forward(y, mean, rstd, x, self.params[name + ".gamma"],
-                              self.params[name + ".beta"], self.eps)
-        return y, (x, mean, rstd)
-
-    def _ln_backward(self, cache, dy, name, grads):
-        x, mean, rstd = cache
-        dx, dg, db = np.empty_like(x), np.zeros(x.shape[1], x.dtype), np.zeros(x.shape[1], x.dtype)
-        ref.layernorm_backward(dx, dg, db, dy, x, mean, rstd, self.params[name + ".gamma"])
-        grads[name + ".gamma"], grads[name + ".beta"] = dg, db
-        return dx
 
     def _mlp(self, x):
         p = self.params
@@ -140,29 +114,29 @@ class NaiveTransformerBlock(NaiveBlock):
     def forward_rows(self, x):
         bt = self._bt
         if self.norm == "pre":
-            xn, l1 = self._ln(x, "ln_1")
+            xn, l1 = self.layer_norm(x, "ln_1")
             a, ac = self.attn.forward(xn, bt)
             hh = x + a
-            hn, l2 = self._ln(hh, "ln_2")
+            hn, l2 = self.layer_norm(hh, "ln_2")
             m, mc = self._mlp(hn)
             return hh + m, (l1, ac, l2, mc)
         a, ac = self.attn.forward(x, bt)
-        hh, l1 = self._ln(x + a, "ln_1")
+        hh, l1 = self.layer_norm(x + a, "ln_1")
         m, mc = self._mlp(hh)
-        y, l2 = self._ln(hh + m, "ln_2")
+        y, l2 = self.layer_norm(hh + m, "ln_2")
         return y, (l1, ac, l2, mc)
 
     def backward_rows(self, cache, dy):
         l1, ac, l2, mc = cache
         bt, grads = self._bt, {}
         if self.norm == "pre":
-            dh = dy + self._ln_backward(l2, self._mlp_backward(mc, dy, grads), "ln_2", grads)
+            dh = dy + self.layer_norm_backward(l2, self._mlp_backward(mc, dy, grads), "ln_2", grads)
             dxn, ag = self.attn.backward(ac, dh, bt)
             grads.update(ag)
-            return dh + self._ln_backward(l1, dxn, "ln_1", grads), grads
-        ds2 = self._ln_backward(l2, dy, "ln_2", grads)
+            return dh + self.layer_norm_backward(l1, dxn, "ln_1", grads), grads
+        ds2 = self.layer_norm_backward(l2, dy, "ln_2", grads)
         dh = ds2 + self._mlp_backward(mc, ds2, grads)
-        ds1 = self._ln_backward(l1, dh, "ln_1", grads)
+        ds1 = self.layer_norm_backward(l1, dh, "ln_1", grads)
         dx, ag = self.attn.backward(ac, ds1, bt)
         grads.update(ag)
         return ds1 + dx, grads
