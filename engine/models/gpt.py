@@ -12,7 +12,7 @@ import numpy as np
 from kernels import ops
 
 from ..nn.blocks import Dropout, LayerNorm
-from ..nn.embedding import Embedding
+from ..nn.embedding import Embedding, check_id_range, check_integer_ids
 from ..nn.layers import Linear, Sequential
 from .._checks import check_bool, check_positive_int, check_real
 from ..nn.module import Module, make_rng
@@ -100,25 +100,12 @@ class GPT(Module):
         return (b, t, self.vocab_size)
 
     def _check_ids(self, ids, name: str = "ids"):
-        if not isinstance(ids, np.ndarray):
-            raise TypeError(f"{name}: expected a numpy.ndarray of token ids (B, T), got "
-                            f"{type(ids).__name__}")
-        if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
-            raise TypeError(f"{name}: expected an integer array (token ids), got dtype "
-                            f"{ids.dtype}")
-        if ids.ndim != 2:
-            raise ValueError(f"{name}: expected shape (B, T), got {ids.shape}")
+        check_integer_ids(ids, name, sequences=True)
         b, t = ids.shape
         if not 1 <= t <= self.block_size:
             raise ValueError(f"{name}: expected 1 <= T <= block_size = {self.block_size} positions, "
                              f"got T = {t} in shape {ids.shape}")
-        if ids.size:
-            lo, hi = ids.min(), ids.max()
-            if lo < 0 or hi >= self.vocab_size:
-                bad = (ids < 0) | (ids >= self.vocab_size)
-                where = np.unravel_index(int(np.argmax(bad)), ids.shape)
-                raise ValueError(f"{name}: expected ids in [0, {self.vocab_size}), got "
-                                 f"{int(ids[where])} at index {tuple(int(i) for i in where)}")
+        check_id_range(ids, self.vocab_size, name)
         self.h[0].attn.check_scores(b, t, name)
         return b, t
 

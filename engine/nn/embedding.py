@@ -10,7 +10,33 @@ from kernels import ops
 
 from .module import Module, Parameter, Workspace, rows_of, check_positive_int, make_rng
 
-__all__ = ["Embedding"]
+__all__ = ["Embedding", "check_integer_ids", "check_id_range"]
+
+
+def check_integer_ids(ids, name: str = "ids", sequences: bool = False) -> None:
+    """TypeError unless ``ids`` is a numpy array of integers; ValueError for a scalar, or
+    (``sequences``) for a shape other than (B, T)."""
+    if not isinstance(ids, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray of integer ids"
+                        f"{' (B, T)' if sequences else ''}, got {type(ids).__name__}")
+    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"{name}: expected an integer array (token ids), got dtype {ids.dtype}"
+                        f" (convert with .astype(np.int64) if the values are whole numbers)")
+    if sequences and ids.ndim != 2:
+        raise ValueError(f"{name}: expected shape (B, T), got {ids.shape}")
+    if ids.ndim == 0:
+        raise ValueError(f"{name}: expected an array of at least 1 dimension, got a scalar")
+
+
+def check_id_range(ids, vocab_size: int, name: str = "ids") -> None:
+    """ValueError naming the first id of ``ids`` outside [0, vocab_size), and its index."""
+    if ids.size:
+        lo, hi = ids.min(), ids.max()
+        if lo < 0 or hi >= vocab_size:
+            bad = (ids < 0) | (ids >= vocab_size)
+            where = np.unravel_index(int(np.argmax(bad)), ids.shape)
+            raise ValueError(f"{name}: expected ids in [0, {vocab_size}), got "
+                             f"{int(ids[where])} at index {tuple(int(i) for i in where)}")
 
 
 class Embedding(Module):
@@ -50,22 +76,8 @@ class Embedding(Module):
         return (*x.shape, self.dim)
 
     def _check_ids(self, ids, name: str = "ids"):
-        if not isinstance(ids, np.ndarray):
-            raise TypeError(f"{name}: expected a numpy.ndarray of integer ids, got "
-                            f"{type(ids).__name__}")
-        if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
-            raise TypeError(f"{name}: expected an integer array (token ids), got dtype {ids.dtype}"
-                            f" (convert with .astype(np.int64) if the values are whole numbers)")
-        if ids.ndim == 0:
-            raise ValueError(f"{name}: expected an array of at least 1 dimension, got a scalar")
-        if ids.size:
-            v = self.num_embeddings
-            lo, hi = ids.min(), ids.max()
-            if lo < 0 or hi >= v:
-                bad = (ids < 0) | (ids >= v)
-                where = np.unravel_index(int(np.argmax(bad)), ids.shape)
-                raise ValueError(f"{name}: expected ids in [0, {v}), got {int(ids[where])} at "
-                                 f"index {tuple(int(i) for i in where)}")
+        check_integer_ids(ids, name)
+        check_id_range(ids, self.num_embeddings, name)
 
     def forward(self, ids, *, residual=None):
         """The rows of ``W`` for ``ids`` (+ ``residual``, an array of the output's shape)."""
