@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 __all__ = ["check_int", "check_positive_int", "check_real", "check_bool", "check_choice",
-           "check_dtype", "argparse_int", "argparse_real"]
+           "check_dtype", "check_array_like", "argparse_int", "argparse_real"]
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -89,6 +89,19 @@ def check_dtype(dtype) -> np.dtype:
     if dt not in _FLOAT_DTYPES:
         raise TypeError(f"dtype: expected float32 or float64, got {dt}")
     return dt
+
+
+def check_array_like(name: str, v, like: np.ndarray, hint: str = "") -> np.ndarray:
+    """``v`` if it is a numpy array of ``like``'s shape and dtype (a parameter's value, a saved
+    buffer): TypeError for another type or dtype (``hint`` follows the dtype message),
+    ValueError for another shape."""
+    if not isinstance(v, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(v).__name__}")
+    if v.shape != like.shape:
+        raise ValueError(f"{name}: expected shape {like.shape}, got {v.shape}")
+    if v.dtype != like.dtype:
+        raise TypeError(f"{name}: expected dtype {like.dtype}, got {v.dtype}{hint}")
+    return v
 
 
 # ----------------------------------------------------------------------------- argparse types

@@ -12,7 +12,7 @@ import numpy as np
 
 from kernels.memory import aligned_empty
 
-from .._checks import check_dtype
+from .._checks import check_array_like, check_dtype
 
 __all__ = ["Arena", "Parameter", "Workspace", "adjacent_views", "arena_layout_version",
            "bump_arena_layout", "buffer_owner", "runs", "shaped_like", "LAYOUT_VERSION",
@@ -151,13 +151,7 @@ class Parameter:
 
 def _check_like(what: str, value, p: Parameter) -> None:
     name = f"{p.name}.{what}" if p.name else what
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(value).__name__}")
-    if value.shape != p.shape:
-        raise ValueError(f"{name}: expected shape {p.shape}, got {value.shape}")
-    if value.dtype != p._data.dtype:
-        raise TypeError(f"{name}: expected dtype {p._data.dtype}, got {value.dtype} "
-                        f"(no silent cast: convert with .astype)")
+    check_array_like(name, value, p._data, " (no silent cast: convert with .astype)")
 
 
 def runs(params) -> list:

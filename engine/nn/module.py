@@ -20,7 +20,7 @@ import numpy as np
 
 from kernels import ops
 
-from .._checks import check_dtype, check_positive_int
+from .._checks import check_array_like, check_dtype, check_positive_int
 from .._checks import check_real as check_float
 from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
                     arena_layout_version, bump_arena_layout, runs, shaped_like)
@@ -422,13 +422,7 @@ class Module(metaclass=_ModuleMeta):
         if missing or unexpected:
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
         for n, p in named:
-            v = state[n]
-            if not isinstance(v, np.ndarray):
-                raise TypeError(f"load_state_dict: {n}: expected a numpy.ndarray, got {type(v).__name__}")
-            if v.shape != p.data.shape:
-                raise ValueError(f"load_state_dict: {n}: expected shape {p.data.shape}, got {v.shape}")
-            if v.dtype != p.data.dtype:
-                raise TypeError(f"load_state_dict: {n}: expected dtype {p.data.dtype}, got {v.dtype}")
+            check_array_like(f"load_state_dict: {n}", state[n], p.data)
         for n, p in named:
             p.data[...] = state[n]
 

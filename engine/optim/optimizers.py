@@ -19,7 +19,7 @@ from kernels import ops
 from kernels import optim as _kopt
 from kernels.memory import aligned_empty
 
-from .._checks import check_bool, check_int, check_real
+from .._checks import check_array_like, check_bool, check_int, check_real
 from ..nn.arena import LAYOUT_VERSION
 from ..nn.module import Module, Parameter, runs, shaped_like
 from .interrupt import defer_keyboard_interrupt
@@ -280,16 +280,8 @@ class Optimizer:
             raise KeyError(f"{name}.load_state_dict: state[{idx}] ({p.name}): missing buffers "
                            f"{sorted(need - keys)}, unexpected {sorted(keys - allowed)}")
         for k in keys:
-            v = st[k]
-            if not isinstance(v, np.ndarray):
-                raise TypeError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
-                                f"expected a numpy.ndarray, got {type(v).__name__}")
-            if v.shape != p.data.shape:
-                raise ValueError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
-                                 f"expected shape {p.data.shape}, got {v.shape}")
-            if v.dtype != p.data.dtype:
-                raise TypeError(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name}): "
-                                f"expected dtype {p.data.dtype}, got {v.dtype}")
+            check_array_like(f"{name}.load_state_dict: state[{idx}][{k!r}] ({p.name})", st[k],
+                             p.data)
         return st
 
     def apply_state(self, checked) -> None:
