@@ -17,7 +17,7 @@ import numpy as np
 from kernels import ops
 
 from .._checks import check_bool, check_positive_int, check_real
-from .module import INITS, Module, Parameter, init_weight, make_rng
+from .module import Module, Parameter, check_init, check_sequences, init_weight, make_rng
 
 __all__ = ["MultiHeadAttention", "MAX_SCORES_BYTES"]
 
@@ -64,9 +64,7 @@ class MultiHeadAttention(Module):
         self.causal = check_bool("causal", causal)
         self.p = check_real("dropout", dropout, 0.0, 1.0, high_open=True)
         self.bias = check_bool("bias", bias)
-        if init not in INITS:
-            raise ValueError(f"init: expected one of {INITS}, got {init!r}")
-        self.init = init
+        self.init = check_init(init)
         self.max_scores_bytes = check_positive_int("max_scores_bytes", max_scores_bytes)
         self.scale = 1.0 / math.sqrt(self.d_head)
         rng = make_rng(rng)
@@ -100,13 +98,9 @@ class MultiHeadAttention(Module):
         """``(B, T)`` of an input ``x`` of shape (B, T, d_model) whose scores fit in
         ``max_scores_bytes``; TypeError/ValueError otherwise (composites call it before any
         child runs, so a rejected call changes nothing)."""
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"{name}: expected a numpy.ndarray of shape (B, T, {self.d_model}), "
-                            f"got {type(x).__name__}")
-        if x.ndim != 3:
-            raise ValueError(f"{name}: expected shape (B, T, {self.d_model}) (attention mixes "
-                             f"the T positions of each sequence), got {x.shape}")
-        return self.check_scores(x.shape[0], x.shape[1], name)
+        b, t = check_sequences(x, self.d_model, "attention mixes the T positions of each "
+                               "sequence", name)
+        return self.check_scores(b, t, name)
 
     def check_input(self, x, name: str = "x") -> tuple:
         """x's shape for a valid (B, T, d_model) input, else the error ``forward`` raises."""

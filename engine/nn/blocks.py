@@ -15,8 +15,8 @@ import numpy as np
 from kernels import ops
 
 from .layers import check_activation, sign_from_output
-from .module import (INITS, Module, Parameter, adjacent_views, rows_of, shaped, as_rows,
-                     check_float, check_positive_int, init_weight, make_rng)
+from .module import (INITS, Module, Parameter, adjacent_views, as_rows, check_float, check_init,
+                     check_positive_int, init_weight, make_rng, rows_of, shaped)
 
 __all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "ChannelGatedMLP", "AddNorm", "FFNSublayer", "INITS"]
 
@@ -140,9 +140,7 @@ class FFN(Module):
         self.d_ff = check_positive_int("d_ff", d_ff)
         self.activation = check_activation("activation", activation)
         self.p = _check_p("dropout", dropout)
-        if init not in INITS:
-            raise ValueError(f"init: expected one of {INITS}, got {init!r}")
-        self.init = init
+        self.init = check_init(init)
         rng = make_rng(rng)
         self._rng = rng
         # relu-like: act runs in place over z; others cache act'(z) over z.

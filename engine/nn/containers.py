@@ -8,7 +8,7 @@ from kernels.activations import ACTIVATIONS
 
 from .._checks import check_bool
 from .layers import ROWWISE_ACTIVATIONS, Activation, Identity, Linear, RowwiseActivation
-from .module import (INITS, Module, Workspace, check_float, check_positive_int, input_spec,
+from .module import (Module, Workspace, check_float, check_init, check_positive_int, input_spec,
                      make_rng, mode_version, rows_of)
 
 __all__ = ["Sequential", "MLP"]
@@ -317,8 +317,7 @@ class MLP(Sequential):
         resolved = [_layer_activation(i, a, slopes[i]) for i, a in enumerate(activations)]
         names = [r[0] for r in resolved]
         slopes = [r[1] for r in resolved]
-        if init not in INITS:
-            raise ValueError(f"init: expected one of {INITS}, got {init!r}")
+        check_init(init)
         rng = make_rng(rng)
         super().__init__(*[Linear(sizes[i], sizes[i + 1], bias, init, dtype, rng,
                                   names[i], slopes[i]) for i in range(n_layers)])

@@ -16,7 +16,7 @@ from kernels import ops
 
 from .._checks import check_bool
 from .layers import check_activation
-from .module import (INITS, Module, Parameter, adjacent_views, check_float, check_positive_int,
+from .module import (Module, Parameter, adjacent_views, check_float, check_init, check_positive_int,
                      init_weight, make_rng)
 
 __all__ = ["GatedFFN"]
@@ -48,9 +48,7 @@ class GatedFFN(Module):
         self.negative_slope = check_float("negative_slope", negative_slope)
         self.p = check_float("dropout", dropout, 0.0, 1.0, high_open=True)
         check_bool("bias", bias)
-        if init not in INITS:
-            raise ValueError(f"init: expected one of {INITS}, got {init!r}")
-        self.init = init
+        self.init = check_init(init)
         rng = make_rng(rng)
         self._rng = rng
         dt, d, f = self.dtype, self.d_model, self.d_ff

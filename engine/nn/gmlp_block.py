@@ -17,7 +17,8 @@ from kernels import ops
 
 from .._checks import check_bool
 from .blocks import LayerNorm
-from .module import Module, Parameter, check_float, check_positive_int, init_weight, make_rng
+from .module import (Module, Parameter, check_float, check_positive_int, check_sequences,
+                     init_weight, make_rng)
 
 __all__ = ["GMLPBlock", "SpatialGMLPBlock", "SpatialGatingUnit"]
 
@@ -27,13 +28,7 @@ _check_bool = check_bool
 
 def _check_sequences(x, seq_len: int, causal: bool, d: int, what: str, name: str = "x"):
     """(B, T) of a (B, T, d) input ``x``, else ValueError/TypeError (before anything changes)."""
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray of shape (B, T, {d}), got "
-                        f"{type(x).__name__}")
-    if x.ndim != 3:
-        raise ValueError(f"{name}: expected shape (B, T, {d}) (sequences: {what} mixes the T "
-                         f"tokens of each), got {x.shape}")
-    b, t = x.shape[0], x.shape[1]
+    b, t = check_sequences(x, d, f"sequences: {what} mixes the T tokens of each", name)
     if causal:
         if not 1 <= t <= seq_len:
             raise ValueError(f"{name}: expected 1 <= T <= seq_len = {seq_len} tokens (a causal "

@@ -13,8 +13,8 @@ import numpy as np
 from kernels import ops
 from kernels.activations import ACTIVATIONS, REGISTRY
 
-from .module import (INITS, Module, Parameter, check_float, check_positive_int, init_weight,
-                     make_rng)
+from .module import (INITS, Module, Parameter, check_float, check_init, check_positive_int,
+                     init_weight, make_rng)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
            "Tanh", "Identity", "Softmax", "LogSoftmax", "Sequential", "MLP", "check_activation",
@@ -64,8 +64,7 @@ class Linear(Module):
         super().__init__(dtype)
         self.d_in = check_positive_int("d_in", d_in)
         self.d_out = check_positive_int("d_out", d_out)
-        if init not in INITS:
-            raise ValueError(f"init: expected one of {INITS}, got {init!r}")
+        check_init(init)
         if activation == "identity":
             activation = None
         self._rowwise = activation in ROWWISE_ACTIVATIONS

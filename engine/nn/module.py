@@ -24,12 +24,13 @@ from .._checks import check_array_like, check_dtype, check_positive_int
 from .._checks import check_real as check_float
 from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
                     arena_layout_version, bump_arena_layout, runs, shaped_like)
-from .rows import (INITS, as_rows, check_array, flat3, init_weight, make_rng, rows_of,
-                   shaped)
+from .rows import (INITS, as_rows, check_array, check_init, check_sequences, flat3, init_weight,
+                   make_rng, rows_of, shaped)
 
 __all__ = ["Parameter", "Arena", "adjacent_views", "arena_layout_version", "mode_version",
            "rows_of", "shaped", "shaped_like", "Module", "Workspace", "make_rng", "check_dtype",
-           "check_positive_int", "check_float", "as_rows", "INITS", "init_weight", "runs"]
+           "check_positive_int", "check_float", "as_rows", "INITS", "check_init", "init_weight",
+           "check_sequences", "runs"]
 
 
 _MODE_VERSION = [0]  # bumped by every train()/eval() call

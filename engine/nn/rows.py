@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-__all__ = ["make_rng", "INITS", "init_weight", "check_array", "as_rows", "rows_of", "flat3",
-           "shaped"]
+__all__ = ["make_rng", "INITS", "check_init", "init_weight", "check_array", "check_sequences",
+           "as_rows", "rows_of", "flat3", "shaped"]
 
 
 def make_rng(rng) -> np.random.Generator:
@@ -22,6 +22,13 @@ def make_rng(rng) -> np.random.Generator:
 
 
 INITS = ("he", "xavier", "normal", "zeros")
+
+
+def check_init(init) -> str:
+    """``init`` if it names a weight initialisation (one of ``INITS``), else ValueError."""
+    if init not in INITS:
+        raise ValueError(f"init: expected one of {INITS}, got {init!r}")
+    return init
 
 
 def init_weight(d_in: int, d_out: int, init: str, dtype, rng) -> np.ndarray:
@@ -49,6 +56,18 @@ def check_array(name: str, x, dtype) -> None:
     if x.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {x.dtype} "
                         f"(convert with .astype(np.{np.dtype(dtype)}))")
+
+
+def check_sequences(x, d: int, why: str, name: str = "x") -> tuple:
+    """``(B, T)`` of ``x``, a numpy array of shape (B, T, ...); TypeError for another type,
+    ValueError for another number of dimensions, saying ``why`` sequences are needed (the
+    feature count ``d`` is checked where the rows are taken)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray of shape (B, T, {d}), got "
+                        f"{type(x).__name__}")
+    if x.ndim != 3:
+        raise ValueError(f"{name}: expected shape (B, T, {d}) ({why}), got {x.shape}")
+    return x.shape[0], x.shape[1]
 
 
 def as_rows(x, d, dtype, name: str = "x"):

@@ -12,7 +12,7 @@ from .attention import MultiHeadAttention
 from .blocks import FFN, Dropout, LayerNorm
 from .gated import GatedFFN
 from .._checks import check_choice, check_positive_int, check_real
-from .module import INITS, Module, make_rng
+from .module import Module, check_init, make_rng
 
 __all__ = ["TransformerBlock", "GATED_FFNS"]
 
@@ -43,8 +43,7 @@ class TransformerBlock(Module):
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
         self.d_ff = check_positive_int("d_ff", d_ff)
         p = check_real("dropout", dropout, 0.0, 1.0, high_open=True)
-        if init not in INITS:
-            raise ValueError(f"init: expected one of {INITS}, got {init!r}")
+        check_init(init)
         rng = make_rng(rng)
         self.norm, self.ffn, self.p = norm, ffn, p
         self.ln_1 = LayerNorm(d_model, eps, dtype)
