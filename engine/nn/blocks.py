@@ -15,8 +15,8 @@ import numpy as np
 from kernels import ops
 
 from .layers import check_activation, sign_from_output
-from .module import (INITS, Module, Parameter, adjacent_views, as_rows, check_float, check_init,
-                     check_positive_int, init_weight, make_rng, rows_of, shaped)
+from .module import (INITS, Module, Parameter, as_rows, check_float, check_init, check_positive_int,
+                     init_weight, make_rng, rows_of, shaped)
 
 __all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "ChannelGatedMLP", "AddNorm", "FFNSublayer", "INITS"]
 
@@ -264,12 +264,9 @@ class GMLP(Module):
                 "d_out": self.d_out, "dtype": self.dtype.name}
 
     def _params_moved(self):
-        g, p = self.W_gate, self.W_proj
-        f, dh = self.d_ffn, self.d_hidden
-        data, grad = adjacent_views((g, p), "GMLP: W_gate and W_proj")
         # (2f, d_hidden) rows [W_gate^T; W_proj^T] and their gradient: views, no copy.
-        object.__setattr__(self, "Wgp_T", data.reshape(2 * f, dh))
-        object.__setattr__(self, "dWgp_T", grad.reshape(2 * f, dh))
+        self._set_adjacent(("Wgp_T", "dWgp_T"), (self.W_gate, self.W_proj),
+                           "GMLP: W_gate and W_proj", (2 * self.d_ffn, self.d_hidden))
 
     def out_features(self, d_in: int) -> int:
         return self.d_out

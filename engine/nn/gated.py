@@ -16,8 +16,8 @@ from kernels import ops
 
 from .._checks import check_bool
 from .layers import check_activation
-from .module import (Module, Parameter, adjacent_views, check_float, check_init, check_positive_int,
-                     init_weight, make_rng)
+from .module import (Module, Parameter, check_float, check_init, check_positive_int, init_weight,
+                     make_rng)
 
 __all__ = ["GatedFFN"]
 
@@ -70,15 +70,12 @@ class GatedFFN(Module):
                 "dtype": self.dtype.name, "negative_slope": self.negative_slope}
 
     def _params_moved(self):
-        g, u, f, d = self.W_gate, self.W_up, self.d_ff, self.d_model
-        data, grad = adjacent_views((g, u), "GatedFFN: W_gate and W_up")
         # (2f, d) rows [W_gate^T; W_up^T] and their gradient: views, no copy.
-        object.__setattr__(self, "Wgu_T", data.reshape(2 * f, d))
-        object.__setattr__(self, "dWgu_T", grad.reshape(2 * f, d))
+        self._set_adjacent(("Wgu_T", "dWgu_T"), (self.W_gate, self.W_up),
+                           "GatedFFN: W_gate and W_up", (2 * self.d_ff, self.d_model))
         if self.bias:
-            b_gu, db_gu = adjacent_views((self.b_gate, self.b_up), "GatedFFN: b_gate and b_up")
-            object.__setattr__(self, "b_gu", b_gu)
-            object.__setattr__(self, "db_gu", db_gu)
+            self._set_adjacent(("b_gu", "db_gu"), (self.b_gate, self.b_up),
+                               "GatedFFN: b_gate and b_up")
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, activation={self.activation!r}, "

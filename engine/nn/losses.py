@@ -36,7 +36,7 @@ class _Loss(Module):
     def __init__(self, dtype=None):
         super().__init__()
         # None: follow pred (float32 or float64); otherwise pred must have this dtype.
-        object.__setattr__(self, "dtype", None if dtype is None else check_dtype(dtype))
+        self._set_plain("dtype", None if dtype is None else check_dtype(dtype))
         self._wss = {}  # dtype -> Workspace
         self._saved = None  # (N, C) what backward reads: pred (MSE) or the softmax (CE)
         self._target = None  # the last target, viewed as rows (or (N,) labels)

@@ -111,18 +111,17 @@ class Module(metaclass=_ModuleMeta):
     in_features = None   # last input dimension (None: any)
 
     def __init__(self, dtype=np.float32):
-        object.__setattr__(self, "_params", OrderedDict())
-        object.__setattr__(self, "_modules", OrderedDict())
-        object.__setattr__(self, "training", True)
-        object.__setattr__(self, "dtype", check_dtype(dtype))
-        object.__setattr__(self, "_ws", Workspace(self.dtype))
-        object.__setattr__(self, "_calls", _CallState())
-        object.__setattr__(self, "_built", False)
-        object.__setattr__(self, "_view_cache", [None, None])  # (key, views) of _views
-        object.__setattr__(self, "_lock", threading.RLock())  # see _one_caller
-        # What forward keeps for backward (input rows, activations, dropout flag): a plain
-        # namespace, since Module.__setattr__ is a Python call on the hot path.
-        object.__setattr__(self, "_saved", SimpleNamespace())
+        # The machinery's own attributes go straight into __dict__: __setattr__ needs _params
+        # to exist, and registers what these are not.
+        dtype = check_dtype(dtype)
+        self.__dict__.update(
+            _params=OrderedDict(), _modules=OrderedDict(), training=True, dtype=dtype,
+            _ws=Workspace(dtype), _calls=_CallState(), _built=False,
+            _view_cache=[None, None],  # (key, views) of _views
+            _lock=threading.RLock(),   # see _one_caller
+            # What forward keeps for backward (input rows, activations, dropout flag): a
+            # plain namespace, since Module.__setattr__ is a Python call on the hot path.
+            _saved=SimpleNamespace())
 
     def __setattr__(self, name, value):
         params = self.__dict__.get("_params")
@@ -139,10 +138,25 @@ class Module(metaclass=_ModuleMeta):
         elif name in params or name in self._modules:
             params.pop(name, None)
             self._modules.pop(name, None)
-        object.__setattr__(self, name, value)
+        object.__setattr__(self, name, value)  # the store itself (a property's setter runs)
         if self._built and isinstance(value, (Parameter, Module)):
             bump_arena_layout()
             self._pack()
+
+    def _set_plain(self, name: str, value) -> None:
+        """Set an attribute the module machinery keeps (mode, build state, work pool, views
+        derived from parameters) without ``__setattr__``'s registration and its cost."""
+        self.__dict__[name] = value
+
+    def _set_adjacent(self, names: tuple, params, what: str, shape=None) -> None:
+        """Set ``names`` (data, grad) to the arena's views of ``params`` back to back
+        (``adjacent_views``), reshaped to ``shape`` when given: the one weight a fused GEMM
+        reads and its gradient, no copy. Called from ``_params_moved``."""
+        data, grad = adjacent_views(params, what)
+        if shape is not None:
+            data, grad = data.reshape(shape), grad.reshape(shape)
+        self._set_plain(names[0], data)
+        self._set_plain(names[1], grad)
 
     # -- the protocol ---------------------------------------------------------------------
     def check_input(self, x, name: str = "x") -> tuple:
@@ -267,7 +281,7 @@ class Module(metaclass=_ModuleMeta):
         forward recomputes its buffer views; no forward may be waiting for its backward."""
         if not isinstance(ws, Workspace) or ws.dtype != self.dtype:
             raise TypeError(f"ws: expected a Workspace of dtype {self.dtype}, got {ws!r}")
-        object.__setattr__(self, "_ws", ws)
+        self._set_plain("_ws", ws)
         self._view_cache[0] = None
         bump_arena_layout()  # overlap checks re-read which buffers belong to whom
 
@@ -328,7 +342,7 @@ class Module(metaclass=_ModuleMeta):
     def _pack(self) -> None:
         """Move every parameter of this module (children included) into one arena per dtype,
         in ``named_parameters`` order, then let each module re-derive views it keeps."""
-        object.__setattr__(self, "_built", True)
+        self._set_plain("_built", True)
         params = self.parameters()
         for dt in {p.dtype for p in params}:
             Arena([p for p in params if p.dtype == dt])
@@ -383,7 +397,7 @@ class Module(metaclass=_ModuleMeta):
     # -- modes ------------------------------------------------------------------------------
     def train(self, mode: bool = True):
         _MODE_VERSION[0] += 1  # lets a checkpointed Sequential skip re-reading unchanged modes
-        object.__setattr__(self, "training", bool(mode))
+        self._set_plain("training", bool(mode))
         for m in self._modules.values():
             m.train(mode)
         return self
