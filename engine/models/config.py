@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ..nn.module import Module
+from ..nn.rows import defined_by
 
 __all__ = ["ConfigError", "to_config", "from_config", "module_types", "count_parameters"]
 
@@ -37,10 +38,6 @@ def _type_name(cls) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _defined_by(cls, name: str):
-    return next(c for c in cls.__mro__ if name in c.__dict__)
-
-
 def _init_parameters(cls) -> dict:
     params = dict(inspect.signature(cls.__init__).parameters)
     params.pop("self", None)
@@ -56,7 +53,7 @@ def to_config(module) -> dict:
         raise TypeError(f"model: expected an engine Module, got {type(module).__name__}")
     cls = type(module)
     name = cls.__name__
-    if not issubclass(_defined_by(cls, "get_config"), _defined_by(cls, "__init__")):
+    if not issubclass(defined_by(cls, "get_config"), defined_by(cls, "__init__")):
         raise ConfigError(f"{name} defines __init__ but not get_config(): define "
                           f"{name}.get_config() returning the keyword arguments of its "
                           f"__init__, so a checkpoint can rebuild it")

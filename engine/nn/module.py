@@ -24,13 +24,13 @@ from .._checks import check_array_like, check_dtype, check_positive_int
 from .._checks import check_real as check_float
 from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
                     arena_layout_version, bump_arena_layout, runs, shaped_like)
-from .rows import (INITS, as_rows, check_array, check_init, check_sequences, flat3, init_weight,
-                   make_rng, rows_of, shaped)
+from .rows import (INITS, as_rows, check_array, check_init, check_sequences, describes_input, flat3,
+                   init_weight, input_spec, make_rng, rows_of, shaped)
 
 __all__ = ["Parameter", "Arena", "adjacent_views", "arena_layout_version", "mode_version",
            "rows_of", "shaped", "shaped_like", "Module", "Workspace", "make_rng", "check_dtype",
            "check_positive_int", "check_float", "as_rows", "INITS", "check_init", "init_weight",
-           "check_sequences", "runs"]
+           "check_sequences", "runs", "describes_input", "input_spec"]
 
 
 _MODE_VERSION = [0]  # bumped by every train()/eval() call
@@ -473,28 +473,3 @@ class Module(metaclass=_ModuleMeta):
             child = repr(m).replace("\n", "\n  ")
             lines.append(f"  ({name}): {child}")
         return "\n".join(lines) + "\n)" + f"  # {self.num_parameters():,} parameters"
-
-
-def _defined_by(cls, name: str):
-    # A loop, not next(generator): a generator left unfinished is closed when collected, and
-    # a Ctrl-C arriving in that close is swallowed ("Exception ignored") instead of raised.
-    for c in cls.__mro__:
-        if name in c.__dict__:
-            return c
-    raise AttributeError(f"{cls.__name__}.{name}")
-
-
-def describes_input(model) -> bool:
-    """Whether ``check_input`` of every module in ``model`` describes what its ``forward``
-    takes: true unless a class overrides ``forward`` below the class that defines its
-    ``check_input`` (a user's subclass with its own forward and no check_input of its own)."""
-    for _, m in model.named_modules():  # a loop: see _defined_by
-        if not issubclass(_defined_by(type(m), "check_input"), _defined_by(type(m), "forward")):
-            return False
-    return True
-
-
-def input_spec(shape: tuple, dtype) -> np.ndarray:
-    """A read-only array of ``shape`` and ``dtype`` backed by one element: what a composite
-    passes to its next child's ``check_input`` (the values are never read)."""
-    return np.broadcast_to(np.zeros((), dtype), shape)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 __all__ = ["make_rng", "INITS", "check_init", "init_weight", "check_array", "check_sequences",
-           "as_rows", "rows_of", "flat3", "shaped"]
+           "as_rows", "rows_of", "flat3", "shaped", "defined_by", "describes_input", "input_spec"]
 
 
 def make_rng(rng) -> np.random.Generator:
@@ -112,3 +112,29 @@ def flat3(a):
 def shaped(a2, lead):
     """A 2-D row buffer back in the caller's leading shape."""
     return a2 if len(lead) == 1 else a2.reshape(*lead, a2.shape[-1])
+
+
+def defined_by(cls, name: str):
+    """The class in ``cls``'s method resolution order whose own namespace defines ``name``."""
+    # A loop, not next(generator): a generator left unfinished is closed when collected, and
+    # a Ctrl-C arriving in that close is swallowed ("Exception ignored") instead of raised.
+    for c in cls.__mro__:
+        if name in c.__dict__:
+            return c
+    raise AttributeError(f"{cls.__name__}.{name}")
+
+
+def describes_input(model) -> bool:
+    """Whether ``check_input`` of every module in ``model`` describes what its ``forward``
+    takes: true unless a class overrides ``forward`` below the class that defines its
+    ``check_input`` (a user's subclass with its own forward and no check_input of its own)."""
+    for _, m in model.named_modules():  # a loop: see defined_by
+        if not issubclass(defined_by(type(m), "check_input"), defined_by(type(m), "forward")):
+            return False
+    return True
+
+
+def input_spec(shape: tuple, dtype) -> np.ndarray:
+    """A read-only array of ``shape`` and ``dtype`` backed by one element: what a composite
+    passes to its next child's ``check_input`` (the values are never read)."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
