@@ -103,6 +103,12 @@ class Module(metaclass=_ModuleMeta):
     Class attributes a subclass may set: ``fuses_residual`` / ``fuses_dx_acc`` (its
     ``_forward``/``_backward`` honour the options themselves; otherwise the base class adds),
     ``acc_alias_safe`` (its fused ``dx_acc`` may be ``dy`` itself).
+
+    Shared with subclasses, in any file (the underscore keeps them off the public API):
+    ``_ws`` (the work pool), ``_views``/``_make_views`` (buffer views per batch shape),
+    ``_saved`` (what forward keeps for backward), ``_calls`` (call-order state), the checks
+    ``_dy_rows``, ``_no_forward`` and ``_no_overlap``, ``_set_plain``, ``_set_adjacent`` and
+    ``_params_moved``.
     """
 
     fuses_residual = False

@@ -64,6 +64,9 @@ class Optimizer:
     PyTorch; options may be changed between steps (e.g. a learning-rate schedule writes
     ``group["lr"]``). ``state[i]`` is the dict of buffers of the i-th parameter, counting
     through the groups in order. ``steps`` counts the calls of ``step()``.
+
+    Shared with subclasses, in any file: ``_all_params`` (every parameter, group order) and
+    ``_check_groups`` (the options' checks before a step).
     """
 
     _state_keys: tuple = ()      # buffers every parameter has (allocated at construction)
