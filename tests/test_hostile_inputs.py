@@ -1,5 +1,5 @@
-"""Reliability of the newer features (data files, the LM, safetensors metadata, data-parallel
-runs, callbacks): each test is one class of defect, tried as a hostile user would; a call
+"""Hostile inputs to data files, the LM, safetensors metadata, data-parallel runs and
+callbacks: each test is one class of defect, tried as a hostile user would; a call
 does the right thing or raises a named error before it changes anything."""
 import math
 import os
