@@ -78,9 +78,9 @@ def test_no_private_name_is_imported_across_engine_files():
 SHARED_PRIVATE = {
     # Module's protocol for subclasses (the Module docstring lists them): layers and blocks
     # in every file of engine/nn/ and engine/models/ build on them.
-    "nn/module.py": {"_ws", "_views", "_make_views", "_saved", "_calls", "_dy_rows",
-                     "_no_forward", "_no_overlap", "_set_plain", "_set_adjacent",
-                     "_params_moved"},
+    "nn/module.py": {"_ws", "_views", "_make_views", "_start_forward", "_start_backward",
+                     "_saved", "_calls", "_dy_rows", "_no_forward", "_no_overlap",
+                     "_set_plain", "_set_adjacent", "_params_moved"},
     # Optimizer's hooks for subclasses (its docstring): ShardedAdamW in engine/distributed/.
     "optim/optimizers.py": {"_all_params", "_check_groups"},
 }

@@ -178,10 +178,7 @@ class FFN(Module):
         return v
 
     def _forward(self, x2, res2):
-        n = x2.shape[0]
-        v = self._views(n)
-        self._saved.x = x2
-        self._saved.dropped = dropped = self.training and self.p > 0.0
+        n, v, dropped = self._start_forward(x2, self.p)
         if n == 0:
             return v.y
         z, h, y = v.z, v.h, v.y
@@ -202,9 +199,7 @@ class FFN(Module):
         return y
 
     def _backward(self, dy2, acc2):
-        n = dy2.shape[0]
-        v = self._views(n)
-        dx = v.dx if acc2 is None else acc2
+        n, v, dx = self._start_backward(dy2, acc2)
         if n == 0:
             return dx
         h, dh = v.h, v.dh
@@ -306,9 +301,7 @@ class GMLP(Module):
         return v.y
 
     def _backward(self, dy2, acc2):
-        n = dy2.shape[0]
-        v = self._views(n)
-        dx = v.dx if acc2 is None else acc2
+        n, v, dx = self._start_backward(dy2, acc2)
         if n:
             at, z = v.atm, v.z
             ops.gemm(self.W_out.grad, at, dy2, False, False, 1.0, 1.0)  # A^T dY

@@ -97,10 +97,7 @@ class GatedFFN(Module):
         return v
 
     def _forward(self, x2, res2):
-        n = x2.shape[0]
-        v = self._views(n)
-        self._saved.x = x2
-        self._saved.dropped = dropped = self.training and self.p > 0.0
+        n, v, dropped = self._start_forward(x2, self.p)
         if n == 0:
             return v.y
         if self.bias:  # [G; U]^T = b + Wgu_T x^T: the bias rides in the GEMM
@@ -120,9 +117,7 @@ class GatedFFN(Module):
         return v.y
 
     def _backward(self, dy2, acc2):
-        n = dy2.shape[0]
-        v = self._views(n)
-        dx = v.dx if acc2 is None else acc2
+        n, v, dx = self._start_backward(dy2, acc2)
         if n == 0:
             return dx
         if self.b_down is not None:

@@ -244,6 +244,20 @@ class Module(metaclass=_ModuleMeta):
             c[0] = key
         return c[1]
 
+    def _start_forward(self, x2, p: float = 0.0):
+        """``(n, views, dropped)`` for a ``_forward`` over the rows ``x2``, kept for backward
+        with whether dropout of probability ``p`` runs (training and p > 0)."""
+        n = x2.shape[0]
+        v = self._views(n)
+        self._saved.x = x2
+        self._saved.dropped = dropped = self.training and p > 0.0
+        return n, v, dropped
+
+    def _start_backward(self, dy2, acc2):
+        """``(n, views, dx)`` for a ``_backward``: ``dx`` is ``acc2`` when given, else ``v.dx``."""
+        v = self._views(dy2.shape[0])
+        return dy2.shape[0], v, (v.dx if acc2 is None else acc2)
+
     def _make_views(self, key):  # pragma: no cover - abstract
         raise NotImplementedError
 
