@@ -40,7 +40,7 @@ COMMON = {"epochs": ("epochs", 0), "batch_size": ("batch_size", 1), "lr": ("lr",
           "sample_length": ("sample_length", 0), "d_hidden": ("d_model", 1)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LanguageModelCLI:
     """One language model as the command line runs it."""
     name: str           # its --model
@@ -71,14 +71,15 @@ def _gpt_line(c, s) -> str:
             f"block_size {c.seq_len}, tied head; {s.model.num_parameters():,} parameters")
 
 
-GMLP_LM = LanguageModelCLI("gmlp-lm", ("gmlp-lm", "gmlp"), lm, lm.LMConfig,
-                           {"d_ff": ("d_ffn", 2)}, _gmlp_lm_model, _gmlp_lm_line,
+GMLP_LM = LanguageModelCLI(name="gmlp-lm", models=("gmlp-lm", "gmlp"), module=lm,
+                           config=lm.LMConfig, options={"d_ff": ("d_ffn", 2)},
+                           rebuild=_gmlp_lm_model, describe=_gmlp_lm_line,
                            extra=("quiet", "verbose"))
-GPT = LanguageModelCLI("gpt", ("gpt",), gpt_lm, gpt_lm.GPTConfig,
-                       {"d_ff": ("d_ff", 1), "layers": ("n_layer", 1), "heads": ("n_head", 1),
-                        "seq_len": ("seq_len", 1)},
-                       lambda vocab_size, c, seed: gpt_lm.build_model(vocab_size, c, seed),
-                       _gpt_line, mpi=True)
+GPT = LanguageModelCLI(name="gpt", models=("gpt",), module=gpt_lm, config=gpt_lm.GPTConfig,
+                       options={"d_ff": ("d_ff", 1), "layers": ("n_layer", 1),
+                                "heads": ("n_head", 1), "seq_len": ("seq_len", 1)},
+                       rebuild=lambda vocab_size, c, seed: gpt_lm.build_model(vocab_size, c, seed),
+                       describe=_gpt_line, mpi=True)
 
 
 def config_of(args, spec: LanguageModelCLI):
