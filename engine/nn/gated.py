@@ -4,7 +4,8 @@ Transformer" (SwiGLU in LLaMA, GEGLU, ReGLU, GLU, bilinear), on the module proto
 ``W_gate`` and ``W_up`` multiply the same input, so they are one GEMM: both are kept
 transposed and back to back in the arena, one C-contiguous (2 d_ff, d_model) weight, and the
 GEMM writes ``[G; U]`` features-by-rows, (2 d_ff, N), whose halves are contiguous for the
-gating pass (kernels.glu). GMLP in engine.blocks keeps its gate and projection the same way.
+gating pass (kernels.glu). GMLP (engine/nn/channel_gated_mlp.py) keeps its gate and
+projection the same way.
 """
 from __future__ import annotations
 
