@@ -15,6 +15,7 @@ import numpy as np
 from kernels import ops
 
 from .layers import check_activation, sign_from_output
+from .registry import linear_gemms, register_block
 from .module import (INITS, Module, Parameter, rows_of, shaped, as_rows,
                      check_float, check_positive_int, init_weight, make_rng)
 
@@ -82,6 +83,9 @@ class LayerNorm(Module):
     """LayerNorm over the last axis (Ba et al. 2016): y = (x - mean) / sqrt(var + eps) * gamma
     + beta, with per-feature ``gamma`` (ones) and ``beta`` (zeros)."""
 
+    # PyTorch: nn.LayerNorm(d) (engine/interop.py).
+    torch_layout = (("weight", "gamma", False), ("bias", "beta", False))
+
     def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32):
         super().__init__(dtype)
         self.d = self.in_features = check_positive_int("d", d)
@@ -118,6 +122,13 @@ class LayerNorm(Module):
 
 
 # ----------------------------------------------------------------------------- FFN
+@register_block(
+    doc="position-wise feed-forward, y = act(x W_in + b1) W_out + b2 (Vaswani et al. 2017)",
+    twin="engine.models.naive:NaiveFFN", dims=("d_model", "d_ff"),
+    example={"d_model": 12, "d_ff": 20}, options={"activation": "relu", "dropout": 0.0},
+    variants=({"activation": "relu"}, {"activation": "gelu"}),
+    cli=("ffn", "Linear(d_in, d_hidden) -> FFN(d_hidden, d_ff) -> Linear(d_hidden, d_out)"),
+    bench={"FFN-relu": {"activation": "relu"}, "FFN-gelu": {"activation": "gelu"}})
 class FFN(Module):
     """Position-wise feed-forward (Vaswani et al. 2017): y = dropout(act(x @ W_in + b1)) @ W_out
     + b2.
@@ -132,6 +143,9 @@ class FFN(Module):
     fuses_residual = True
     fuses_dx_acc = True
     acc_alias_safe = True  # dy is read only before dx_acc is written
+    # PyTorch: nn.Sequential(nn.Linear(d_model, d_ff), act, nn.Linear(d_ff, d_model)).
+    torch_layout = (("0.weight", "W_in", True), ("0.bias", "b1", False),
+                    ("2.weight", "W_out", True), ("2.bias", "b2", False))
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
                  bias: bool = True, init: str = "he", dtype=np.float32, rng=None):
@@ -203,6 +217,14 @@ class FFN(Module):
             ops.gemm(y, h, self.W_out.data, False, False, 1.0, 1.0)
         return y
 
+    def gemm_list(self, lead) -> list:
+        """The GEMMs of one forward + backward on (*lead, d_model): 2 forward, 4 backward
+        (dW_out, dh, dW_in, dx)."""
+        n = int(np.prod(lead))
+        f1, b1 = linear_gemms(n, self.d_model, self.d_ff)
+        f2, b2 = linear_gemms(n, self.d_ff, self.d_model)
+        return f1 + f2 + b2 + b1
+
     def _backward(self, dy2, acc2):
         n = dy2.shape[0]
         v = self._views(n)
@@ -231,6 +253,8 @@ class FFN(Module):
 class AddNorm(Module):
     """Add & Norm (Vaswani et al. 2017): y = LayerNorm(x + Dropout(sub)) with per-feature
     ``gamma``/``beta``. ``forward(x, sub)``; ``backward(dy)`` returns ``(dx, dsub)``."""
+
+    torch_layout = LayerNorm.torch_layout  # nn.LayerNorm(d_model)
 
     def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, dtype=np.float32,
                  rng=None):
@@ -306,6 +330,15 @@ class AddNorm(Module):
 
 
 # ----------------------------------------------------------------------------- FFNSublayer
+@register_block(
+    doc="the FFN with its residual and LayerNorm: post-norm LayerNorm(x + FFN(x)) or "
+        "pre-norm x + FFN(LayerNorm(x))",
+    twin="engine.models.naive:NaiveFFNSublayer", dims=("d_model", "d_ff"),
+    example={"d_model": 12, "d_ff": 20},
+    options={"activation": "relu", "dropout": 0.0, "norm": "post"},
+    variants=({"activation": "gelu", "norm": "post"}, {"activation": "gelu", "norm": "pre"}),
+    cli=("sublayer", "the same with an FFNSublayer (residual + LayerNorm) in the middle"),
+    bench={"FFNSublayer-post-gelu": {"activation": "gelu", "norm": "post"}})
 class FFNSublayer(Module):
     """The transformer's position-wise FFN sublayer with its residual and LayerNorm:
     ``norm="post"`` (Vaswani et al. 2017): y = LayerNorm(x + Dropout(FFN(x)));
@@ -314,6 +347,8 @@ class FFNSublayer(Module):
     the residual add, as in PyTorch's TransformerEncoderLayer. Children: ``ffn``, ``norm``,
     ``drop``; it calls only their public methods, with the protocol's fused options.
     """
+
+    torch_layout = (("ffn.", "ffn"), ("norm.", "norm"))  # children under their own names
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
                  norm: str = "post", eps: float = 1e-5, dtype=np.float32, rng=None):
@@ -349,6 +384,10 @@ class FFNSublayer(Module):
         if dropped:
             return self.drop(ffn(xn), residual=x2)
         return ffn(xn, residual=x2)
+
+    def gemm_list(self, lead) -> list:
+        """The FFN's GEMMs (the LayerNorm and the residual add run none)."""
+        return self.ffn.gemm_list(lead)
 
     def _backward(self, dy2, acc2):
         ffn, norm = self.ffn, self.norm

@@ -11,10 +11,26 @@ import numpy as np
 from kernels import ops
 
 from .module import Module, Parameter, adjacent_views, check_positive_int, init_weight, make_rng
+from .registry import register_block
 
 __all__ = ["GMLP", "ChannelGatedMLP"]
 
 
+def _widths(dims) -> tuple:
+    """(d_in, d_hidden, d_ffn, d_out) from the registry's sizes (d_in, d_out: d_model unless
+    given)."""
+    d = dims["d_model"]
+    return dims.get("d_in", d), d, dims["d_ff"], dims.get("d_out", d)
+
+
+@register_block(
+    doc="gated MLP, Y = (sigmoid(Z W_gate) * Z W_proj) W_out with Z = GELU(X W_in) "
+        "(Liu et al. 2021, channel gating)",
+    twin="engine.models.naive:NaiveGMLP", dims=("d_model", "d_ff"),
+    example={"d_in": 7, "d_model": 12, "d_ff": 20, "d_out": 5},
+    build=lambda dims, *, dtype, rng: GMLP(*_widths(dims), dtype=dtype, rng=rng),
+    d_in=lambda dims: _widths(dims)[0], d_out=lambda dims: _widths(dims)[3],
+    cli=("gmlp", "GMLP(d_in, d_hidden, d_ff, d_out)"))
 class GMLP(Module):
     """Gated MLP applied per token (the channel gating of Liu et al. 2021, "Pay Attention to
     MLPs", without token mixing): Z = GELU(X W_in), G = sigmoid(Z W_gate), P = Z W_proj,
@@ -113,6 +129,22 @@ class GMLP(Module):
             ops.gemm(dx, z, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx
+
+    def gemm_list(self, lead) -> list:
+        """3 forward, 6 backward: W_gate and W_proj multiply the same Z, so they share one
+        (d_hidden, 2 d_ffn) GEMM each way (gradient and input gradient)."""
+        n, d_in, d_out = int(np.prod(lead)), self.d_in, self.d_out
+        dh, f = self.d_hidden, self.d_ffn
+        fwd = [(n, dh, d_in, False, False, 0.0),          # U (n, dh) = X W_in
+               (n, 2 * f, dh, False, False, 0.0),         # [G | P] (n, 2f) = Z [W_gate | W_proj]
+               (n, d_out, f, False, False, 0.0)]          # Y (n, d_out) = A W_out
+        bwd = [(f, d_out, n, True, False, 1.0),           # dW_out += A^T dY
+               (n, f, d_out, False, True, 0.0),           # dA = dY W_out^T
+               (dh, 2 * f, n, True, False, 1.0),          # d[W_gate | W_proj] += Z^T d[G | P]
+               (n, dh, 2 * f, False, True, 0.0),          # dZ = d[G | P] [W_gate | W_proj]^T
+               (d_in, dh, n, True, False, 1.0),           # dW_in += X^T dU
+               (n, d_in, dh, False, True, 0.0)]           # dX = dU W_in^T
+        return fwd + bwd
 
 
 

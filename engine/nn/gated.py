@@ -19,10 +19,19 @@ from .._checks import check_bool
 from .layers import check_activation
 from .module import (INITS, Module, Parameter, adjacent_views, check_float, check_positive_int,
                      init_weight, make_rng)
+from .registry import register_block
 
 __all__ = ["GatedFFN"]
 
 
+@register_block(
+    doc="gated feed-forward (Shazeer 2020), y = (act(x W_gate + b_gate) * (x W_up + b_up)) "
+        "W_down + b_down: SwiGLU with silu, GEGLU with gelu",
+    twin="engine.models.naive:NaiveGatedFFN", dims=("d_model", "d_ff"),
+    example={"d_model": 12, "d_ff": 20},
+    options={"activation": "silu", "bias": False, "dropout": 0.0},
+    variants=({"activation": "silu"}, {"activation": "gelu", "bias": True}),
+    bench={"GatedFFN-silu": {"activation": "silu"}})  # SwiGLU at the FFN shapes
 class GatedFFN(Module):
     """``y = (act(x W_gate + b_gate) * (x W_up + b_up)) W_down + b_down``.
 
@@ -38,6 +47,10 @@ class GatedFFN(Module):
     fuses_residual = True
     fuses_dx_acc = True
     acc_alias_safe = True  # dy is read only by the first two backward GEMMs
+    # PyTorch: LLaMA's MLP, down_proj(act(gate_proj(x)) * up_proj(x)) (nn.Linear each).
+    torch_layout = (("gate_proj.weight", "W_gate", True), ("gate_proj.bias", "b_gate", False),
+                    ("up_proj.weight", "W_up", True), ("up_proj.bias", "b_up", False),
+                    ("down_proj.weight", "W_down", True), ("down_proj.bias", "b_down", False))
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = False,
                  dropout: float = 0.0, init: str = "xavier", dtype=np.float32, rng=None,
@@ -144,3 +157,15 @@ class GatedFFN(Module):
         ops.gemm(dx, v.zt, self.Wgu_T, True, False, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx
+
+    def gemm_list(self, lead) -> list:
+        """2 forward, 4 backward, as the FFN: W_gate and W_up multiply the same x, so they are
+        one (2 d_ff, d_model) GEMM each way, computed transposed ([G; U]^T, features by rows)."""
+        n, d, f = int(np.prod(lead)), self.d_model, self.d_ff
+        fwd = [(2 * f, n, d, False, True, 0.0),           # [G; U]^T = [W_gate | W_up]^T x^T
+               (n, d, f, True, False, 0.0)]               # y (n, d) = H W_down
+        bwd = [(f, d, n, False, False, 1.0),              # dW_down += H^T dy
+               (f, n, d, False, True, 0.0),               # dH^T (f, n) = W_down dy^T
+               (2 * f, d, n, False, False, 1.0),          # d[W_gate | W_up]^T += [dG; dU]^T x
+               (n, d, 2 * f, True, False, 0.0)]           # dx = [dG | dU] [W_gate | W_up]^T
+        return fwd + bwd
