@@ -113,23 +113,6 @@ class GMLP(Module):
                 ops.gemm(v.y, v.atm, self.W_out.data, True, False, 1.0, 1.0)
         return v.y
 
-    def _backward(self, dy2, acc2):
-        n = dy2.shape[0]
-        v = self._views(n)
-        dx = v.dx if acc2 is None else acc2
-        if n:
-            at, z = v.atm, v.z
-            ops.gemm(self.W_out.grad, at, dy2, False, False, 1.0, 1.0)  # A^T dY
-            ops.gemm(at, self.W_out.data, dy2, False, True, 1.0, 0.0)   # dA^T = W_out dY^T
-            ops.gate_backward(v.g, v.p, v.at)                           # 2 dGP^T over GP^T
-            ops.gemm(self.dWgp_T, v.gpt, z, False, False, 0.5, 1.0)    # both halves, one GEMM
-            ops.gemm(z, v.gpt, self.Wgp_T, True, False, 0.5, 0.0)      # dZ = dGP Wgp_T over Z
-            ops.act_backward_cached(z, z, v.u)                          # dU in place
-            ops.gemm(self.W_in.grad, self._saved.x, z, True, False, 1.0, 1.0)
-            ops.gemm(dx, z, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._saved.x = None
-        return dx
-
     def gemm_list(self, lead) -> list:
         """3 forward, 6 backward: W_gate and W_proj multiply the same Z, so they share one
         (d_hidden, 2 d_ffn) GEMM each way (gradient and input gradient)."""
@@ -146,6 +129,22 @@ class GMLP(Module):
                (n, d_in, dh, False, True, 0.0)]           # dX = dU W_in^T
         return fwd + bwd
 
+    def _backward(self, dy2, acc2):
+        n = dy2.shape[0]
+        v = self._views(n)
+        dx = v.dx if acc2 is None else acc2
+        if n:
+            at, z = v.atm, v.z
+            ops.gemm(self.W_out.grad, at, dy2, False, False, 1.0, 1.0)  # A^T dY
+            ops.gemm(at, self.W_out.data, dy2, False, True, 1.0, 0.0)   # dA^T = W_out dY^T
+            ops.gate_backward(v.g, v.p, v.at)                           # 2 dGP^T over GP^T
+            ops.gemm(self.dWgp_T, v.gpt, z, False, False, 0.5, 1.0)    # both halves, one GEMM
+            ops.gemm(z, v.gpt, self.Wgp_T, True, False, 0.5, 0.0)      # dZ = dGP Wgp_T over Z
+            ops.act_backward_cached(z, z, v.u)                          # dU in place
+            ops.gemm(self.W_in.grad, self._saved.x, z, True, False, 1.0, 1.0)
+            ops.gemm(dx, z, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
+        self._saved.x = None
+        return dx
 
 
 # The name that says what GMLP does: gating across the channels of each token (no mixing

@@ -138,6 +138,18 @@ class GatedFFN(Module):
             ops.gemm(v.y, v.ht, self.W_down.data, True, False, 1.0, 1.0)
         return v.y
 
+    def gemm_list(self, lead) -> list:
+        """2 forward, 4 backward, as the FFN: W_gate and W_up multiply the same x, so they are
+        one (2 d_ff, d_model) GEMM each way, computed transposed ([G; U]^T, features by rows)."""
+        n, d, f = int(np.prod(lead)), self.d_model, self.d_ff
+        fwd = [(2 * f, n, d, False, True, 0.0),           # [G; U]^T = [W_gate | W_up]^T x^T
+               (n, d, f, True, False, 0.0)]               # y (n, d) = H W_down
+        bwd = [(f, d, n, False, False, 1.0),              # dW_down += H^T dy
+               (f, n, d, False, True, 0.0),               # dH^T (f, n) = W_down dy^T
+               (2 * f, d, n, False, False, 1.0),          # d[W_gate | W_up]^T += [dG; dU]^T x
+               (n, d, 2 * f, True, False, 0.0)]           # dx = [dG | dU] [W_gate | W_up]^T
+        return fwd + bwd
+
     def _backward(self, dy2, acc2):
         n = dy2.shape[0]
         v = self._views(n)
@@ -157,15 +169,3 @@ class GatedFFN(Module):
         ops.gemm(dx, v.zt, self.Wgu_T, True, False, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx
-
-    def gemm_list(self, lead) -> list:
-        """2 forward, 4 backward, as the FFN: W_gate and W_up multiply the same x, so they are
-        one (2 d_ff, d_model) GEMM each way, computed transposed ([G; U]^T, features by rows)."""
-        n, d, f = int(np.prod(lead)), self.d_model, self.d_ff
-        fwd = [(2 * f, n, d, False, True, 0.0),           # [G; U]^T = [W_gate | W_up]^T x^T
-               (n, d, f, True, False, 0.0)]               # y (n, d) = H W_down
-        bwd = [(f, d, n, False, False, 1.0),              # dW_down += H^T dy
-               (f, n, d, False, True, 0.0),               # dH^T (f, n) = W_down dy^T
-               (2 * f, d, n, False, False, 1.0),          # d[W_gate | W_up]^T += [dG; dU]^T x
-               (n, d, 2 * f, True, False, 0.0)]           # dx = [dG | dU] [W_gate | W_up]^T
-        return fwd + bwd
