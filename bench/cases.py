@@ -75,7 +75,7 @@ def _bench_blocks() -> dict:
     for e in registry.BLOCKS.values():
         if any(set(e.dims) <= set(SHAPES[s].dims) for group in GRID for s in group):
             out.update({row: BenchBlock(e.name, dict(opts), e.loss)
-                        for row, opts in e.bench.items()})
+                        for row, opts in (e.bench or {}).items()})
     return out
 
 
