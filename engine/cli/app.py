@@ -210,7 +210,7 @@ def _train(args) -> int:
     report.banner(out, args, comm, model, d, opt_text, sched_text, bs)
     t0 = time.perf_counter()
     try:
-        h = fit(model, loss, opt, d.X, d.Y, args.epochs, batch_size=bs, rng=args.seed,
+        h = fit(model, loss, opt, d.X, d.Y, epochs=args.epochs, batch_size=bs, rng=args.seed,
                 progress=False if args.quiet else args.log_every or max(1, args.epochs // 10),
                 validation=d.val,
                 callbacks=[stopper] if stopper else [], scheduler=sched,

@@ -87,7 +87,7 @@ def predict(model, X, batch_size=None) -> np.ndarray:
     return out
 
 
-def fit(model, loss, optimizer, X, Y, epochs, *, comm=None, **options) -> History:
+def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> History:
     """Train ``model`` on ``(X, Y)`` for ``epochs`` passes; return the ``History``.
 
     Each step: forward, ``loss.forward``, a finiteness check, ``loss.backward``,
