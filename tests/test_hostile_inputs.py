@@ -499,13 +499,13 @@ def test_cli_save_failing_at_the_end_keeps_the_model(tmp_path, capsys, monkeypat
     import errno
     from engine import checkpoint
     target = str(tmp_path / "m.npz")
-    real_save = checkpoint.save
+    real_write = checkpoint.write  # the writer under save and save_or_rescue
 
     def full_disk(path, *args, **kw):
         if os.fspath(path) == target:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(path, *args, **kw)
-    monkeypatch.setattr(checkpoint, "save", full_disk)
+        return real_write(path, *args, **kw)
+    monkeypatch.setattr(checkpoint, "write", full_disk)
     code, out, err = _cli(capsys, "train", "--task", "sine", "--samples", "8", "--model", "mlp",
                           "--hidden", "4", "--epochs", "2", "--save", target)
     assert code == 1 and "Traceback" not in err

@@ -28,7 +28,7 @@ from .checkpoint_format import (FORMAT, FORMAT_VERSION, HEADER, OPTIM, PARAM, SA
 from .npz_file import read_npz
 from .safetensors_file import is_safetensors, read_safetensors, write_safetensors
 
-__all__ = ["save", "load", "read_header", "check_target", "save_or_rescue", "SaveError",
+__all__ = ["save", "write", "load", "prepare_load", "PreparedLoad", "read_header", "check_target", "save_or_rescue", "SaveError",
            "CheckpointError", "FORMAT_VERSION"]
 
 # ----------------------------------------------------------------------------- save
@@ -46,29 +46,44 @@ def save(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
     appears under ``path`` only once it is complete; a failure part-way leaves any previous
     file there untouched.
     """
+    write(path, model, optimizer, scheduler, metadata)
+
+
+def write(path, model, optimizer=None, scheduler=None, metadata=None, training=None) -> None:
+    """``save`` with the metadata as a dict, and ``training``: a run's resumable state as
+    ``(JSON object, {name: array})`` (what ``fit`` continues from; ``.npz`` only)."""
     path = file_path(path)
     _check_model(model)
     if optimizer is not None:
         _check_optimizer(optimizer, model, saving=True)
     try:
-        meta_json = json.dumps(metadata, allow_nan=True)
+        meta_json = json.dumps(metadata or {}, allow_nan=True)
     except (TypeError, ValueError) as e:
         raise TypeError(f"metadata: every value must be JSON-serialisable ({e})") from None
-    sched = None
-    if scheduler is not None:
-        if not callable(getattr(scheduler, "state_dict", None)):
-            raise TypeError(f"scheduler: expected a learning-rate scheduler, got "
-                            f"{type(scheduler).__name__}")
-        sched = scheduler.state_dict()
+    if scheduler is not None and not callable(getattr(scheduler, "state_dict", None)):
+        raise TypeError(f"scheduler: expected a learning-rate scheduler, got "
+                        f"{type(scheduler).__name__}")
     target = writable_target(path)  # the format follows the name given, not a link's target
     if path.lower().endswith(SAFETENSORS):
-        if optimizer is not None or scheduler is not None:
+        if optimizer is not None or scheduler is not None or training is not None:
             raise ValueError(f"{path}: a .safetensors checkpoint holds parameters only; save the "
-                             f"optimizer and scheduler state to an .npz file")
+                             f"optimizer, scheduler and training state to an .npz file")
         write_safetensors(target, model, meta_json, _config_fields(model))
         return
-    arrays = {}
-    params = {}
+    arrays, header = _npz_contents(model, optimizer, json.loads(meta_json))
+    if scheduler is not None:
+        header["scheduler"] = scheduler.state_dict()
+    if training is not None:
+        state, extra = training
+        header["training"] = state
+        arrays.update({TRAIN + k: v for k, v in extra.items()})
+    arrays[HEADER] = np.array(json.dumps(header))
+    atomic_write(target, lambda f: np.savez(f, **arrays))
+
+
+def _npz_contents(model, optimizer, metadata: dict) -> tuple:
+    """The arrays (parameters, optimizer state) and header of an ``.npz`` checkpoint."""
+    arrays, params = {}, {}
     for name, p in model.named_parameters():
         arrays[PARAM + name] = p.data
         params[name] = [list(p.data.shape), str(p.data.dtype)]
@@ -80,16 +95,13 @@ def save(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
                 arrays[f"{OPTIM}{idx}/{key}"] = value
         optim = {k: v for k, v in sd.items() if k != "state"}
     header = {"format": FORMAT, "version": FORMAT_VERSION, "model": type(model).__name__,
-              "params": params, "optimizer": optim, "metadata": json.loads(meta_json),
+              "params": params, "optimizer": optim, "metadata": metadata,
               **_config_fields(model)}
-    if optimizer is not None and optim is not None:
+    if optim is not None:
         order = _optimizer_order(optimizer, model)
         if order is not None:
             header["optimizer_params"] = order
-    if sched is not None:
-        header["scheduler"] = sched
-    arrays[HEADER] = np.array(json.dumps(header))
-    atomic_write(target, lambda f: np.savez(f, **arrays))
+    return arrays, header
 
 
 class SaveError(OSError):
@@ -101,12 +113,14 @@ class SaveError(OSError):
         self.rescued = rescued
 
 
-def save_or_rescue(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
-    """``save``; if writing fails (a full disk, a directory made read-only during the run),
-    save the same checkpoint to a new file in the temporary directory instead and raise
-    ``SaveError`` naming both: a run's end never loses the trained model."""
+def save_or_rescue(path, model, /, optimizer=None, scheduler=None, *, training_state=None,
+                   **metadata) -> None:
+    """``save`` (with a run's resumable ``training_state``, see ``write``); if writing fails
+    (a full disk, a directory made read-only during the run), save the same checkpoint to a
+    new file in the temporary directory instead and raise ``SaveError`` naming both: a run's
+    end never loses the trained model."""
     try:
-        save(path, model, optimizer, scheduler, **metadata)
+        write(path, model, optimizer, scheduler, metadata, training_state)
         return
     except OSError as e:
         reason = e.strerror or str(e)
@@ -115,7 +129,7 @@ def save_or_rescue(path, model, /, optimizer=None, scheduler=None, **metadata) -
     try:
         fd, rescued = tempfile.mkstemp(prefix="blasnet-rescued-", suffix=suffix)
         os.close(fd)
-        save(rescued, model, optimizer, scheduler, **metadata)
+        write(rescued, model, optimizer, scheduler, metadata, training_state)
         where = f"the model was saved to {rescued} instead"
     except OSError as e2:
         where = f"saving it to {rescued} failed too ({e2.strerror or e2})"
@@ -216,7 +230,7 @@ def _check_header(path: str, header: dict, arrays: dict) -> None:
     for key, kinds in (("metadata", (dict,)), ("optimizer", (dict, type(None))),
                        ("scheduler", (dict, type(None))), ("params", (dict,)),
                        ("model_config", (dict,)), ("model_config_error", (str,)),
-                       ("optimizer_params", (list,))):
+                       ("optimizer_params", (list,)), ("training", (dict,))):
         if key in header and not isinstance(header[key], kinds):
             raise CheckpointError(f"{path}: corrupt checkpoint header ({key!r} is a "
                                   f"{type(header[key]).__name__})")
@@ -274,6 +288,24 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     holds parameters only (with blasnet's names: for PyTorch's, see
     ``engine.load_torch_state_dict``).
     """
+    return prepare_load(path, model, optimizer, scheduler).apply()
+
+
+class PreparedLoad:
+    """A checkpoint read and checked against a model (and optimizer and scheduler), not yet
+    applied: ``header`` and ``arrays`` as read; ``apply()`` loads it (it cannot fail any
+    more) and returns the metadata."""
+
+    def __init__(self, header, arrays, apply):
+        self.header, self.arrays, self._apply = header, arrays, apply
+
+    def apply(self) -> dict:
+        self._apply()
+        return self.header.get("metadata", {})
+
+
+def prepare_load(path, model, optimizer=None, scheduler=None) -> PreparedLoad:
+    """Every check of ``load``, changing nothing: a ``PreparedLoad`` to apply later."""
     path = fspath(path)
     _check_model(model)
     if optimizer is not None:
@@ -287,20 +319,20 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     sched_checked = None
     if scheduler is not None:
         sd = _saved_part(path, header, "scheduler")
-        check = scheduler.validate_state_dict
         try:
-            sched_checked = check(sd)
+            sched_checked = scheduler.validate_state_dict(sd)
         except Exception as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             raise CheckpointError(f"{path}: the scheduler state does not fit "
                                   f"{type(scheduler).__name__}: {msg}") from None
 
-    model.load_state_dict(params)  # checked above: cannot fail any more
-    if checked is not None:
-        optimizer.apply_state(checked)
-    if sched_checked is not None:
-        scheduler.apply_state(sched_checked)  # after the optimizer: it writes the groups' lr
-    return header.get("metadata", {})
+    def apply():
+        model.load_state_dict(params)  # checked above: cannot fail any more
+        if checked is not None:
+            optimizer.apply_state(checked)
+        if sched_checked is not None:
+            scheduler.apply_state(sched_checked)  # after the optimizer: it sets the groups' lr
+    return PreparedLoad(header, arrays, apply)
 
 
 def _checked_parameters(path: str, header: dict, arrays: dict, model) -> dict:
