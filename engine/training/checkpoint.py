@@ -257,7 +257,7 @@ def read_header(path) -> dict:
     path = fspath(path)
     header, arrays = _read(path)
     out = {k: header.get(k) for k in ("model", "model_config", "model_config_error",
-                                      "optimizer", "scheduler", "optimizer_params")}
+                                      "optimizer", "scheduler", "optimizer_params", "training")}
     out["metadata"] = header.get("metadata", {})
     out["params"] = {k[len(PARAM):]: (tuple(v.shape), str(v.dtype))
                      for k, v in arrays.items() if k.startswith(PARAM)}
