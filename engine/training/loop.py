@@ -187,7 +187,7 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
         run.started = True
         model.train()
         model.zero_grad()
-        t_start = time.perf_counter()
+        t_start = time.perf_counter() - h.seconds  # a resumed run's rate and ETA: whole run
         for epoch in range(len(h) + 1, plan.epochs + 1):  # a resumed run: from its next epoch
             run.epoch = epoch
             with defer_keyboard_interrupt():
