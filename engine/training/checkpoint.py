@@ -26,7 +26,8 @@ from .atomic_file import atomic_write, check_target, file_path, fspath, writable
 from .checkpoint_format import (FORMAT, FORMAT_VERSION, HEADER, OPTIM, PARAM, SAFETENSORS,
                                 TRAIN, CheckpointError, json_field)
 from .npz_file import read_npz
-from .safetensors_file import is_safetensors, read_safetensors, write_safetensors
+from .safetensors_file import (from_torch_layout, is_safetensors, read_safetensors,
+                               write_safetensors)
 
 __all__ = ["save", "write", "load", "prepare_load", "PreparedLoad", "read_header", "check_target", "save_or_rescue", "SaveError",
            "CheckpointError", "FORMAT_VERSION"]
@@ -41,8 +42,10 @@ def save(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
     configuration (``model.get_config()``, recursively) lets ``engine.load_model`` rebuild
     the model alone; a model that cannot describe itself is saved without it, and the
     reason is kept for ``load_model`` to report. A path ending in ``.safetensors``
-    gets a safetensors file with the parameters (blasnet's names and layouts) and the
-    metadata in its header; only ``.npz`` holds optimizer and scheduler state. The file
+    gets a safetensors file with the parameters and the metadata in its header: under
+    PyTorch's names and layouts when every module has a PyTorch reference module
+    (``engine.interop``: ``torch_module.load_state_dict(safetensors.torch.load_file(path))``
+    works), else blasnet's; only ``.npz`` holds optimizer and scheduler state. The file
     appears under ``path`` only once it is complete; a failure part-way leaves any previous
     file there untouched.
     """
@@ -285,8 +288,8 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     ``scheduler`` (same type and hyperparameters). Any mismatch, a truncated file or a file
     that is not a checkpoint raises ``CheckpointError`` (a ValueError) and changes nothing.
     ``.npz`` and ``.safetensors`` files are told apart by their content; a safetensors file
-    holds parameters only (with blasnet's names: for PyTorch's, see
-    ``engine.load_torch_state_dict``).
+    holds parameters only, under blasnet's names or PyTorch's (``engine.interop``; a file
+    written by PyTorch for the model's reference module loads too).
     """
     return prepare_load(path, model, optimizer, scheduler).apply()
 
@@ -339,6 +342,8 @@ def _checked_parameters(path: str, header: dict, arrays: dict, model) -> dict:
     """The saved parameters by name, after checking all names, shapes and dtypes against
     the model (nothing is copied here)."""
     params = {k[len(PARAM):]: v for k, v in arrays.items() if k.startswith(PARAM)}
+    if header.get("safetensors"):  # PyTorch's names and layouts, or blasnet's
+        params = from_torch_layout(path, model, params)
     named = model.named_parameters()
     own = [n for n, _ in named]
     missing = [n for n in own if n not in params]

@@ -13,18 +13,35 @@ from .atomic_file import atomic_write
 from .checkpoint_format import (FORMAT, FORMAT_VERSION, PARAM, CheckpointError, crc32,
                                 json_field, safetensors_numpy)
 
-__all__ = ["write_safetensors", "read_safetensors", "is_safetensors"]
+__all__ = ["write_safetensors", "read_safetensors", "is_safetensors", "torch_layout",
+           "from_torch_layout"]
+
+
+def torch_layout(model):
+    """The model's parameters under PyTorch's names and layouts (``engine.interop``), or
+    None when a module of it has no PyTorch reference module."""
+    from ..interop import to_torch_state_dict
+    try:
+        return dict(to_torch_state_dict(model))
+    except TypeError:  # a module without a PyTorch mapping (GMLP, a user's module)
+        return None
 
 
 def write_safetensors(path: str, model, meta_json: str, config: dict) -> None:
+    """The parameters under PyTorch's names and layouts when every module of the model has a
+    PyTorch reference module (so ``torch.nn.Module.load_state_dict(safetensors.torch.
+    load_file(path))`` works), else under blasnet's."""
     st = safetensors_numpy()
-    tensors = {name: np.ascontiguousarray(p.data) for name, p in model.named_parameters()}
+    tensors = torch_layout(model)
+    layout = "pytorch" if tensors is not None else "blasnet"
+    if tensors is None:
+        tensors = {name: np.ascontiguousarray(p.data) for name, p in model.named_parameters()}
     # safetensors metadata is str -> str: the user's metadata goes in as one JSON string;
     # the format has no checksum of its own, so each tensor's CRC-32 goes in beside it, and
     # the CRC-32 of the length prefix and the whole header (metadata and tensor offsets
     # included) in a fixed-width field filled in after serialising.
     header = {"format": FORMAT, "version": str(FORMAT_VERSION), "model": type(model).__name__,
-              "metadata": meta_json,
+              "metadata": meta_json, "layout": layout,
               "crc32": json.dumps({k: crc32(v) for k, v in tensors.items()}),
               **{k: json.dumps(v) for k, v in config.items()},
               _HEADER_CRC: _CRC_PLACEHOLDER}
@@ -135,3 +152,27 @@ def read_safetensors(path: str):
                 raise CheckpointError(f"{path}: corrupt safetensors file (tensor {name} "
                                       f"fails its CRC-32 check)")
     return header, arrays
+
+
+def from_torch_layout(path: str, model, params: dict) -> dict:
+    """``params`` (stored name -> array) under blasnet's names and layouts when they are
+    exactly the model's PyTorch names (a file in PyTorch's layout), else ``params`` as they
+    are. A tied weight stored under two names must hold the same values in both."""
+    from ..interop import torch_names
+    if set(params) == {n for n, _ in model.named_parameters()}:
+        return params
+    try:
+        names = torch_names(model)
+    except TypeError:
+        return params
+    if set(params) != {t for t, _, _ in names}:
+        return params
+    out, source = {}, {}
+    for tkey, bname, transposed in names:
+        v = params[tkey]
+        a = np.ascontiguousarray(v.T) if transposed and v.ndim == 2 else v
+        if bname in out and not (out[bname].shape == a.shape and np.array_equal(out[bname], a)):
+            raise CheckpointError(f"{path}: {tkey} and {source[bname]} are one tied weight "
+                                  f"({bname}) of {type(model).__name__} but differ in the file")
+        out[bname], source[bname] = a, tkey
+    return out
