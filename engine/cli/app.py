@@ -292,8 +292,11 @@ def _fit(args, comm, trained, d, stopper) -> tuple:
         print(f"error: --resume: {str(e).removeprefix('resume_from: ')}", file=sys.stderr)
         return None, 2
     except TrainingInterrupted as e:  # Ctrl-C or SIGTERM: save, say how to resume
-        if comm is not None:
-            print(f"\n{e}", file=sys.stderr)
+        if comm is not None:  # a data-parallel run is not resumable: say where it stopped
+            if rank == 0:
+                print(f"\ntraining interrupted at epoch {e.epoch}, step {e.step}; "
+                      f"{len(e.history)} epoch(s) complete (a data-parallel run is not "
+                      f"saved on an interrupt)", file=sys.stderr)
             return None, 130
         meta = _metadata(args, d, len(e.history), None)
         return None, resume_cmd.save_interrupted(sys.stderr, args,

@@ -184,9 +184,12 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
         step = _Step(model, loss, optimizer, plan, dp, h, X.shape[0])
         run.attach(model, optimizer, plan, batches, step)
         _begin_callbacks(run, plan, model, optimizer)
-        run.started = True
-        model.train()
-        model.zero_grad()
+        with defer_keyboard_interrupt():  # a resumed run is put in place whole
+            if plan.resume is not None:
+                plan.resume.apply(run)
+            run.started = True
+            model.train()
+            model.zero_grad()
         t_start = time.perf_counter() - h.seconds  # a resumed run's rate and ETA: whole run
         for epoch in range(len(h) + 1, plan.epochs + 1):  # a resumed run: from its next epoch
             run.epoch = epoch
@@ -221,9 +224,8 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
 
 
 def _begin_callbacks(run, plan, model, optimizer) -> None:
-    """Give each callback the run (``set_run``) and call its ``on_train_begin``; then put a
-    resumed run where its checkpoint left it (one callback that rejects its setup leaves the
-    model as it was)."""
+    """Give each callback the run (``set_run``) and call its ``on_train_begin`` (first: one
+    that rejects its setup leaves the model as it was)."""
     for cb in plan.callbacks:
         set_run = getattr(cb, "set_run", None)
         if set_run is not None:
@@ -231,8 +233,6 @@ def _begin_callbacks(run, plan, model, optimizer) -> None:
         begin = getattr(cb, "on_train_begin", None)
         if begin is not None:
             begin(model, optimizer, plan.scheduler)
-    if plan.resume is not None:
-        plan.resume.apply(run)
 
 
 class _Batches:
