@@ -224,3 +224,50 @@ def test_resume_from_a_data_parallel_run_is_refused_up_front(tmp_path):
     X, Y, _ = _data()
     with pytest.raises(ValueError, match="data-parallel"):
         fit(m, MSELoss(), opt, X, Y, epochs=2, comm=object(), resume_from=os.devnull)
+
+
+def test_a_resumed_runs_progress_lines_count_on_from_its_epoch(tmp_path, capsys):
+    # Check the progress lines of a run resumed after epoch 4 of 6 are epochs 5 and 6 of 6.
+    m, opt, sched = _build()
+    _fit(m, opt, sched, 4, [ModelCheckpoint(str(tmp_path / "ck.npz"), monitor="loss",
+                                            save_best_only=False)])
+    m2, opt2, sched2 = _build()
+    capsys.readouterr()
+    X, Y, val = _data()
+    fit(m2, MSELoss(), opt2, X, Y, epochs=6, batch_size=BATCH, rng=7, validation=val,
+        scheduler=sched2, scheduler_interval="step", progress=1,
+        resume_from=tmp_path / "ck.npz")
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split("  ")[0] for ln in lines] == ["epoch 5/6", "epoch 6/6"]
+
+
+def test_a_damaged_training_state_is_a_checkpoint_error(tmp_path):
+    # Check that an interrupted run's checkpoint whose saved epoch order was edited (not a
+    # permutation of the samples) is refused before anything changes: the gather reads
+    # rows with mode="clip", so a bad index would silently train on other rows.
+    import json
+    import zipfile
+    m1, opt1, sched1 = _build()
+    with pytest.raises(TrainingInterrupted) as err:
+        _fit(_CtrlCAtForward(m1, 2), opt1, sched1, 3)
+    err.value.save(tmp_path / "mid.npz")
+    with zipfile.ZipFile(tmp_path / "mid.npz") as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    header = json.loads(np.load(tmp_path / "mid.npz")["__header__"][()])
+    key = "train/" + header["training"]["order"]["__array__"] + ".npy"
+    import io
+    order = np.load(io.BytesIO(members[key]))
+    order[0] = order[1]  # a repeated row
+    buf = io.BytesIO()
+    np.save(buf, order)
+    members[key] = buf.getvalue()
+    with zipfile.ZipFile(tmp_path / "bad.npz", "w") as z:
+        for n, data in members.items():
+            z.writestr(n, data)
+    m2, opt2, sched2 = _build()
+    X, Y, val = _data()
+    with pytest.raises(ValueError, match="not a permutation"):
+        fit(_CtrlCAtForward(m2, 0), MSELoss(), opt2, X, Y, epochs=3, batch_size=BATCH, rng=7,
+            validation=val, scheduler=sched2, scheduler_interval="step", progress=False,
+            resume_from=tmp_path / "bad.npz")
+    assert opt2.steps == 0
