@@ -4,7 +4,8 @@ writes a checkpoint that ``--resume`` continues exactly, with the history so far
 
 A checkpoint written by ``train`` holds the options of its run (``metadata["cli"]``): with
 ``--resume`` they are the run's options unless given again, and one given again with another
-value is a usage error naming the flag (the checkpoint's model wins). ``--epochs`` stays the
+value is a usage error naming the flag (the checkpoint's model wins); ``--data`` given again
+names where the data file is now. ``--epochs`` stays the
 run's total; it may change only under a constant learning rate (a schedule is planned for
 the run's length).
 """
@@ -28,6 +29,10 @@ CLI_KEYS = ("model", "d_hidden", "d_ff", "hidden", "activation", "norm", "dtype"
             "samples", "data", "delimiter", "x_cols", "y_cols", "val_fraction", "standardize",
             "batch_size", "optimizer", "lr", "weight_decay", "momentum", "schedule", "warmup",
             "step_size", "gamma", "clip_grad_norm", "early_stopping", "seed", "epochs")
+
+
+# Given again, these win over the checkpoint's: where the data file is now.
+_MAY_CHANGE = ("data", "delimiter")
 
 
 def saved_options(args) -> dict:
@@ -57,6 +62,8 @@ def apply_resume(args) -> dict:
         if key not in saved:
             continue
         value = saved[key]
+        if _given(argv, key) and key in _MAY_CHANGE:
+            continue  # the file may have moved; a run stopped mid-epoch checks its size
         if _given(argv, key) and getattr(args, key) != value and key != "epochs":
             flag = "--" + key.replace("_", "-")
             raise UsageError(f"{flag}: the checkpoint's run has {flag} {_show(value)}, "
