@@ -268,16 +268,15 @@ def _fit(args, comm, trained, d, stopper) -> tuple:
     model, opt, sched, loss, bs = trained
     rank = 0 if comm is None else comm.Get_rank()
     keeper = _RunKeeper()
-    callbacks = [stopper] if stopper else []
     options = dict(batch_size=bs, rng=args.seed, validation=d.val, scheduler=sched,
                    progress=False if args.quiet else args.log_every or max(1, args.epochs // 10),
-                   scheduler_interval="step", clip_grad_norm=args.clip_grad_norm)
+                   scheduler_interval="step", clip_grad_norm=args.clip_grad_norm,
+                   callbacks=[stopper] if stopper else [])
     if comm is not None:
         options["comm"] = comm
     else:  # one process: resumable
-        options["callbacks"] = callbacks = callbacks + [keeper]
+        options["callbacks"].append(keeper)
         options["resume_from"] = args.resume
-    options.setdefault("callbacks", callbacks)
     guard = resume_cmd.preemption() if comm is None else contextlib.nullcontext({})
     try:
         with guard as got:

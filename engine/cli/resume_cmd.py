@@ -16,6 +16,7 @@ import shlex
 import signal
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 
 from ..training import checkpoint
@@ -88,6 +89,9 @@ def preemption():
     deferral), and Ctrl-C raises KeyboardInterrupt even if the shell started us ignoring
     it. Yields a dict whose ``"signal"`` names the last signal received."""
     got = {"signal": "SIGINT"}
+    if threading.current_thread() is not threading.main_thread():
+        yield got  # (signal handlers can only be set on the main thread)
+        return
 
     def on_term(signum, frame):
         got["signal"] = "SIGTERM"
