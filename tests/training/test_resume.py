@@ -86,10 +86,10 @@ def test_ten_plus_ten_epochs_equal_twenty_with_early_stopping_counting_on(tmp_pa
     _same_run((m2, opt2, h2), full)
 
 
-def test_epoch_numbers_continue_after_a_resume(tmp_path):
+def test_ten_plus_ten_epochs_equal_twenty_and_epoch_numbers_continue(tmp_path):
     # Check that after resuming from a checkpoint of epoch 10, the callbacks see epochs
-    # 11..20, the History holds all 20, and ModelCheckpoint("ck-{epoch:02d}") writes ck-11
-    # to ck-20 (not ck-01 again).
+    # 11..20, the History holds all 20, ModelCheckpoint("ck-{epoch:02d}") writes ck-11
+    # to ck-20 (not ck-01 again), and the run equals 20 uninterrupted epochs bit for bit.
     m, opt, sched = _build()
     _fit(m, opt, sched, 10, [ModelCheckpoint(str(tmp_path / "a-{epoch:02d}.npz"),
                                              monitor="loss", save_best_only=False)])
@@ -107,6 +107,8 @@ def test_epoch_numbers_continue_after_a_resume(tmp_path):
     assert len(h) == 20 and h.columns()["epoch"] == list(range(1, 21))
     written = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ck-"))
     assert written == [f"ck-{e:02d}.npz" for e in range(11, 21)]
+    m3, opt3, sched3 = _build()
+    _same_run((m2, opt2, h), (m3, opt3, _fit(m3, opt3, sched3, 20)))
 
 
 class _CtrlCAtForward(Module):
