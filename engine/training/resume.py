@@ -240,10 +240,17 @@ def _check_state(path: str, doc, opts: dict) -> None:
     if not isinstance(doc, dict) or any(k not in doc for k in keys) \
             or doc["version"] != STATE_VERSION:
         raise checkpoint.CheckpointError(f"{path}: corrupt or unknown training state")
+    ints = {k: doc[k] for k in ("epochs_done", "step", "samples", "batch_size")}
+    if any(type(v) is not int or v < 0 for v in ints.values()) \
+            or type(doc["in_epoch"]) is not bool or type(doc["shuffled"]) is not bool:
+        raise checkpoint.CheckpointError(f"{path}: corrupt training state ({ints}, in_epoch "
+                                         f"{doc['in_epoch']!r}, shuffled {doc['shuffled']!r})")
     done, epochs = doc["epochs_done"], opts["epochs"]
     hist = doc["history"]
     if not isinstance(hist, dict) or any(not isinstance(hist.get(k), list) or
-                                         len(hist[k]) not in (0, done) for k in _HISTORY_LISTS):
+                                         len(hist[k]) not in (0, done) for k in _HISTORY_LISTS) \
+            or len(hist["loss"]) != done or len(hist["epoch_time"]) != done \
+            or any(type(hist.get(k)) is not int for k in ("steps", "samples")):
         raise checkpoint.CheckpointError(f"{path}: corrupt training state (its History does "
                                          f"not hold {done} epochs)")
     if epochs <= done:
@@ -256,8 +263,13 @@ def _check_state(path: str, doc, opts: dict) -> None:
                                   f"with {key}={doc[key]}, this run has {key}={opts[key]}; "
                                   f"resume a run stopped mid-epoch with the same data and "
                                   f"batch size")
-        if not isinstance(doc.get("epoch_sums"), dict):
-            raise checkpoint.CheckpointError(f"{path}: corrupt training state (no epoch sums)")
+        sums = doc.get("epoch_sums")
+        steps = -(-opts["samples"] // opts["batch_size"])
+        if not isinstance(sums, dict) or doc["step"] > steps or any(
+                not isinstance(sums.get(k), (int, float)) or isinstance(sums.get(k), bool)
+                for k in ("total", "hit", "rows", "seconds")):
+            raise checkpoint.CheckpointError(f"{path}: corrupt training state (the epoch's "
+                                             f"step {doc['step']} of {steps}, sums {sums})")
 
 
 def _checked_generators(path: str, doc, model, rng, arrays) -> list:
@@ -275,6 +287,11 @@ def _checked_generators(path: str, doc, model, rng, arrays) -> list:
         if not isinstance(st, dict) or st.get("bit_generator") != kind:
             raise _fail(path, f"a Generator of the run is a {kind}, the checkpoint's a "
                               f"{st.get('bit_generator') if isinstance(st, dict) else st}")
+        try:  # on a scratch bit generator: the run's own change only in apply
+            type(g.bit_generator)().state = st
+        except (TypeError, ValueError, KeyError) as e:
+            raise checkpoint.CheckpointError(f"{path}: corrupt training state (a {kind} "
+                                             f"state: {e})") from None
     return states
 
 

@@ -273,3 +273,48 @@ def test_a_damaged_training_state_is_a_checkpoint_error(tmp_path):
             validation=val, scheduler=sched2, scheduler_interval="step", progress=False,
             resume_from=tmp_path / "bad.npz")
     assert opt2.steps == 0
+
+
+def _edited_header(src, dst, edit) -> None:
+    """Copy the checkpoint ``src`` to ``dst`` with its JSON header changed by ``edit``."""
+    import json
+    import zipfile
+    with zipfile.ZipFile(src) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    header = json.loads(np.load(src)["__header__"][()])
+    edit(header)
+    import io
+    buf = io.BytesIO()
+    np.save(buf, np.array(json.dumps(header)))
+    members["__header__.npy"] = buf.getvalue()
+    with zipfile.ZipFile(dst, "w") as z:
+        for n, data in members.items():
+            z.writestr(n, data)
+
+
+EDITS = {
+    "generator state": lambda h: h["training"]["generators"]["states"][1].update(state="x"),
+    "step past the epoch": lambda h: h["training"].update(step=999),
+    "epochs as text": lambda h: h["training"].update(epochs_done="3"),
+    "history too short": lambda h: h["training"]["history"].update(loss=[]),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_an_edited_training_state_is_refused_before_anything_changes(tmp_path, edit):
+    # Check each edit of an interrupted run's training state (its checksums intact, as a
+    # hand edit leaves them) is a ValueError, with the model and optimizer untouched.
+    m1, opt1, sched1 = _build()
+    with pytest.raises(TrainingInterrupted) as err:
+        _fit(_CtrlCAtForward(m1, 7), opt1, sched1, 3)
+    err.value.save(tmp_path / "mid.npz")
+    _edited_header(tmp_path / "mid.npz", tmp_path / "bad.npz", EDITS[edit])
+    m2, opt2, sched2 = _build()
+    before = [p.data.copy() for p in m2.parameters()]
+    with pytest.raises(ValueError):
+        _fit(_CtrlCAtForward(m2, 0), opt2, sched2, 3, resume_from=tmp_path / "bad.npz")
+    assert opt2.steps == 0
+    assert all(np.array_equal(a, p.data) for a, p in zip(before, m2.parameters()))
+    state = err.value  # the unedited file still resumes
+    _fit(_CtrlCAtForward(m2, 0), opt2, sched2, 3, resume_from=tmp_path / "mid.npz")
+    assert opt2.steps == 3 * 4 and state.resumable
