@@ -123,9 +123,8 @@ def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> Histor
       being the global batch (``engine.distributed``; every rank gets the same History,
       rank 0 prints).
 
-    Every argument and the whole data set (dtypes, shapes, C-contiguity, finite values,
-    labels in range) are checked before anything changes: a rejected call leaves the
-    parameters, gradients, optimizer and the model's mode as they were.
+    Every argument and the whole data set are checked before anything changes: a rejected
+    call leaves the parameters, gradients, optimizer and the model's mode as they were.
 
     A NaN/inf loss raises ``NonFiniteLossError`` naming the epoch and step before that
     step's update, so the model keeps the parameters of the last good step (the History so
@@ -137,10 +136,7 @@ def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> Histor
     """
     run = RunState(History())  # how far the run got: what a Ctrl-C reports and saves
     try:
-        if comm is not None and options.get("resume_from") is not None:
-            raise ValueError("resume_from: resuming a data-parallel run (comm=...) is not "
-                             "supported; resume it on one process")
-        ranks = processes(comm)
+        ranks = processes(comm, resume=options.get("resume_from") is not None)
         plan = ranks.checked(lambda: plan_fit(model, loss, optimizer, X, Y, epochs=epochs,
                                               **options))
         run.epochs = plan.epochs
