@@ -24,6 +24,7 @@ from .._checks import check_array_like, check_dtype, check_positive_int
 from .._checks import check_real as check_float
 from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
                     arena_layout_version, bump_arena_layout, runs, shaped_like)
+from .calls import CallState
 from .rows import (INITS, as_rows, check_array, check_init, check_sequences, describes_input, flat3,
                    init_weight, input_spec, make_rng, rows_of, shaped)
 
@@ -43,23 +44,6 @@ def mode_version() -> int:
 
 
 # ----------------------------------------------------------------------------- Module
-class _CallState:
-    """What a module remembers between calls (a plain object: ``Module.__setattr__`` is slow)."""
-
-    __slots__ = ("lead", "out_shape", "in_dim", "ready", "ws_ids", "ws_gen", "range",
-                 "range_gen")
-
-    def __init__(self):
-        self.lead = None       # leading shape of the last forward's input
-        self.out_shape = None  # shape of its output
-        self.in_dim = None     # last dimension of its input
-        self.ready = False     # a forward is waiting for its backward
-        self.ws_ids = None     # ids of the workspaces of this module and its children
-        self.ws_gen = -1
-        self.range = None      # (arena, lo, hi) of this module's parameters
-        self.range_gen = -1
-
-
 def _one_caller(fn):
     """Wrap a public ``forward``/``backward``: a module holds one forward's cache, so a call
     while another thread is inside the same module raises instead of mixing their numbers."""
@@ -122,7 +106,7 @@ class Module(metaclass=_ModuleMeta):
         dtype = check_dtype(dtype)
         self.__dict__.update(
             _params=OrderedDict(), _modules=OrderedDict(), training=True, dtype=dtype,
-            _ws=Workspace(dtype), _calls=_CallState(), _built=False,
+            _ws=Workspace(dtype), _calls=CallState(), _built=False,
             _view_cache=[None, None],  # (key, views) of _views
             _lock=threading.RLock(),   # see _one_caller
             # What forward keeps for backward (input rows, activations, dropout flag): a
@@ -460,6 +444,13 @@ class Module(metaclass=_ModuleMeta):
             check_array_like(f"load_state_dict: {n}", state[n], p.data)
         for n, p in named:
             p.data[...] = state[n]
+
+    def named_generators(self):
+        """``(dotted name, numpy Generator)`` of every module in this tree that draws random
+        numbers while training (dropout keeps its Generator as ``_rng``), this module first.
+        Modules built from one Generator share it: a checkpoint of a run saves each once."""
+        return [(n, m.__dict__["_rng"]) for n, m in self.named_modules()
+                if isinstance(m.__dict__.get("_rng"), np.random.Generator)]
 
     def workspace_nbytes(self) -> int:
         """Bytes held in work buffers (cached activations and gradients), children included;
