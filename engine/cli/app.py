@@ -390,6 +390,7 @@ def info(args) -> int:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed: the resume hint
         if hasattr(args, "run"):
             code = args.run(args)
         else:

@@ -41,9 +41,9 @@ def saved_options(args) -> dict:
     return {k: getattr(args, k) for k in CLI_KEYS}
 
 
-def _given(argv, key: str) -> bool:
-    flag = "--" + key.replace("_", "-")
-    return any(t == flag or t.startswith(flag + "=") for t in argv)
+def _given(args, key: str) -> bool:
+    """Whether the option was on the command line (the parser's record, engine/cli/parser.py)."""
+    return key in args.given
 
 
 def apply_resume(args) -> dict:
@@ -58,19 +58,18 @@ def apply_resume(args) -> dict:
     if not isinstance(saved, dict) or header.get("training") is None:
         raise UsageError(f"--resume: {args.resume} is not a resumable checkpoint of "
                          f"'train' (an interrupted run's, or the --save .npz of a run)")
-    argv = getattr(args, "argv", [])
     for key in CLI_KEYS:
         if key not in saved:
             continue
         value = saved[key]
-        if _given(argv, key) and key in _MAY_CHANGE:
+        if _given(args, key) and key in _MAY_CHANGE:
             continue  # the file may have moved; a run stopped mid-epoch checks its size
-        if _given(argv, key) and getattr(args, key) != value and key != "epochs":
+        if _given(args, key) and getattr(args, key) != value and key != "epochs":
             flag = "--" + key.replace("_", "-")
             raise UsageError(f"{flag}: the checkpoint's run has {flag} {_show(value)}, "
                              f"given {_show(getattr(args, key))}; --resume continues that "
                              f"run (leave {flag} out)")
-        if key != "epochs" or not _given(argv, key):
+        if key != "epochs" or not _given(args, key):
             setattr(args, key, value)
     if args.epochs != saved.get("epochs") and (args.schedule != "constant" or args.warmup):
         raise UsageError(f"--epochs: the run's learning-rate schedule ({args.schedule}, "
