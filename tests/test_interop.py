@@ -285,17 +285,21 @@ def test_safetensors_holds_parameters_only(tmp_path):
 
 def test_plain_safetensors_file_with_matching_names_loads(tmp_path):
     # Check that a safetensors file written by someone else (no blasnet header) loads if its
-    # names, shapes and dtypes fit the model; one with other names is a CheckpointError.
+    # names, shapes and dtypes fit the model (blasnet's names, or PyTorch's: load reads
+    # both layouts); one with other names is a CheckpointError.
     st_np = pytest.importorskip("safetensors.numpy")
     W = np.arange(6, dtype=np.float32).reshape(3, 2)
     st_np.save_file({"W": W, "b": np.ones(2, np.float32)}, str(tmp_path / "a.safetensors"))
     m = Linear(3, 2, rng=0)
     assert load(tmp_path / "a.safetensors", m) == {}
     np.testing.assert_array_equal(m.W.data, W)
-    st_np.save_file({"weight": W.T.copy(), "bias": np.ones(2, np.float32)},
+    st_np.save_file({"weight": W.T.copy() + 1, "bias": np.ones(2, np.float32)},
                     str(tmp_path / "t.safetensors"))
-    with pytest.raises(CheckpointError, match=r"missing parameters \['W', 'b'\]"):
-        load(tmp_path / "t.safetensors", m)
+    assert load(tmp_path / "t.safetensors", m) == {}  # PyTorch's (out, in) weight
+    np.testing.assert_array_equal(m.W.data, W + 1)
+    st_np.save_file({"kernel": W, "b": np.ones(2, np.float32)}, str(tmp_path / "k.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing parameters \['W'\]"):
+        load(tmp_path / "k.safetensors", m)
 
 
 def test_truncated_safetensors_is_a_checkpoint_error(tmp_path):
@@ -319,3 +323,28 @@ def test_without_safetensors_the_error_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r"blasnet\[interop\]"):
         save(tmp_path / "m.safetensors", Linear(2, 2, rng=0))
     assert os.listdir(tmp_path) == []
+
+
+def _registry_variants():
+    from engine.models import registry
+    return [pytest.param(name, v, id=f"{name}-{i}") for name, e in registry.BLOCKS.items()
+            if getattr(e.cls, "torch_layout", None) is not None
+            for i, v in enumerate(e.variants)]
+
+
+@pytest.mark.parametrize("name,variant", _registry_variants())
+def test_every_registry_block_with_a_torch_layout_round_trips(name, variant):
+    # Check that each registered block that declares a PyTorch layout maps every parameter to
+    # one key and that its state dict loads into another instance (other initial values)
+    # exactly, so a block's torch_layout is checked as soon as it is registered.
+    from engine.models import registry
+    e = registry.get(name)
+    m = e.build(e.example, dtype=F64, rng=0, **variant)
+    _perturb(m, 1)
+    sd = to_torch_state_dict(m)
+    assert len({v.ctypes.data for v in sd.values()}) == len(sd)  # copies, one per key
+    fresh = e.build(e.example, dtype=F64, rng=5, **variant)
+    load_torch_state_dict(fresh, sd)
+    for (n, p), (n2, q) in zip(m.named_parameters(), fresh.named_parameters()):
+        assert n == n2
+        np.testing.assert_array_equal(p.data, q.data, err_msg=n)
