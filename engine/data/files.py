@@ -17,8 +17,8 @@ import zipfile
 
 import numpy as np
 
-from ._checks import check_int, check_real
-from .nn.module import check_dtype, make_rng
+from .._checks import check_int, check_real
+from ..nn.module import check_dtype, make_rng
 
 __all__ = ["load", "load_inputs", "csv_columns", "train_val_split", "Standardizer", "infer_task",
            "regression", "regression_targets", "spiral", "xor", "sine", "TASKS", "make_task"]
