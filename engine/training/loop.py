@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from ..data.entry import as_eval_arrays, as_fit_arrays, as_inputs
 from ..nn.losses import CrossEntropyLoss
 from ..optim.optimizers import defer_keyboard_interrupt
 from .checks import batch_size_for, check_data, check_loss, check_model, check_x
@@ -34,6 +35,7 @@ def evaluate(model, loss, X, Y, batch_size=None):
     """``(mean loss, accuracy or None)`` of ``model`` on ``(X, Y)`` in eval mode (the model's
     mode is restored afterwards). Accuracy is given for ``CrossEntropyLoss``. Every argument
     is checked before the model is touched (NaN inputs are allowed: they give a NaN loss)."""
+    X, Y = as_eval_arrays(model, loss, X, Y)  # array-likes: one converted copy, see fit
     check_model(model)
     check_loss(loss)
     check_data(model, loss, X, Y, finite=False)
@@ -64,6 +66,7 @@ def _evaluate(model, loss, X, Y, bs):
 def predict(model, X, batch_size=None) -> np.ndarray:
     """The model's outputs for ``X`` in eval mode, as a new array (the model's mode is
     restored afterwards). ``batch_size`` bounds the work buffers (``None``: all at once)."""
+    X = as_inputs(model, X)  # array-likes: one converted copy, see fit
     check_model(model)
     if not isinstance(X, np.ndarray):
         raise TypeError(f"X: expected a numpy.ndarray, got {type(X).__name__}")
@@ -127,6 +130,7 @@ def fit(model, loss, optimizer, X, Y, epochs, *, comm=None, **options) -> Histor
     run = _Run()  # how far the run got: what a Ctrl-C reports
     try:
         ranks = processes(comm)
+        X, Y, options = ranks.checked(lambda: as_fit_arrays(model, loss, X, Y, options))
         plan = ranks.checked(lambda: plan_fit(model, loss, optimizer, X, Y, epochs=epochs,
                                               **options))
         run.epochs = plan.epochs
