@@ -104,7 +104,9 @@ def fit(model, loss, optimizer, X, Y, epochs, *, comm=None, **options) -> Histor
       Generator). The full batch is never shuffled (the gradient does not depend on the order).
     - ``validation``: ``(X_val, Y_val)`` evaluated after each epoch in eval mode.
     - ``progress`` (True): True: auto (one updating line on a terminal, else a line every ~10%
-      of the epochs), False: silent, an int k: a line every k epochs.
+      of the epochs), False: silent, an int k: a line every k epochs. On a terminal (True or
+      k) a line redrawn within each epoch also shows the steps done, the running loss and the
+      epoch's ETA, at most ~10 times a second; off a terminal nothing runs per step.
     - ``callbacks``: objects with ``on_epoch_end(epoch, history)`` returning True to stop
       (``engine.callbacks``: ``EarlyStopping``, ``ModelCheckpoint``, the protocol).
     - ``scheduler``: an ``engine.lr_scheduler`` scheduler of ``optimizer``, stepped after
@@ -117,9 +119,18 @@ def fit(model, loss, optimizer, X, Y, epochs, *, comm=None, **options) -> Histor
       being the global batch (``engine.distributed``; every rank gets the same History,
       rank 0 prints).
 
-    Every argument and the whole data set (dtypes, shapes, C-contiguity, finite values,
-    labels in range) are checked before anything changes: a rejected call leaves the
-    parameters, gradients, optimizer and the model's mode as they were.
+    ``X``, ``Y`` and the validation pair may be any real-valued array-like: NumPy's float64
+    for a float32 model, a column slice ``X[:, :4]``, a list, an object with ``__array__``
+    (a pandas DataFrame), a ``(N,)`` target for a model of one output column, whole-number
+    float class ids for ``CrossEntropyLoss``. Each is converted once on entry
+    (``engine.data.entry``): an array already C-contiguous of the model's dtype is used as
+    is, anything else costs one copy of the data set, held for the run; every step reads
+    views of it. Integer token ids stay integers for a model that reads ids. Complex,
+    text or object data is a TypeError naming the argument.
+
+    Every argument and the whole data set (dtypes, shapes, finite values, labels in range)
+    are checked before anything changes: a rejected call leaves the parameters, gradients,
+    optimizer and the model's mode as they were.
 
     A NaN/inf loss raises ``NonFiniteLossError`` naming the epoch and step before that
     step's update, so the model keeps the parameters of the last good step (the History so
@@ -174,7 +185,8 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
     dp, bar = SingleProcess(), Progress(False, plan.epochs)  # until the ranks have met
     try:
         dp = ranks.start(model, optimizer, X, Y, plan)  # data parallel: the ranks agree
-        bar = Progress(plan.progress if dp.rank == 0 else False, plan.epochs)
+        bar = Progress(plan.progress if dp.rank == 0 else False, plan.epochs, X.shape[0],
+                       plan.batch_size)
         batches = _Batches(X, Y, plan, dp)
         run.steps_per_epoch = batches.steps
         for cb in plan.callbacks:  # first: one that rejects its setup leaves the model as it was
@@ -193,6 +205,8 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
             for i in range(1, batches.steps + 1):
                 run.step = i
                 step(*batches.batch(i), epoch, i, batches.steps)
+                if bar.per_step:  # a terminal: the line within the epoch (nothing off one)
+                    bar.step(epoch, i, step.total)
             stop = step.end_epoch(epoch)
             bar.update(epoch, h, time.perf_counter() - t_start, last=stop)
             if stop:
