@@ -6,6 +6,8 @@ import numbers
 
 import numpy as np
 
+from kernels.warn import warn
+
 from .._checks import check_real
 from ..nn.module import make_rng
 
@@ -64,6 +66,20 @@ def _constant_columns(rows: np.ndarray, std: np.ndarray) -> np.ndarray:
     return std <= _CONSTANT_RTOL * magnitude
 
 
+def _cast_back(name: str, a: np.ndarray, result: np.ndarray) -> np.ndarray:
+    """``result`` (float64) as a C-contiguous array of ``a``'s dtype; a finite value that
+    dtype cannot hold becomes inf with a warning naming ``name`` at the caller's line."""
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(result, dtype=a.dtype)
+    if out.size and not (np.isfinite(out.min()) and np.isfinite(out.max())):
+        bad = np.isinf(out) & np.isfinite(result)
+        if bad.any():
+            at = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), out.shape))
+            warn(f"{name}: the standardised value {result[at].item()!r} at index {at} overflows "
+                 f"{a.dtype} (inf); use float64 data", RuntimeWarning)
+    return out
+
+
 class Standardizer:
     """Per-feature standardisation ``(x - mean) / scale`` (the last axis), fit on the training
     set and applied unchanged to validation and new data. ``scale`` is the standard deviation
@@ -106,14 +122,16 @@ class Standardizer:
                              f"(as fitted), got shape {X.shape}")
 
     def transform(self, X) -> np.ndarray:
-        """A new array ``(X - mean) / scale`` of ``X``'s dtype."""
+        """A new array ``(X - mean) / scale`` of ``X``'s dtype (a RuntimeWarning at the
+        caller's line if a value overflows it)."""
         self._check(X, "X")
-        return np.ascontiguousarray((X - self.mean) / self.scale, dtype=X.dtype)
+        return _cast_back("X", X, (X - self.mean) / self.scale)
 
     def inverse_transform(self, Z) -> np.ndarray:
-        """A new array ``Z * scale + mean`` of ``Z``'s dtype."""
+        """A new array ``Z * scale + mean`` of ``Z``'s dtype (a RuntimeWarning at the
+        caller's line if a value overflows it)."""
         self._check(Z, "Z")
-        return np.ascontiguousarray(Z * self.scale + self.mean, dtype=Z.dtype)
+        return _cast_back("Z", Z, Z * self.scale + self.mean)
 
     def fit_transform(self, X) -> np.ndarray:
         return self.fit(X).transform(X)
