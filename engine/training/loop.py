@@ -33,7 +33,8 @@ __all__ = ["fit", "evaluate", "predict", "History", "NonFiniteLossError", "Train
 
 def evaluate(model, loss, X, Y, batch_size=None):
     """``(mean loss, accuracy or None)`` of ``model`` on ``(X, Y)`` in eval mode (the model's
-    mode is restored afterwards). Accuracy is given for ``CrossEntropyLoss``. Every argument
+    mode is restored afterwards). Accuracy is given for ``CrossEntropyLoss``. ``X`` and ``Y``
+    may be any real-valued array-like, converted once as ``fit`` converts them. Every argument
     is checked before the model is touched (NaN inputs are allowed: they give a NaN loss)."""
     X, Y = as_eval_arrays(model, loss, X, Y)  # array-likes: one converted copy, see fit
     check_model(model)
@@ -65,7 +66,8 @@ def _evaluate(model, loss, X, Y, bs):
 
 def predict(model, X, batch_size=None) -> np.ndarray:
     """The model's outputs for ``X`` in eval mode, as a new array (the model's mode is
-    restored afterwards). ``batch_size`` bounds the work buffers (``None``: all at once)."""
+    restored afterwards). ``X`` may be any real-valued array-like, converted once as ``fit``
+    converts it. ``batch_size`` bounds the work buffers (``None``: all at once)."""
     X = as_inputs(model, X)  # array-likes: one converted copy, see fit
     check_model(model)
     if not isinstance(X, np.ndarray):
