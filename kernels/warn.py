@@ -32,6 +32,8 @@ def warn(message: str, category: type = UserWarning) -> None:
     while frame.f_back is not None and _internal(frame.f_code.co_filename):
         frame = frame.f_back
     g = frame.f_globals
+    # No module_globals: as warnings.warn, the source line is read from the file by name (a
+    # loader's get_source fails for `python -c`'s __main__).
     warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
                            module=g.get("__name__", "<string>"),
-                           registry=g.setdefault("__warningregistry__", {}), module_globals=g)
+                           registry=g.setdefault("__warningregistry__", {}))

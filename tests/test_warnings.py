@@ -81,3 +81,13 @@ def test_no_direct_warnings_warn_in_engine_or_kernels():
                 direct.append(f"{p.relative_to(ROOT)}:{i}")
     assert direct == []
 
+
+
+def test_the_thread_count_warning_under_python_c():
+    # Check that a warning attributed to `python -c`'s code (no source file) is printed, not
+    # turned into an error by a source lookup.
+    env = {**os.environ, "BLASNET_NUM_THREADS": "9999"}
+    r = subprocess.run([sys.executable, "-c", "import kernels"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("<string>:1: RuntimeWarning: BLASNET_NUM_THREADS=9999"), r.stderr
