@@ -45,7 +45,8 @@ def test_standardizer_overflow_warns_at_the_callers_line():
     s = Standardizer().fit(np.array([[0.0], [1e-30]]))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        out = s.transform(np.array([[1.0], [3e38]], np.float32)); line = sys._getframe().f_lineno  # noqa: E702,E501
+        line = sys._getframe().f_lineno + 1  # the next line
+        out = s.transform(np.array([[1.0], [3e38]], np.float32))
     assert np.isinf(out[1, 0])
     assert [(x.filename, x.lineno, x.category) for x in w] == [(__file__, line, RuntimeWarning)]
     assert "X" in str(w[0].message) and "float32" in str(w[0].message)
@@ -55,7 +56,8 @@ def test_the_helper_skips_every_engine_and_kernels_frame():
     # Check that warn() called from this file reports this file and line, and that its
     # category and message pass through.
     with pytest.warns(UserWarning, match="hello") as w:
-        warn("hello"); line = sys._getframe().f_lineno  # noqa: E702
+        line = sys._getframe().f_lineno + 1  # the next line
+        warn("hello")
     assert (w[0].filename, w[0].lineno) == (__file__, line)
 
 

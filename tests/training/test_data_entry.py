@@ -26,7 +26,8 @@ def _train(X, Y, loss=None, out=2, dtype=np.float32, **kw):
     """Parameters and History of a 3-epoch fit of a fresh (seeded) MLP on ``(X, Y)``."""
     model = MLP([4, 8, out], dtype=dtype, rng=0)
     opt = AdamW(model.parameters(), lr=0.01)
-    h = fit(model, loss or MSELoss(), opt, X, Y, 3, batch_size=5, rng=1, progress=False, **kw)
+    h = fit(model, loss or MSELoss(), opt, X, Y, epochs=3, batch_size=5, rng=1, progress=False,
+            **kw)
     return [p.data.copy() for p in model.parameters()], h
 
 
@@ -132,7 +133,8 @@ def test_float64_model_keeps_float64_data_without_a_copy():
     model = Linear(4, 2, dtype=np.float64, rng=0)
     seen = []
     spy = _Spy(model, seen)
-    fit(spy, MSELoss(), AdamW(spy.parameters()), X, Y, 2, batch_size=None, progress=False)
+    fit(spy, MSELoss(), AdamW(spy.parameters()), X, Y, epochs=2, batch_size=None,
+        progress=False)
     assert seen and all(x is X for x in seen)
 
 
@@ -159,8 +161,8 @@ def test_fit_converts_the_data_set_once_not_per_step(shuffle):
     X, Y = _data(n=23)
     seen = []
     model = _Spy(MLP([4, 8, 2], rng=0), seen)
-    fit(model, MSELoss(), AdamW(model.parameters()), X, Y, 3, batch_size=5, shuffle=shuffle,
-        progress=False)
+    fit(model, MSELoss(), AdamW(model.parameters()), X, Y, epochs=3, batch_size=5,
+        shuffle=shuffle, progress=False)
     assert len(seen) == 3 * 5
     bases = {id(x.base) for x in seen}
     assert len(bases) == 1 and seen[0].base is not None
@@ -221,11 +223,11 @@ def test_what_holds_no_real_numbers_is_refused_naming_it(which, value, kind, tex
     X, Y = _data()
     model = MLP([4, 8, 2], rng=0)
     opt = AdamW(model.parameters())
-    fit(model, MSELoss(), opt, X, Y, 1, progress=False)
+    fit(model, MSELoss(), opt, X, Y, epochs=1, progress=False)
     before = _snapshot(model, opt)
     X, Y = (value(X), Y) if which == "X" else (X, value(Y))
     with pytest.raises(kind, match=text):
-        fit(model, MSELoss(), opt, X, Y, 1, progress=False)
+        fit(model, MSELoss(), opt, X, Y, epochs=1, progress=False)
     after = _snapshot(model, opt)
     for a, b in zip(before[0], after[0]):
         np.testing.assert_array_equal(a, b)
@@ -239,7 +241,7 @@ def test_nan_keeps_its_meaning_fit_refuses_evaluate_and_predict_pass_it_on():
     X[3, 1] = np.nan
     model = MLP([4, 8, 2], rng=0)
     with pytest.raises(ValueError, match=r"X: expected finite values, got nan at index \(3, 1\)"):
-        fit(model, MSELoss(), AdamW(model.parameters()), X, Y, 1, progress=False)
+        fit(model, MSELoss(), AdamW(model.parameters()), X, Y, epochs=1, progress=False)
     assert np.isnan(evaluate(model, MSELoss(), X, Y)[0])
     out = predict(model, X.tolist())
     assert np.isnan(out[3]).all() and np.isfinite(np.delete(out, 3, axis=0)).all()

@@ -119,13 +119,13 @@ def _bad_fit_calls():
 
     return [
         ("X complex", TypeError, "X: expected real numbers, got dtype complex128",
-         lambda X, Y, m, o: fit(m, mse, o, X.astype(complex), Y, 1, progress=False)),
+         lambda X, Y, m, o: fit(m, mse, o, X.astype(complex), Y, epochs=1, progress=False)),
         ("X features", ValueError, r"X: expected shape \(N, 3\)",
          lambda X, Y, m, o: fit(m, mse, o, X[:, :2].copy(), Y, 1, progress=False)),
         ("Y width", ValueError, r"Y: expected shape \(20, 2\)",
          lambda X, Y, m, o: fit(m, mse, o, X, Y[:, :1].copy(), 1, progress=False)),
         ("Y text", TypeError, "Y: expected real numbers, got dtype <U",
-         lambda X, Y, m, o: fit(m, mse, o, X, Y.astype(str), 1, progress=False)),
+         lambda X, Y, m, o: fit(m, mse, o, X, Y.astype(str), epochs=1, progress=False)),
         ("NaN in X", ValueError, "X: expected finite values", nan_x),
         ("inf in Y", ValueError, "Y: expected finite values", inf_y),
         ("loss None", TypeError, "loss:",
@@ -213,9 +213,9 @@ def test_fit_takes_any_layout_as_its_c_contiguous_copy_in_every_batching_mode(ba
     a = np.asfortranarray(a) if layout == "F-order" else a[::-1]
     Xs, Ys = (a, Y) if which == "X" else (X, a)
     X2, Y2, model2, opt2 = _regress()
-    h = fit(model, MSELoss(), opt, Xs, Ys, 2, batch_size=batch_size, progress=False)
-    h2 = fit(model2, MSELoss(), opt2, np.ascontiguousarray(Xs), np.ascontiguousarray(Ys), 2,
-             batch_size=batch_size, progress=False)
+    h = fit(model, MSELoss(), opt, Xs, Ys, epochs=2, batch_size=batch_size, progress=False)
+    h2 = fit(model2, MSELoss(), opt2, np.ascontiguousarray(Xs), np.ascontiguousarray(Ys),
+             epochs=2, batch_size=batch_size, progress=False)
     assert h.loss == h2.loss
     np.testing.assert_array_equal(model.flat_params(), model2.flat_params())
 

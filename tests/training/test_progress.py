@@ -43,7 +43,7 @@ def _fit(monkeypatch, stream, clock, *, n=40, batch_size=2, epochs=2, progress=T
     g = np.random.default_rng(0)
     X, Y = g.standard_normal((n, 3)), g.standard_normal((n, 2))
     lin = Linear(3, 2, dtype=np.float64, rng=0)
-    return fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.05), X, Y, epochs,
+    return fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.05), X, Y, epochs=epochs,
                batch_size=batch_size, shuffle=False, progress=progress)
 
 
