@@ -16,7 +16,7 @@ import numpy as np
 from ..nn.losses import CrossEntropyLoss, MSELoss
 from ..nn.module import Module, describes_input, input_spec
 
-__all__ = ["as_fit_arrays", "as_eval_arrays", "as_inputs"]
+__all__ = ["as_fit_arrays", "as_eval_arrays", "as_inputs", "as_targets", "cast_real"]
 
 _REAL_KINDS = "biuf"  # bool, signed and unsigned integers, floats
 
@@ -38,9 +38,10 @@ def _as_array(name: str, a) -> np.ndarray:
     return a
 
 
-def _cast(name: str, a: np.ndarray, dt) -> np.ndarray:
+def cast_real(name: str, a: np.ndarray, dt, hint: str = "use a float64 model") -> np.ndarray:
     """``a`` as a C-contiguous ``dt`` array (``a`` itself when it is one); a finite value that
-    ``dt`` cannot hold (1e300 in float32) is a ValueError naming where, not an inf."""
+    ``dt`` cannot hold (1e300 in float32) is a ValueError naming ``name`` and the index, not
+    an inf (NaN and inf already in ``a`` pass through)."""
     if a.dtype == dt and a.flags.c_contiguous:
         return a
     with np.errstate(over="ignore"):
@@ -52,8 +53,7 @@ def _cast(name: str, a: np.ndarray, dt) -> np.ndarray:
             if bad.any():
                 at = np.unravel_index(int(np.argmax(bad)), a.shape)
                 raise ValueError(f"{name}: the value {a[at].item()!r} at index "
-                                 f"{tuple(int(i) for i in at)} overflows {dt} (use a float64 "
-                                 f"model)")
+                                 f"{tuple(int(i) for i in at)} overflows {dt} ({hint})")
     return out
 
 
@@ -81,7 +81,7 @@ def as_inputs(model, X, name: str = "X") -> np.ndarray:
         return np.ascontiguousarray(a)
     if a.dtype.kind in "iu" and _takes_integers(model, a):
         return np.ascontiguousarray(a)
-    return _cast(name, a, model.dtype)
+    return cast_real(name, a, model.dtype)
 
 
 def _output_shape(model, X: np.ndarray):
@@ -123,10 +123,10 @@ def as_targets(model, loss, X: np.ndarray, Y, name: str = "Y") -> np.ndarray:
     if isinstance(loss, CrossEntropyLoss):
         if a.dtype.kind in "iu" or a.shape == lead:  # integers are always labels
             return _labels(name, a)
-        return _cast(name, a, model.dtype)
+        return cast_real(name, a, model.dtype)
     if out is not None and out[-1] == 1 and a.shape == lead:  # (N,) for one output column
         a = a.reshape(*lead, 1)
-    return _cast(name, a, model.dtype)
+    return cast_real(name, a, model.dtype)
 
 
 def as_eval_arrays(model, loss, X, Y, what: str = "") -> tuple:

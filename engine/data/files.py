@@ -11,6 +11,7 @@ import numpy as np
 
 from ..nn.module import check_dtype
 from .csv_reader import read_csv
+from .entry import cast_real
 
 __all__ = ["load", "load_inputs"]
 
@@ -91,7 +92,8 @@ def load_inputs(path, x=None, dtype=np.float32, delimiter=None) -> np.ndarray:
     if np.issubdtype(X.dtype, np.inexact) and not np.all(np.isfinite(X)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(X))[0])
         raise ValueError(f"{path}: array {xname!r}: non-finite value {X[bad]} at index {bad}")
-    return _cast(path, f"array {xname!r}", X.reshape(-1, 1) if X.ndim == 1 else X, dt)
+    return cast_real(f"{path}: array {xname!r}", X.reshape(-1, 1) if X.ndim == 1 else X, dt,
+                     "use dtype=float64")
 
 
 def _load_npz(path, xs, ys, dt):
@@ -118,27 +120,17 @@ def _load_npz(path, xs, ys, dt):
             raise ValueError(f"{path}: array {name!r} has no {what} (shape {a.shape})")
     if np.iscomplexobj(X) or np.iscomplexobj(Y):
         raise ValueError(f"{path}: complex arrays are not supported")
-    X = _cast(path, f"array {xname!r}", X.reshape(-1, 1) if X.ndim == 1 else X, dt)
+    X = cast_real(f"{path}: array {xname!r}", X.reshape(-1, 1) if X.ndim == 1 else X, dt,
+                  "use dtype=float64")
     if Y.ndim == 1 and np.issubdtype(Y.dtype, np.integer):
         if Y.size and Y.dtype.kind == "u" and Y.max() > _INT64.max:  # labels never wrap
             at = int(np.argmax(Y > _INT64.max))
             raise ValueError(f"{path}: array {yname!r}: the label {int(Y[at])} at index {at} "
                              f"does not fit int64")
         return X, np.ascontiguousarray(Y, dtype=np.int64)
-    Y = _cast(path, f"array {yname!r}", Y.reshape(-1, 1) if Y.ndim == 1 else Y, dt)
+    Y = cast_real(f"{path}: array {yname!r}", Y.reshape(-1, 1) if Y.ndim == 1 else Y, dt,
+                  "use dtype=float64")
     return X, Y
-
-
-def _cast(path: str, what: str, a: np.ndarray, dt) -> np.ndarray:
-    """``a`` as a C-contiguous ``dt`` array; a finite value that ``dt`` cannot hold (1e300
-    in float32) is a ValueError naming where, not an inf."""
-    with np.errstate(over="ignore"):
-        out = np.ascontiguousarray(a, dtype=dt)
-    if out.size and not (np.isfinite(out.min()) and np.isfinite(out.max())):
-        at = np.unravel_index(int(np.argmax(~np.isfinite(out))), out.shape)
-        raise ValueError(f"{path}: {what}: the value {a[at].item()!r} at index "
-                         f"{tuple(int(i) for i in at)} overflows {dt} (use dtype=float64)")
-    return out
 
 
 # Largest uncompressed/compressed ratio deflate can reach: a member declaring more lies.
