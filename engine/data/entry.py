@@ -110,7 +110,8 @@ def _labels(name: str, a: np.ndarray) -> np.ndarray:
 def as_targets(model, loss, X: np.ndarray, Y, name: str = "Y") -> np.ndarray:
     """``Y`` as ``loss`` takes it for ``model``'s outputs on ``X`` (an array already
     converted): for ``CrossEntropyLoss``, class ids shaped as the outputs without their class
-    axis become int64 labels and anything else probabilities of the model's dtype; for
+    axis (or with a class axis of 1: a column of ids, ``df[["label"]]``) become int64 labels
+    and anything else probabilities of the model's dtype; for
     ``MSELoss``, values of the model's dtype, a ``(N,)`` target becoming ``(N, 1)`` for a
     model of one output column. Another loss, or a model that does not describe its input
     (no ``check_input`` of its own), gets an array, C-contiguous, of ``Y``'s dtype."""
@@ -121,6 +122,8 @@ def as_targets(model, loss, X: np.ndarray, Y, name: str = "Y") -> np.ndarray:
     out = _output_shape(model, X)
     lead = out[:-1] if out is not None else X.shape[:-1]
     if isinstance(loss, CrossEntropyLoss):
+        if a.shape == (*lead, 1) and (out is None or out[-1] > 1):  # a column of ids
+            a = a.reshape(lead)
         if a.dtype.kind in "iu" or a.shape == lead:  # integers are always labels
             return _labels(name, a)
         return cast_real(name, a, model.dtype)

@@ -90,7 +90,7 @@ def test_integer_regression_targets_become_floats():
     _assert_same_run(ref, _train(X, Y, out=1))
 
 
-@pytest.mark.parametrize("form", ["int32", "float whole numbers", "list", "bool"])
+@pytest.mark.parametrize("form", ["int32", "float whole numbers", "list", "bool", "column"])
 def test_class_ids_stay_1d_labels_for_cross_entropy(form):
     # Check that class ids in any whole-number form train as int64 labels (N,) with
     # CrossEntropyLoss (not as (N, 1) values, not as probabilities).
@@ -98,7 +98,7 @@ def test_class_ids_stay_1d_labels_for_cross_entropy(form):
     y = np.arange(24) % 2
     ref = _train(X.astype(np.float32), y.astype(np.int64), CrossEntropyLoss())
     conv = {"int32": y.astype(np.int32), "float whole numbers": y.astype(np.float64),
-            "list": y.tolist(), "bool": y.astype(bool)}[form]
+            "list": y.tolist(), "bool": y.astype(bool), "column": y[:, None]}[form]
     _assert_same_run(ref, _train(X, conv, CrossEntropyLoss()))
 
 
