@@ -42,17 +42,20 @@ class Progress:
         self.width, self.step_width = len(str(epochs)), len(str(self.steps))
         self._last = -float("inf")  # when the line was last drawn
         self._epoch_t0 = _clock() if self.per_step else 0.0
+        self._skipped = None  # steps of this epoch before the first one this process ran
         self._open = False
 
     def step(self, epoch: int, i: int, loss_sum: float) -> None:
         """After step ``i`` of ``epoch``: redraw the line (throttled); ``loss_sum`` is the sum
         of the epoch's batch losses weighted by their rows."""
+        if self._skipped is None:  # a run resumed mid-epoch starts past step 1
+            self._skipped = i - 1
         now = _clock()
         if now - self._last < _REDRAW_S:
             return
         self._last = now
         seen = min(i * self.batch_size, self.rows)  # rows of the epoch's first i batches
-        eta = (now - self._epoch_t0) / i * (self.steps - i)
+        eta = (now - self._epoch_t0) / (i - self._skipped) * (self.steps - i)
         self._draw(f"epoch {epoch:>{self.width}}/{self.epochs}  step "
                    f"{i:>{self.step_width}}/{self.steps}  loss {loss_sum / seen:.6g}  "
                    f"ETA {_fmt_time(eta)}")
@@ -65,7 +68,7 @@ class Progress:
     def update(self, epoch: int, h, elapsed: float, last: bool = False) -> None:
         """``last``: the run ends after this epoch (a callback stopped it): print it."""
         if self.per_step:
-            self._epoch_t0 = _clock()  # the next epoch starts now
+            self._epoch_t0, self._skipped = _clock(), None  # the next epoch starts now
         if not self.every and not self.tty:
             return
         stopped = last and epoch < self.epochs

@@ -125,3 +125,18 @@ def test_cli_quiet_prints_no_step_line_on_a_terminal(monkeypatch, tmp_path):
     assert main(["train", "--samples", "64", "--epochs", "2", "--batch-size", "8"]) == 0
     draws = _step_draws(tty.getvalue())  # without it, the step line is there
     assert draws and len(draws) == 2 * int(draws[0][2])
+
+
+def test_a_run_resumed_mid_epoch_times_its_eta_from_the_steps_it_ran(monkeypatch):
+    # Check that the ETA of an epoch entered at step 6 of 10 (a resumed run) divides the
+    # elapsed time by the 4 steps this process ran, not by 9.
+    tty = FakeTTY()
+    monkeypatch.setattr(sys, "stdout", tty)
+    clock = FakeClock(tick=0.0)
+    monkeypatch.setattr(progress_module, "_clock", clock)
+    bar = progress_module.Progress(True, 1, rows=100, batch_size=10)
+    for i in range(6, 10):  # steps 6..9, 10 s each
+        clock.t += 10.0
+        bar.step(1, i, 1.0 * 10 * i)
+    *_, loss, eta = _step_draws(tty.getvalue())[-1]
+    assert (loss, eta) == ("1", "0:10")  # 40 s for 4 steps: 10 s for the one left
