@@ -111,10 +111,10 @@ def as_targets(model, loss, X: np.ndarray, Y, name: str = "Y") -> np.ndarray:
     """``Y`` as ``loss`` takes it for ``model``'s outputs on ``X`` (an array already
     converted): for ``CrossEntropyLoss``, class ids shaped as the outputs without their class
     axis (or with a class axis of 1: a column of ids, ``df[["label"]]``) become int64 labels
-    and anything else probabilities of the model's dtype; for
-    ``MSELoss``, values of the model's dtype, a ``(N,)`` target becoming ``(N, 1)`` for a
-    model of one output column. Another loss, or a model that does not describe its input
-    (no ``check_input`` of its own), gets an array, C-contiguous, of ``Y``'s dtype."""
+    and anything else probabilities of the model's dtype; for ``MSELoss``, values of the
+    model's dtype, a ``(N,)`` target becoming ``(N, 1)`` for a model of one output column.
+    Another loss, or a model that does not describe its input (no ``check_input`` of its
+    own), gets an array, C-contiguous, of ``Y``'s dtype."""
     a = _as_array(name, Y)
     if not (isinstance(model, Module) and describes_input(model)
             and isinstance(loss, (CrossEntropyLoss, MSELoss))):
