@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 
 import scipy.linalg.blas  # noqa: E402,F401  (load scipy's OpenBLAS so the controller sees it)
 from threadpoolctl import ThreadpoolController  # noqa: E402
+
+from .warn import warn  # noqa: E402
 
 __all__ = ["ENV_VAR", "MAX_THREADS", "set_num_threads", "get_num_threads", "num_threads",
            "blas_info", "elementwise_threads", "usable_cores"]
@@ -143,8 +144,8 @@ if _env is not None and _env.strip() != "":
     _n = _check_count(_env, ENV_VAR, high=None)
     if _n > usable_cores():
         # More threads than cores only makes them wait on each other: use the cores.
-        warnings.warn(f"{ENV_VAR}={_env.strip()} exceeds the {usable_cores()} usable cores; "
-                      f"using {usable_cores()}", RuntimeWarning, stacklevel=2)
+        warn(f"{ENV_VAR}={_env.strip()} exceeds the {usable_cores()} usable cores; "
+             f"using {usable_cores()}", RuntimeWarning)  # at the user's import line
         _n = usable_cores()
     set_num_threads(_n)
 else:  # OpenBLAS's own count (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / the cores)

@@ -13,8 +13,8 @@ ENGINE = pathlib.Path(__file__).resolve().parents[1] / "engine"
 MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_POSITIONAL = 500, 60, 8
 
 # Still over a limit (each one to be split).
-FILES_OVER = {"data.py"}
-FUNCTIONS_OVER = {"data.py:_load_csv"}
+FILES_OVER = set()
+FUNCTIONS_OVER = set()
 
 
 def _files():

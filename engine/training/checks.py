@@ -60,8 +60,7 @@ def check_loss(loss) -> None:
 def _check_c(name: str, a) -> None:
     if not a.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} for "
-                         f"shape {a.shape} (use np.ascontiguousarray; fit, evaluate and "
-                         f"predict copy nothing)")
+                         f"shape {a.shape} (use np.ascontiguousarray)")
 
 
 def _check_finite(name: str, a) -> None:

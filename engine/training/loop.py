@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from ..data.entry import as_eval_arrays, as_fit_arrays, as_inputs
 from ..nn.losses import CrossEntropyLoss
 from ..optim.optimizers import defer_keyboard_interrupt
 from .checks import batch_size_for, check_data, check_loss, check_model, check_x
@@ -33,8 +34,10 @@ __all__ = ["fit", "evaluate", "predict", "History", "NonFiniteLossError", "Train
 
 def evaluate(model, loss, X, Y, batch_size=None):
     """``(mean loss, accuracy or None)`` of ``model`` on ``(X, Y)`` in eval mode (the model's
-    mode is restored afterwards). Accuracy is given for ``CrossEntropyLoss``. Every argument
+    mode is restored afterwards). Accuracy is given for ``CrossEntropyLoss``. ``X`` and ``Y``
+    may be any real-valued array-like, converted once as ``fit`` converts them. Every argument
     is checked before the model is touched (NaN inputs are allowed: they give a NaN loss)."""
+    X, Y = as_eval_arrays(model, loss, X, Y)  # array-likes: one converted copy, see fit
     check_model(model)
     check_loss(loss)
     check_data(model, loss, X, Y, finite=False)
@@ -64,7 +67,9 @@ def _evaluate(model, loss, X, Y, bs):
 
 def predict(model, X, batch_size=None) -> np.ndarray:
     """The model's outputs for ``X`` in eval mode, as a new array (the model's mode is
-    restored afterwards). ``batch_size`` bounds the work buffers (``None``: all at once)."""
+    restored afterwards). ``X`` may be any real-valued array-like, converted once as ``fit``
+    converts it. ``batch_size`` bounds the work buffers (``None``: all at once)."""
+    X = as_inputs(model, X)  # array-likes: one converted copy, see fit
     check_model(model)
     if not isinstance(X, np.ndarray):
         raise TypeError(f"X: expected a numpy.ndarray, got {type(X).__name__}")
@@ -102,8 +107,8 @@ def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> Histor
     - ``shuffle`` (True): a new order each epoch from ``rng`` (0: an int seed or a
       Generator). The full batch is never shuffled (the gradient does not depend on the order).
     - ``validation``: ``(X_val, Y_val)`` evaluated after each epoch in eval mode.
-    - ``progress`` (True): True: auto (one updating line on a terminal, else a line every ~10%
-      of the epochs), False: silent, an int k: a line every k epochs.
+    - ``progress`` (True): a line every ~10% of the epochs, or every k epochs for an int k,
+      False: none; on a terminal, one line redrawn within each epoch (steps, loss, ETA).
     - ``callbacks``: objects with ``on_epoch_end(epoch, history)`` returning True to stop
       (``engine.callbacks``: ``EarlyStopping``, ``ModelCheckpoint``, the protocol).
     - ``scheduler``: an ``engine.lr_scheduler`` scheduler of ``optimizer``, stepped after
@@ -123,6 +128,9 @@ def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> Histor
       being the global batch (``engine.distributed``; every rank gets the same History,
       rank 0 prints).
 
+    ``X``, ``Y`` and the validation pair may be any real-valued array-like (float64 for a
+    float32 model, ``X[:, :4]``, a list, a ``(N,)`` target), converted once on entry: one copy
+    of the data set unless already C-contiguous of the model's dtype (``engine.data.entry``).
     Every argument and the whole data set are checked before anything changes: a rejected
     call leaves the parameters, gradients, optimizer and the model's mode as they were.
 
@@ -137,6 +145,7 @@ def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> Histor
     run = RunState(History())  # how far the run got: what a Ctrl-C reports and saves
     try:
         ranks = processes(comm, resume=options.get("resume_from") is not None)
+        X, Y, options = ranks.checked(lambda: as_fit_arrays(model, loss, X, Y, options))
         plan = ranks.checked(lambda: plan_fit(model, loss, optimizer, X, Y, epochs=epochs,
                                               **options))
         run.epochs = plan.epochs
@@ -174,7 +183,8 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
     dp, bar = SingleProcess(), Progress(False, plan.epochs)  # until the ranks have met
     try:
         dp = ranks.start(model, optimizer, X, Y, plan)  # data parallel: the ranks agree
-        bar = Progress(plan.progress if dp.rank == 0 else False, plan.epochs)
+        bar = Progress(plan.progress if dp.rank == 0 else False, plan.epochs, X.shape[0],
+                       plan.batch_size)
         batches = _Batches(X, Y, plan, dp)
         run.steps_per_epoch = batches.steps
         step = _Step(model, loss, optimizer, plan, dp, h, X.shape[0])
@@ -198,6 +208,8 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
                 with defer_keyboard_interrupt():
                     step(*batches.batch(i), epoch, i, batches.steps)
                     run.step = i
+                if bar.per_step:  # a terminal: the line within the epoch (nothing off one)
+                    bar.step(epoch, i, step.total)
             with defer_keyboard_interrupt():
                 stop = step.end_epoch(epoch)
                 run.end_epoch()  # the checkpoints callbacks asked for, with their states

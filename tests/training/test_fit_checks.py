@@ -1,7 +1,8 @@
 """Reliability of fit / evaluate / predict: every argument and the whole data set are checked
 before anything changes (a rejected call leaves parameters, gradients, optimizer state and
 the model's mode as they were); an optimizer of another model is refused; one copy policy
-(C-contiguous arrays, in every batching mode); a model is used by one thread at a time."""
+(any real-valued array-like, converted once on entry, in every batching mode); a model is
+used by one thread at a time."""
 import threading
 
 import numpy as np
@@ -80,16 +81,16 @@ def test_fit_rejects_a_bad_label_in_the_last_batch_before_any_step(label):
     _assert_unchanged(before, model, opt)
 
 
-@pytest.mark.parametrize("case", ["float64 X", "label out of range", "NaN in X"])
+@pytest.mark.parametrize("case", ["complex X", "label out of range", "NaN in X"])
 def test_fit_rejects_a_bad_validation_set_before_any_step(case):
-    # Check that a validation set the model cannot score (float64 inputs for a float32
-    # model, a label outside the classes, a NaN) is rejected before epoch 1, naming the
-    # validation argument, instead of after the first epoch's steps.
+    # Check that a validation set the model cannot score (complex inputs, a label outside
+    # the classes, a NaN) is rejected before epoch 1, naming the validation argument,
+    # instead of after the first epoch's steps.
     X, y, model, opt = _classify(dtype=np.float32)
     _prime(model, opt, X, y, CrossEntropyLoss())
     Xv, yv = X.copy(), y.copy()
-    if case == "float64 X":
-        Xv = Xv.astype(np.float64)
+    if case == "complex X":
+        Xv = Xv.astype(np.complex64)
     elif case == "label out of range":
         yv[0] = 7
     else:
@@ -117,14 +118,14 @@ def _bad_fit_calls():
         fit(m, mse, o, X, Y, epochs=1, batch_size=5, progress=False)
 
     return [
-        ("X float32", TypeError, "X: expected dtype float64",
-         lambda X, Y, m, o: fit(m, mse, o, X.astype(np.float32), Y, epochs=1, progress=False)),
+        ("X complex", TypeError, "X: expected real numbers, got dtype complex128",
+         lambda X, Y, m, o: fit(m, mse, o, X.astype(complex), Y, epochs=1, progress=False)),
         ("X features", ValueError, r"X: expected shape \(N, 3\)",
          lambda X, Y, m, o: fit(m, mse, o, X[:, :2].copy(), Y, epochs=1, progress=False)),
         ("Y width", ValueError, r"Y: expected shape \(20, 2\)",
          lambda X, Y, m, o: fit(m, mse, o, X, Y[:, :1].copy(), epochs=1, progress=False)),
-        ("Y float32", TypeError, "Y: expected dtype float64",
-         lambda X, Y, m, o: fit(m, mse, o, X, Y.astype(np.float32), epochs=1, progress=False)),
+        ("Y text", TypeError, "Y: expected real numbers, got dtype <U",
+         lambda X, Y, m, o: fit(m, mse, o, X, Y.astype(str), epochs=1, progress=False)),
         ("NaN in X", ValueError, "X: expected finite values", nan_x),
         ("inf in Y", ValueError, "Y: expected finite values", inf_y),
         ("loss None", TypeError, "loss:",
@@ -157,12 +158,14 @@ def test_a_rejected_fit_changes_nothing(label, kind, names, call):
 
 
 def test_fit_rejects_labels_of_the_wrong_shape_before_any_step():
-    # Check that (N, 1) labels for (N, C) logits are a ValueError naming Y, nothing changed.
+    # Check that (N, 2) labels for (N, C) logits are a ValueError naming Y, nothing changed
+    # (a column of ids, (N, 1), is read as (N,) labels on entry).
     X, y, model, opt = _classify()
     _prime(model, opt, X, y, CrossEntropyLoss())
     before = _snapshot(model, opt)
     with pytest.raises(ValueError, match=r"Y: expected integer labels of shape \(20,\)"):
-        fit(model, CrossEntropyLoss(), opt, X, y.reshape(-1, 1).copy(), epochs=1, progress=False)
+        fit(model, CrossEntropyLoss(), opt, X, np.stack([y, y], axis=1), epochs=1,
+            progress=False)
     _assert_unchanged(before, model, opt)
 
 
@@ -203,26 +206,29 @@ def test_fit_accepts_an_optimizer_of_part_of_the_model():
 @pytest.mark.parametrize("batch_size", [None, 5])
 @pytest.mark.parametrize("layout", ["F-order", "negative strides"])
 @pytest.mark.parametrize("which", ["X", "Y"])
-def test_fit_takes_only_c_contiguous_arrays_in_every_batching_mode(batch_size, layout, which):
-    # Check one policy for full batches and mini-batches alike: a non-C-contiguous X or Y is
-    # a ValueError naming it (never a silent copy), and nothing changes.
+def test_fit_takes_any_layout_as_its_c_contiguous_copy_in_every_batching_mode(batch_size,
+                                                                              layout, which):
+    # Check one policy for full batches and mini-batches alike: a non-C-contiguous X or Y
+    # trains exactly as its C-contiguous copy (made once on entry).
     X, Y, model, opt = _regress()
-    before = _snapshot(model, opt)
     a = X if which == "X" else Y
     a = np.asfortranarray(a) if layout == "F-order" else a[::-1]
-    X, Y = (a, Y) if which == "X" else (X, a)
-    with pytest.raises(ValueError, match=f"{which}: expected a C-contiguous array"):
-        fit(model, MSELoss(), opt, X, Y, epochs=1, batch_size=batch_size, progress=False)
-    _assert_unchanged(before, model, opt)
+    Xs, Ys = (a, Y) if which == "X" else (X, a)
+    X2, Y2, model2, opt2 = _regress()
+    h = fit(model, MSELoss(), opt, Xs, Ys, epochs=2, batch_size=batch_size, progress=False)
+    h2 = fit(model2, MSELoss(), opt2, np.ascontiguousarray(Xs), np.ascontiguousarray(Ys),
+             epochs=2, batch_size=batch_size, progress=False)
+    assert h.loss == h2.loss
+    np.testing.assert_array_equal(model.flat_params(), model2.flat_params())
 
 
-def test_predict_and_evaluate_take_only_c_contiguous_inputs():
-    # Check that predict and evaluate apply the same policy, naming X.
+def test_predict_and_evaluate_take_any_layout_as_its_copy():
+    # Check that predict and evaluate apply the same policy.
     X, Y, model, _ = _regress()
-    with pytest.raises(ValueError, match="X: expected a C-contiguous array"):
-        predict(model, np.asfortranarray(X), batch_size=5)
-    with pytest.raises(ValueError, match="X: expected a C-contiguous array"):
-        evaluate(model, MSELoss(), X[::-1], Y, batch_size=5)
+    np.testing.assert_array_equal(predict(model, np.asfortranarray(X), batch_size=5),
+                                  predict(model, X, batch_size=5))
+    assert evaluate(model, MSELoss(), X[::-1], Y[::-1], batch_size=5) == \
+        evaluate(model, MSELoss(), X[::-1].copy(), Y[::-1].copy(), batch_size=5)
 
 
 # ----------------------------------------------------------------------------- evaluate, predict
@@ -230,7 +236,7 @@ def test_predict_and_evaluate_take_only_c_contiguous_inputs():
     (lambda m, X, Y: predict(None, X), TypeError, "model:"),
     (lambda m, X, Y: evaluate(None, MSELoss(), X, Y), TypeError, "model:"),
     (lambda m, X, Y: evaluate(m, None, X, Y), TypeError, "loss:"),
-    (lambda m, X, Y: predict(m, X.astype(np.float32)), TypeError, "X: expected dtype float64"),
+    (lambda m, X, Y: predict(m, X.astype(complex)), TypeError, "X: expected real numbers"),
     (lambda m, X, Y: evaluate(m, MSELoss(), X, Y[:, :1].copy()), ValueError, "Y: expected shape"),
 ], ids=["predict model", "evaluate model", "evaluate loss", "predict dtype", "evaluate Y"])
 def test_predict_and_evaluate_check_their_arguments_first(call, kind, names):
