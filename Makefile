@@ -18,7 +18,10 @@ $(STAMP): pyproject.toml
 run: install
 	$(PY) -m engine train --verbose
 
+# The kernels the tests need are compiled first, over every CPU (numba compiles lazily, one
+# kernel at a time, in the test process otherwise); with a warm cache this only loads them.
 test: install
+	$(PY) -m kernels.precompile
 	$(PY) -m pytest -q tests
 
 # QUICK=1 runs a shortened bench (fewer rounds, no large shapes on one thread, fewer
