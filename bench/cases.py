@@ -2,10 +2,10 @@
 
 A case is (block, shape). Each builds the engine module, its input, a target, the loss and an
 AdamW optimizer, all float32 by default, from a fixed seed, so every run times the same
-numbers. Its training step is the one ``engine.train.fit`` runs (``step_fn``). Modules, naive
-twins and GEMM lists come from the block registry (``engine.registry``); a bench block is a
-registry entry plus its options and loss. Engine imports are deferred so that this module loads
-before the engine does.
+numbers. Its training step is the one ``engine.train.fit`` runs (``step_fn``). The blocks,
+their modules, naive twins and GEMM lists come from the block registry (``engine.registry``:
+each entry's ``bench`` rows); a bench block is a registry entry plus its options and loss.
+Engine imports are deferred so that this module loads before the engine does.
 """
 from __future__ import annotations
 
@@ -21,21 +21,6 @@ class BenchBlock:
     kind: str
     options: dict = field(default_factory=dict)
     loss: str = "mse"
-
-
-# Bench name -> block. The names are the report's row labels.
-BENCH_BLOCKS = {
-    "FFN-relu": BenchBlock("FFN", {"activation": "relu"}),
-    "FFN-gelu": BenchBlock("FFN", {"activation": "gelu"}),
-    "GMLP": BenchBlock("GMLP"),
-    "FFNSublayer-post-gelu": BenchBlock("FFNSublayer", {"activation": "gelu", "norm": "post"}),
-    "MLP": BenchBlock("MLP", {"activation": "relu"}, loss="cross_entropy"),
-}
-# SwiGLU at the FFN shapes (d_ff as given), held to FFN-gelu's targets.
-BENCH_BLOCKS["GatedFFN-silu"] = BenchBlock("GatedFFN", {"activation": "silu"})
-BLOCKS = tuple(BENCH_BLOCKS)
-# The blocks whose targets are stated at the seed and large shapes.
-TRANSFORMER_BLOCKS = tuple(b for b in BLOCKS if b != "MLP")
 
 
 class Shape:
@@ -76,21 +61,65 @@ SHAPES = {
                  d_out=4),
 }
 
-CASES = [(b, s) for b in TRANSFORMER_BLOCKS for s in ("seed000", "seed001", "large")]
-CASES.append(("MLP", "batch64"))
-CASES.append(("GMLP", "run"))
-# The cases whose steps are bound by per-call overhead rather than by their GEMMs.
-SMALL_CASES = [c for c in CASES if c[1] != "large"]
+# The shapes a benched block runs at, each that has all its sizes (the transformer blocks:
+# d_model/d_ff; the MLP: sizes), group by group; then make run's gMLP at its own shape.
+GRID = (("seed000", "seed001", "large"), ("batch64",))
+EXTRA_CASES = (("GMLP", "run"),)
+
+
+def _bench_blocks() -> dict:
+    """Bench name -> block, from the registry: each entry's ``bench`` rows (the report's row
+    labels), for the entries that run at a shape of GRID."""
+    from engine.models import registry
+    out = {}
+    for e in registry.BLOCKS.values():
+        if any(set(e.dims) <= set(SHAPES[s].dims) for group in GRID for s in group):
+            out.update({row: BenchBlock(e.name, dict(opts), e.loss)
+                        for row, opts in (e.bench or {}).items()})
+    return out
+
+
+def _fits(block: BenchBlock, shape: str) -> bool:
+    from engine.models import registry
+    return set(registry.get(block.kind).dims) <= set(SHAPES[shape].dims)
+
+
+def _cases() -> list:
+    blocks = _bench_blocks()
+    cases = [(b, s) for group in GRID for b, blk in blocks.items() for s in group
+             if _fits(blk, s)]
+    return cases + [c for c in EXTRA_CASES if c[0] in blocks]
+
+
+def __getattr__(name):
+    """The block lists, read from the registry when asked (a block registered after this
+    module was imported is benched too): BENCH_BLOCKS (name -> BenchBlock), BLOCKS (the
+    names), TRANSFORMER_BLOCKS (those at the seed and large shapes, whose targets are stated
+    there), CASES ((block, shape) pairs) and SMALL_CASES (those bound by per-call overhead
+    rather than by their GEMMs)."""
+    if name == "BENCH_BLOCKS":
+        return _bench_blocks()
+    if name == "BLOCKS":
+        return tuple(_bench_blocks())
+    if name == "TRANSFORMER_BLOCKS":
+        return tuple(b for b, blk in _bench_blocks().items() if _fits(blk, "large"))
+    if name == "CASES":
+        return _cases()
+    if name == "SMALL_CASES":
+        return [c for c in _cases() if c[1] != "large"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Small learning rate: thousands of timed steps must not drive the weights anywhere odd.
 LR = 1e-4
 
 
 def bench_block(block: str) -> BenchBlock:
+    blocks = _bench_blocks()
     try:
-        return BENCH_BLOCKS[block]
+        return blocks[block]
     except KeyError:
-        raise ValueError(f"block: expected one of {BLOCKS}, got {block!r}") from None
+        raise ValueError(f"block: expected one of {tuple(blocks)}, got {block!r}") from None
 
 
 def entry(block: str):

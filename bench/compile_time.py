@@ -106,9 +106,13 @@ def compile_recorder():
     return recorder
 
 
-def _tiny_shape(block: str):
+def _shape(block: str, quick: bool):
+    """The block's first bench shape (``cases.CASES``), or a tiny one with the same sizes."""
     from bench import cases
-    if cases.bench_block(block).kind == "MLP":
+    first = cases.SHAPES[next(s for b, s in cases.CASES if b == block)]
+    if not quick:
+        return first
+    if "sizes" in first.dims:
         return cases.Shape("tiny", (4,), sizes=(8, 6, 4))
     return cases.Shape("tiny", (4,), d_model=8, d_ff=16)
 
@@ -127,11 +131,7 @@ def child(blocks, dtypes, quick: bool) -> dict:
     steps = []
     for dtype in dtypes:
         for block in blocks:
-            if quick:
-                shape = _tiny_shape(block)
-            else:
-                shape = cases.SHAPES["batch64" if cases.bench_block(block).kind == "MLP"
-                                     else "seed000"]
+            shape = _shape(block, quick)
             t1 = clock()
             case = cases.build_case(block, shape, dtype=np.dtype(dtype))
             build_s = clock() - t1

@@ -217,8 +217,9 @@ def selected(shapes, blocks=None) -> list:
     return out
 
 
-def profile_all(blocks=cases.TRANSFORMER_BLOCKS, shape_name: str = "large",
-                reps: int | None = None) -> list:
+def profile_all(blocks=None, shape_name: str = "large", reps: int | None = None) -> list:
+    """Every block of ``blocks`` (default: cases.TRANSFORMER_BLOCKS) at ``shape_name``."""
+    blocks = cases.TRANSFORMER_BLOCKS if blocks is None else blocks
     return [profile_case(b, shape_name, reps) for b in blocks]
 
 

@@ -33,8 +33,12 @@ Activations, ``Dropout`` and ``Identity`` have no parameters (PyTorch's ``nn.GEL
 ``nn.GELU(approximate="tanh")``, ``nn.ReLU()``, ``nn.SiLU()``, ... in the same slots). The
 reference modules hold no dropout layers (an FFN's ``dropout`` acts in training only): an
 ``nn.Dropout`` added to a PyTorch ``nn.Sequential`` shifts the indices of the layers after
-it. A module with parameters that is not in the table (``GMLP``, or your own) is a
-TypeError.
+it. A module with parameters and no reference module (``GMLP``) is a TypeError.
+
+Each class states its row of this table as ``torch_layout`` (class data, or a property when
+it depends on the instance): ``(torch key, parameter, transposed)`` rows, a row skipped when
+its parameter is None (an optional bias), and ``(torch prefix, child)`` rows that take the
+child's own layout under the prefix; a new block adds its own and needs no edit here.
 The arrays are NumPy; ``torch.from_numpy`` or ``safetensors.numpy.save_file`` take them as
 they are, and ``load_torch_state_dict`` also takes a torch module's ``state_dict()``.
 """
@@ -44,105 +48,51 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .models.gpt import GPT
-from .nn.attention import MultiHeadAttention
-from .nn.blocks import FFN, AddNorm, FFNSublayer, LayerNorm
-from .nn.transformer import TransformerBlock
-from .nn.gated import GatedFFN
-from .nn.layers import MLP, Linear, Sequential
 from .nn.module import Module
 
-__all__ = ["to_torch_state_dict", "load_torch_state_dict", "torch_names"]
-
-SUPPORTED = ("Linear", "FFN", "MLP", "LayerNorm", "AddNorm", "FFNSublayer", "GatedFFN",
-             "Sequential", "MultiHeadAttention", "TransformerBlock", "GPT")
+__all__ = ["to_torch_state_dict", "load_torch_state_dict", "torch_names", "supported"]
 
 
-def _linear(prefix: str, w: str, b: str | None):
-    out = [(prefix + "weight", w, True)]
-    if b is not None:
-        out.append((prefix + "bias", b, False))
-    return out
+def supported() -> tuple:
+    """The names of the module classes with a PyTorch reference (a ``torch_layout``)."""
+    seen, todo = set(), [Module]
+    while todo:
+        subs = [c for c in todo.pop().__subclasses__() if c not in seen]
+        seen.update(subs)
+        todo += subs
+    return tuple(sorted({c.__name__ for c in seen if getattr(c, "torch_layout", None) is not None
+                         and not c.__name__.startswith("_")}))
+
+
+def _child(module: Module, name: str) -> Module:
+    for path, m in module.named_modules():
+        if path == name:
+            return m
+    raise TypeError(f"{type(module).__name__}.torch_layout names a child {name!r} it does not "
+                    f"have")
 
 
 def _map(module: Module, tprefix: str, bprefix: str) -> list:
     """``(torch key, blasnet parameter name, transposed)`` for every parameter of ``module``."""
     own = {n for n, _ in module.named_parameters()}
-    if isinstance(module, Linear):
-        out = _linear(tprefix, bprefix + "W", bprefix + "b" if "b" in own else None)
-    elif isinstance(module, FFN):
-        out = (_linear(tprefix + "0.", bprefix + "W_in", bprefix + "b1" if "b1" in own else None)
-               + _linear(tprefix + "2.", bprefix + "W_out", bprefix + "b2" if "b2" in own else None))
-    elif isinstance(module, GatedFFN):
-        out = []
-        for proj, w, b in (("gate_proj", "W_gate", "b_gate"), ("up_proj", "W_up", "b_up"),
-                           ("down_proj", "W_down", "b_down")):
-            out += _linear(f"{tprefix}{proj}.", bprefix + w, bprefix + b if b in own else None)
-    elif isinstance(module, (LayerNorm, AddNorm)):
-        out = [(tprefix + "weight", bprefix + "gamma", False),
-               (tprefix + "bias", bprefix + "beta", False)]
-    elif isinstance(module, MLP):
-        out, slot = [], 0
-        for i, act in enumerate(module.reference_activations):
-            out += _linear(f"{tprefix}{slot}.", f"{bprefix}{i}.W",
-                           f"{bprefix}{i}.b" if f"{i}.b" in own else None)
-            slot += 1 if act is None else 2  # Linear, then its activation layer (if any)
-    elif isinstance(module, FFNSublayer):
-        out = (_map(module.ffn, tprefix + "ffn.", bprefix + "ffn.")
-               + _map(module.norm, tprefix + "norm.", bprefix + "norm."))
-    elif isinstance(module, MultiHeadAttention):
-        out = [(tprefix + "in_proj_weight", bprefix + "W_qkv", True),
-               (tprefix + "out_proj.weight", bprefix + "W_o", True)]
-        if module.bias:
-            out[1:1] = [(tprefix + "in_proj_bias", bprefix + "b_qkv", False)]
-            out.append((tprefix + "out_proj.bias", bprefix + "b_o", False))
-    elif isinstance(module, TransformerBlock):
-        out = _nanogpt_block(module, tprefix, bprefix)
-    elif isinstance(module, GPT):
-        t, out = tprefix + "transformer.", []
-        out += [(t + "wte.weight", bprefix + "wte.W", False),
-                (t + "wpe.weight", bprefix + "wpe.W", False)]
-        for i, block in enumerate(module.h):
-            out += _nanogpt_block(block, f"{t}h.{i}.", f"{bprefix}h.{i}.")
-        out += _map(module.ln_f, t + "ln_f.", bprefix + "ln_f.")
-        out.append((tprefix + "lm_head.weight", bprefix + ("wte.W" if module.tie_weights
-                                                           else "lm_head.W"),
-                    not module.tie_weights))
-    elif isinstance(module, Sequential):
-        out = []
-        for i, child in enumerate(module):
-            out += _map(child, f"{tprefix}{i}.", f"{bprefix}{i}.")
-    elif not own:
-        out = []  # activations, Dropout: nothing to map
-    else:
-        raise TypeError(f"no PyTorch reference module for {type(module).__name__} (it has "
-                        f"parameters {sorted(own)}); supported: {', '.join(SUPPORTED)}")
+    layout = getattr(module, "torch_layout", None)
+    if layout is None:
+        if own:
+            raise TypeError(f"no PyTorch reference module for {type(module).__name__} (it has "
+                            f"parameters {sorted(own)}); supported: {', '.join(supported())}")
+        return []  # activations, Dropout: nothing to map
+    out = []
+    for row in layout:
+        if len(row) == 2:  # (torch prefix, child): the child's own layout under the prefix
+            prefix, child = row
+            out += _map(_child(module, child), tprefix + prefix, f"{bprefix}{child}.")
+        elif row[1] in own:  # (torch key, parameter, transposed); absent: an optional bias
+            out.append((tprefix + row[0], bprefix + row[1], row[2]))
     # Every parameter of the module must be mapped exactly once (catches renamed parameters).
     mapped = sorted({b[len(bprefix):] for _, b, _ in out})  # a tied weight has two keys
     if mapped != sorted(own):
         raise TypeError(f"{type(module).__name__}: its parameters {sorted(own)} do not match the "
                         f"PyTorch mapping, which covers {mapped}")
-    return out
-
-
-def _nanogpt_block(block, tprefix: str, bprefix: str) -> list:
-    """nanoGPT's ``Block`` names for a TransformerBlock (its FFN as ``mlp.c_fc`` /
-    ``mlp.c_proj``; a GatedFFN keeps LLaMA's names under ``mlp.``)."""
-    bias = block.attn.bias
-    out = _map(block.ln_1, tprefix + "ln_1.", bprefix + "ln_1.")
-    out += _linear(tprefix + "attn.c_attn.", bprefix + "attn.W_qkv",
-                   bprefix + "attn.b_qkv" if bias else None)
-    out += _linear(tprefix + "attn.c_proj.", bprefix + "attn.W_o",
-                   bprefix + "attn.b_o" if bias else None)
-    out += _map(block.ln_2, tprefix + "ln_2.", bprefix + "ln_2.")
-    mlp = block.mlp
-    if isinstance(mlp, FFN):
-        has = mlp.b1 is not None
-        out += _linear(tprefix + "mlp.c_fc.", bprefix + "mlp.W_in", bprefix + "mlp.b1" if has else None)
-        out += _linear(tprefix + "mlp.c_proj.", bprefix + "mlp.W_out",
-                       bprefix + "mlp.b2" if has else None)
-    else:
-        out += _map(mlp, tprefix + "mlp.", bprefix + "mlp.")
     return out
 
 

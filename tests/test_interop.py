@@ -319,3 +319,28 @@ def test_without_safetensors_the_error_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r"blasnet\[interop\]"):
         save(tmp_path / "m.safetensors", Linear(2, 2, rng=0))
     assert os.listdir(tmp_path) == []
+
+
+def _registry_variants():
+    from engine.models import registry
+    return [pytest.param(name, v, id=f"{name}-{i}") for name, e in registry.BLOCKS.items()
+            if getattr(e.cls, "torch_layout", None) is not None
+            for i, v in enumerate(e.variants)]
+
+
+@pytest.mark.parametrize("name,variant", _registry_variants())
+def test_every_registry_block_with_a_torch_layout_round_trips(name, variant):
+    # Check that each registered block that declares a PyTorch layout maps every parameter to
+    # one key and that its state dict loads into another instance (other initial values)
+    # exactly, so a block's torch_layout is checked as soon as it is registered.
+    from engine.models import registry
+    e = registry.get(name)
+    m = e.build(e.example, dtype=F64, rng=0, **variant)
+    _perturb(m, 1)
+    sd = to_torch_state_dict(m)
+    assert len({v.ctypes.data for v in sd.values()}) == len(sd)  # copies, one per key
+    fresh = e.build(e.example, dtype=F64, rng=5, **variant)
+    load_torch_state_dict(fresh, sd)
+    for (n, p), (n2, q) in zip(m.named_parameters(), fresh.named_parameters()):
+        assert n == n2
+        np.testing.assert_array_equal(p.data, q.data, err_msg=n)

@@ -21,7 +21,6 @@ import kernels
 
 from .. import __version__
 from .. import distributed
-from ..models import registry
 from ..nn.layers import Linear, Sequential
 from ..nn.losses import CrossEntropyLoss, MSELoss
 from ..optim import lr_scheduler as _lrs
@@ -31,7 +30,7 @@ from ..training.callbacks import EarlyStopping
 from ..training.loop import NonFiniteLossError, TrainingInterrupted, evaluate, fit
 from . import report
 from .inputs import UsageError, check_args, load_data
-from .parser import build_parser
+from .parser import block_models, build_parser
 
 __all__ = ["main", "build_parser", "build_model", "step_gemm_time", "train", "info"]
 
@@ -41,28 +40,26 @@ def _version() -> str:
 
 
 # ----------------------------------------------------------------------------- train
-# CLI model name -> block registry entry (engine.registry): how each is built.
-_BLOCK_OF = {"gmlp": "GMLP", "ffn": "FFN", "sublayer": "FFNSublayer", "mlp": "MLP"}
+# The CLI's block options: the flags that set a registry option of the same name.
+_BLOCK_FLAGS = ("activation", "norm")
 
 
 def build_model(args, d_in: int, d_out: int, seed: int):
     """The model named by ``args.model`` for a task with ``d_in`` inputs and ``d_out`` outputs:
-    the registry's block, between Linear maps from and to the task's widths where the block
-    keeps its width (FFN, FFNSublayer)."""
+    the registry's block (engine/cli/parser.py's ``block_models``) at the sizes the CLI sets
+    (d_in/d_out the task's, d_model = --d-hidden, d_ff = --d-ff, sizes = d_in, --hidden...,
+    d_out) with the options --activation and --norm where it has them; a block that keeps its
+    width (FFN, FFNSublayer) sits between Linear maps from and to the task's widths."""
     dt, rng = np.dtype(args.dtype), np.random.default_rng(seed)
-    block = registry.get(_BLOCK_OF[args.model])
-    if args.model == "gmlp":
-        dims = {"d_in": d_in, "d_model": args.d_hidden, "d_ff": args.d_ff, "d_out": d_out}
-        return block.build(dims, dtype=dt, rng=rng)
-    if args.model == "mlp":
-        return block.build({"sizes": (d_in, *args.hidden, d_out)}, dtype=dt, rng=rng,
-                           activation=args.activation)
+    block = block_models()[args.model]
+    sizes = {"d_in": d_in, "d_out": d_out, "d_model": args.d_hidden, "d_ff": args.d_ff,
+             "sizes": (d_in, *args.hidden, d_out)}
+    options = {k: getattr(args, k) for k in _BLOCK_FLAGS if k in block.options}
+    if not block.keeps_width:
+        return block.build(sizes, dtype=dt, rng=rng, **options)
     d = args.d_hidden
-    options = {"activation": args.activation}
-    if args.model == "sublayer":
-        options["norm"] = args.norm
     first = Linear(d_in, d, dtype=dt, rng=rng)
-    middle = block.build({"d_model": d, "d_ff": args.d_ff}, dtype=dt, rng=rng, **options)
+    middle = block.build(sizes, dtype=dt, rng=rng, **options)
     return Sequential(first, middle, Linear(d, d_out, init="xavier", dtype=dt, rng=rng))
 
 

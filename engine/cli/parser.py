@@ -11,13 +11,28 @@ import kernels
 from .. import __version__
 from .._checks import argparse_int, argparse_real
 from ..data import TASKS
+from ..models import registry
 
-__all__ = ["build_parser", "MODELS", "SCHEDULES"]
+__all__ = ["build_parser", "MODELS", "SCHEDULES", "block_models"]
 
-MODELS = ("gmlp", "ffn", "sublayer", "mlp")  # each a block of engine.registry (_BLOCK_OF)
-MODELS += ("gmlp-lm",)  # the character language model of engine/lm.py (--task text)
-MODELS += ("gpt",)  # the GPT character language model of engine/models/gpt_lm.py (--task text)
+# The character language models, after the registry's blocks (--task text): engine/lm.py's
+# and the GPT of engine/models/gpt_lm.py.
+LM_MODELS = {"gmlp-lm": "the attention-free character language model (--task text; "
+                        "docs/lm.md)",
+             "gpt": "a GPT character language model (--task text; docs/lm.md)"}
 SCHEDULES = ("constant", "cosine", "linear", "step")
+
+
+def block_models() -> dict:
+    """``--model`` name -> registry entry, for every block the registry offers to the CLI
+    (its ``cli`` declaration), in registry order."""
+    return {b.cli[0]: b for b in registry.BLOCKS.values() if b.cli}
+
+
+def __getattr__(name):
+    if name == "MODELS":  # read when asked: a block registered later is offered too
+        return (*block_models(), *LM_MODELS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _prog() -> str:
@@ -102,13 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_options(t) -> None:
     """The model and its sizes."""
     g = t.add_argument_group("model")
-    g.add_argument("--model", choices=MODELS, default="gmlp",
-                   help="gmlp: GMLP(d_in, d_hidden, d_ff, d_out); ffn: Linear(d_in, d_hidden) -> "
-                        "FFN(d_hidden, d_ff) -> Linear(d_hidden, d_out); sublayer: the same with "
-                        "an FFNSublayer (residual + LayerNorm) in the middle; mlp: MLP with the "
-                        "--hidden sizes; gmlp-lm: the attention-free character language model "
-                        "(--task text; docs/lm.md); gpt: a GPT character language model "
-                        "(--task text; docs/lm.md)")
+    helps = {name: b.cli[1] for name, b in block_models().items()} | LM_MODELS
+    g.add_argument("--model", choices=tuple(helps), default="gmlp",
+                   help="; ".join(f"{name}: {text}" for name, text in helps.items()))
     g.add_argument("--d-hidden", type=_positive, default=128, metavar="N",
                    help="gMLP d_hidden (width after W_in); d_model of the ffn/sublayer models")
     g.add_argument("--d-ff", type=_positive, default=512, metavar="N",

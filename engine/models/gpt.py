@@ -91,6 +91,16 @@ class GPT(Module):
                 f", ffn={self.ffn!r}, dropout={self.p}, tie_weights={self.tie_weights}, "
                 f"dtype={self.dtype}")
 
+    @property
+    def torch_layout(self) -> list:
+        """nanoGPT's ``GPT`` names: transformer.wte, .wpe, .h.<i> (nanoGPT's Blocks), .ln_f and
+        lm_head; tied, lm_head.weight is wte's weight itself (both keys, one parameter)."""
+        t = "transformer."
+        return [(t + "wte.weight", "wte.W", False), (t + "wpe.weight", "wpe.W", False),
+                (t + "h.", "h"), (t + "ln_f.", "ln_f"),
+                ("lm_head.weight", "wte.W" if self.tie_weights else "lm_head.W",
+                 not self.tie_weights)]
+
     def out_features(self, d_in: int) -> int:
         return self.vocab_size
 

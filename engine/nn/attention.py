@@ -18,6 +18,7 @@ from kernels import ops
 
 from .._checks import check_bool, check_positive_int, check_real
 from .module import INITS, Module, Parameter, init_weight, make_rng
+from .registry import register_block
 
 __all__ = ["MultiHeadAttention", "MAX_SCORES_BYTES"]
 
@@ -25,6 +26,13 @@ __all__ = ["MultiHeadAttention", "MAX_SCORES_BYTES"]
 MAX_SCORES_BYTES = 1 << 30
 
 
+@register_block(
+    doc="multi-head self-attention (Vaswani et al. 2017) on (B, seq_len, d_model), causal or "
+        "full: per head softmax(q k^T / sqrt(d_head)) v, then W_o",
+    twin="engine.models.naive_attention:NaiveMultiHeadAttention", dims=("d_model", "seq_len"),
+    example={"d_model": 12, "seq_len": 5},
+    options={"n_heads": 4, "causal": True, "dropout": 0.0, "bias": True},
+    variants=({"n_heads": 3, "causal": True}, {"n_heads": 2, "causal": False, "bias": False}))
 class MultiHeadAttention(Module):
     """Self-attention over the T positions of each sequence of ``x`` (B, T, d_model)::
 
@@ -50,6 +58,9 @@ class MultiHeadAttention(Module):
     fuses_residual = True
     fuses_dx_acc = True
     acc_alias_safe = True  # dy is read only by the first two backward GEMMs
+    # PyTorch: nn.MultiheadAttention(d_model, n_heads, batch_first=True).
+    torch_layout = (("in_proj_weight", "W_qkv", True), ("in_proj_bias", "b_qkv", False),
+                    ("out_proj.weight", "W_o", True), ("out_proj.bias", "b_o", False))
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = True, dropout: float = 0.0,
                  bias: bool = True, *, init: str = "xavier",
@@ -188,6 +199,23 @@ class MultiHeadAttention(Module):
             ops.fill_rows(v.y, None if self.b_o is None else self.b_o.data, res2)
             gemm(v.y, v.o, self.W_o.data, False, False, 1.0, 1.0)
         return v.y
+
+    def gemm_list(self, lead) -> list:
+        """2 + 2 B h forward, 4 + 4 B h backward on (B, T, d_model): the [q | k | v] and
+        output projections over all B T rows, and per (sequence, head) S = q k^T, O = P v;
+        backward dP = dO v^T, dv = P^T dO, dq = dS k, dk = dS^T q."""
+        b, t = lead
+        n, d, dh, bh = b * t, self.d_model, self.d_head, b * self.n_heads
+        fwd = ([(n, 3 * d, d, False, False, 0.0)]                      # [q | k | v] = x W_qkv
+               + [(t, t, dh, False, True, 0.0), (t, dh, t, False, False, 0.0)] * bh
+               + [(n, d, d, False, False, 0.0)])                       # y = O W_o
+        bwd = ([(d, d, n, True, False, 1.0),                           # dW_o += O^T dy
+                (n, d, d, False, True, 0.0)]                           # dO = dy W_o^T
+               + [(t, t, dh, False, True, 0.0), (t, dh, t, True, False, 0.0)] * bh
+               + [(t, dh, t, False, False, 0.0), (t, dh, t, True, False, 0.0)] * bh
+               + [(d, 3 * d, n, True, False, 1.0),                     # dW_qkv += x^T d[q|k|v]
+                  (n, d, 3 * d, False, True, 0.0)])                    # dx = d[q|k|v] W_qkv^T
+        return fwd + bwd
 
     def _backward(self, dy2, acc2):
         b, t = self._saved.bt

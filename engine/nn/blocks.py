@@ -1,6 +1,6 @@
 """Transformer feed-forward blocks: ``Dropout``, ``LayerNorm`` (Ba et al. 2016), ``FFN``
-(Vaswani et al. 2017), ``GMLP`` (a per-token gated MLP after Liu et al. 2021, "Pay Attention
-to MLPs"), ``AddNorm`` and ``FFNSublayer``.
+(Vaswani et al. 2017), ``AddNorm`` and ``FFNSublayer``; ``GMLP`` (engine/nn/channel_gated_mlp.py)
+is imported here too, for the path it had.
 
 Leaf blocks run ``kernels.ops`` on work buffers they own (grown to the largest batch seen,
 row slices otherwise), so a steady step allocates nothing; ``FFNSublayer`` is a composite
@@ -15,7 +15,8 @@ import numpy as np
 from kernels import ops
 
 from .layers import check_activation, sign_from_output
-from .module import (INITS, Module, Parameter, adjacent_views, rows_of, shaped, as_rows,
+from .registry import linear_gemms, register_block
+from .module import (INITS, Module, Parameter, rows_of, shaped, as_rows,
                      check_float, check_positive_int, init_weight, make_rng)
 
 __all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "ChannelGatedMLP", "AddNorm", "FFNSublayer", "INITS"]
@@ -82,6 +83,9 @@ class LayerNorm(Module):
     """LayerNorm over the last axis (Ba et al. 2016): y = (x - mean) / sqrt(var + eps) * gamma
     + beta, with per-feature ``gamma`` (ones) and ``beta`` (zeros)."""
 
+    # PyTorch: nn.LayerNorm(d) (engine/interop.py).
+    torch_layout = (("weight", "gamma", False), ("bias", "beta", False))
+
     def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32):
         super().__init__(dtype)
         self.d = self.in_features = check_positive_int("d", d)
@@ -118,6 +122,13 @@ class LayerNorm(Module):
 
 
 # ----------------------------------------------------------------------------- FFN
+@register_block(
+    doc="position-wise feed-forward, y = act(x W_in + b1) W_out + b2 (Vaswani et al. 2017)",
+    twin="engine.models.naive:NaiveFFN", dims=("d_model", "d_ff"),
+    example={"d_model": 12, "d_ff": 20}, options={"activation": "relu", "dropout": 0.0},
+    variants=({"activation": "relu"}, {"activation": "gelu"}),
+    cli=("ffn", "Linear(d_in, d_hidden) -> FFN(d_hidden, d_ff) -> Linear(d_hidden, d_out)"),
+    bench={"FFN-relu": {"activation": "relu"}, "FFN-gelu": {"activation": "gelu"}})
 class FFN(Module):
     """Position-wise feed-forward (Vaswani et al. 2017): y = dropout(act(x @ W_in + b1)) @ W_out
     + b2.
@@ -132,6 +143,9 @@ class FFN(Module):
     fuses_residual = True
     fuses_dx_acc = True
     acc_alias_safe = True  # dy is read only before dx_acc is written
+    # PyTorch: nn.Sequential(nn.Linear(d_model, d_ff), act, nn.Linear(d_ff, d_model)).
+    torch_layout = (("0.weight", "W_in", True), ("0.bias", "b1", False),
+                    ("2.weight", "W_out", True), ("2.bias", "b2", False))
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
                  bias: bool = True, init: str = "he", dtype=np.float32, rng=None):
@@ -203,6 +217,14 @@ class FFN(Module):
             ops.gemm(y, h, self.W_out.data, False, False, 1.0, 1.0)
         return y
 
+    def gemm_list(self, lead) -> list:
+        """The GEMMs of one forward + backward on (*lead, d_model): 2 forward, 4 backward
+        (dW_out, dh, dW_in, dx)."""
+        n = int(np.prod(lead))
+        f1, b1 = linear_gemms(n, self.d_model, self.d_ff)
+        f2, b2 = linear_gemms(n, self.d_ff, self.d_model)
+        return f1 + f2 + b2 + b1
+
     def _backward(self, dy2, acc2):
         n = dy2.shape[0]
         v = self._views(n)
@@ -227,116 +249,12 @@ class FFN(Module):
         return dx
 
 
-# ----------------------------------------------------------------------------- GMLP
-class GMLP(Module):
-    """Gated MLP applied per token (the channel gating of Liu et al. 2021, "Pay Attention to
-    MLPs", without token mixing): Z = GELU(X W_in), G = sigmoid(Z W_gate), P = Z W_proj,
-    A = G * P, Y = A W_out; no biases.
-
-    ``W_gate`` and ``W_proj`` (d_hidden, d_ffn) are kept transposed and back to back in the
-    arena, so together they are one C-contiguous (2*d_ffn, d_hidden) weight: one GEMM
-    computes both products, and the gating runs on the transposed products [Zg; P]^T
-    (2*d_ffn, N), whose halves are flat. That GEMM computes half the products (alpha=0.5):
-    with sigmoid(z) = (1 + tanh(z/2)) / 2, the gating is three passes (kernels.gating).
-    Init: He for ``W_in`` (GELU follows it), Xavier for ``W_gate``, ``W_proj`` and ``W_out``.
-    """
-
-    fuses_residual = True
-    fuses_dx_acc = True
-    acc_alias_safe = True  # dy is read only by the first two backward GEMMs
-
-    def __init__(self, d_in: int, d_hidden: int, d_ffn: int, d_out: int, dtype=np.float32,
-                 rng=None):
-        super().__init__(dtype)
-        self.d_in = self.in_features = check_positive_int("d_in", d_in)
-        self.d_hidden = check_positive_int("d_hidden", d_hidden)
-        self.d_ffn = check_positive_int("d_ffn", d_ffn)
-        self.d_out = check_positive_int("d_out", d_out)
-        rng = make_rng(rng)
-        dt, dh = self.dtype, self.d_hidden
-        self.W_in = Parameter(init_weight(self.d_in, dh, "he", dt, rng))
-        # F-ordered: stored as their transposes, back to back (see _params_moved).
-        self.W_gate = Parameter(np.asfortranarray(init_weight(dh, self.d_ffn, "xavier", dt, rng)))
-        self.W_proj = Parameter(np.asfortranarray(init_weight(dh, self.d_ffn, "xavier", dt, rng)))
-        self.W_out = Parameter(init_weight(self.d_ffn, self.d_out, "xavier", dt, rng))
-        self._saved.x = None
-
-    def get_config(self) -> dict:
-        return {"d_in": self.d_in, "d_hidden": self.d_hidden, "d_ffn": self.d_ffn,
-                "d_out": self.d_out, "dtype": self.dtype.name}
-
-    def _params_moved(self):
-        g, p = self.W_gate, self.W_proj
-        f, dh = self.d_ffn, self.d_hidden
-        data, grad = adjacent_views((g, p), "GMLP: W_gate and W_proj")
-        # (2f, d_hidden) rows [W_gate^T; W_proj^T] and their gradient: views, no copy.
-        object.__setattr__(self, "Wgp_T", data.reshape(2 * f, dh))
-        object.__setattr__(self, "dWgp_T", grad.reshape(2 * f, dh))
-
-    def out_features(self, d_in: int) -> int:
-        return self.d_out
-
-    def extra_repr(self):
-        return (f"d_in={self.d_in}, d_hidden={self.d_hidden}, d_ffn={self.d_ffn}, "
-                f"d_out={self.d_out}, dtype={self.dtype}")
-
-    def _make_views(self, n):
-        ws, dh, f = self._ws, self.d_hidden, self.d_ffn
-        # Transposed buffers are flat so that (rows, n) views stay contiguous for any n.
-        gpt = ws.get("gpt", 2 * f * n)  # (2f*n,) [Zg; P]^T/2 -> [2G; P/2]^T -> 2 [dZg; dP]^T
-        at = ws.get("at", f * n)        # (f*n,) A^T; dA^T in backward
-        return SimpleNamespace(
-            u=ws.get("u", n, dh),             # (n, d_hidden) X W_in, then GELU'(X W_in)
-            z=ws.get("z", n, dh),             # (n, d_hidden) Z; dZ, dU in backward
-            gpt=gpt.reshape(2 * f, n),        # (2f, n)
-            g=gpt[:f * n], p=gpt[f * n:],     # (f*n,) flat halves
-            at=at, atm=at.reshape(f, n),      # flat and (f, n) views
-            y=ws.get("y", n, self.d_out),     # (n, d_out) output
-            dx=ws.get("dx", n, self.d_in))    # (n, d_in) input gradient
-
-    def _forward(self, x2, res2):
-        n = x2.shape[0]
-        v = self._views(n)
-        self._saved.x = x2
-        if n:
-            ops.gemm(v.u, x2, self.W_in.data, False, False, 1.0, 0.0)
-            ops.bias_act(v.z, v.u, None, "gelu", 0.01, v.u)                 # GELU' cached over u
-            ops.gemm(v.gpt, self.Wgp_T, v.z, False, True, 0.5, 0.0)      # (2f, n) = Wgp_T Z^T / 2
-            ops.gate_forward(v.at, v.g, v.p)
-            if res2 is None:
-                ops.gemm(v.y, v.atm, self.W_out.data, True, False, 1.0, 0.0)  # Y = A W_out
-            else:
-                ops.fill_rows(v.y, None, res2)
-                ops.gemm(v.y, v.atm, self.W_out.data, True, False, 1.0, 1.0)
-        return v.y
-
-    def _backward(self, dy2, acc2):
-        n = dy2.shape[0]
-        v = self._views(n)
-        dx = v.dx if acc2 is None else acc2
-        if n:
-            at, z = v.atm, v.z
-            ops.gemm(self.W_out.grad, at, dy2, False, False, 1.0, 1.0)  # A^T dY
-            ops.gemm(at, self.W_out.data, dy2, False, True, 1.0, 0.0)   # dA^T = W_out dY^T
-            ops.gate_backward(v.g, v.p, v.at)                           # 2 dGP^T over GP^T
-            ops.gemm(self.dWgp_T, v.gpt, z, False, False, 0.5, 1.0)    # both halves, one GEMM
-            ops.gemm(z, v.gpt, self.Wgp_T, True, False, 0.5, 0.0)      # dZ = dGP Wgp_T over Z
-            ops.act_backward_cached(z, z, v.u)                          # dU in place
-            ops.gemm(self.W_in.grad, self._saved.x, z, True, False, 1.0, 1.0)
-            ops.gemm(dx, z, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._saved.x = None
-        return dx
-
-
-
-# The name that says what GMLP does: gating across the channels of each token (no mixing
-# across tokens), unlike SpatialGMLPBlock (Liu et al.'s block, which gates across tokens).
-ChannelGatedMLP = GMLP
-
 # ----------------------------------------------------------------------------- AddNorm
 class AddNorm(Module):
     """Add & Norm (Vaswani et al. 2017): y = LayerNorm(x + Dropout(sub)) with per-feature
     ``gamma``/``beta``. ``forward(x, sub)``; ``backward(dy)`` returns ``(dx, dsub)``."""
+
+    torch_layout = LayerNorm.torch_layout  # nn.LayerNorm(d_model)
 
     def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, dtype=np.float32,
                  rng=None):
@@ -412,6 +330,15 @@ class AddNorm(Module):
 
 
 # ----------------------------------------------------------------------------- FFNSublayer
+@register_block(
+    doc="the FFN with its residual and LayerNorm: post-norm LayerNorm(x + FFN(x)) or "
+        "pre-norm x + FFN(LayerNorm(x))",
+    twin="engine.models.naive:NaiveFFNSublayer", dims=("d_model", "d_ff"),
+    example={"d_model": 12, "d_ff": 20},
+    options={"activation": "relu", "dropout": 0.0, "norm": "post"},
+    variants=({"activation": "gelu", "norm": "post"}, {"activation": "gelu", "norm": "pre"}),
+    cli=("sublayer", "the same with an FFNSublayer (residual + LayerNorm) in the middle"),
+    bench={"FFNSublayer-post-gelu": {"activation": "gelu", "norm": "post"}})
 class FFNSublayer(Module):
     """The transformer's position-wise FFN sublayer with its residual and LayerNorm:
     ``norm="post"`` (Vaswani et al. 2017): y = LayerNorm(x + Dropout(FFN(x)));
@@ -420,6 +347,8 @@ class FFNSublayer(Module):
     the residual add, as in PyTorch's TransformerEncoderLayer. Children: ``ffn``, ``norm``,
     ``drop``; it calls only their public methods, with the protocol's fused options.
     """
+
+    torch_layout = (("ffn.", "ffn"), ("norm.", "norm"))  # children under their own names
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
                  norm: str = "post", eps: float = 1e-5, dtype=np.float32, rng=None):
@@ -456,6 +385,10 @@ class FFNSublayer(Module):
             return self.drop(ffn(xn), residual=x2)
         return ffn(xn, residual=x2)
 
+    def gemm_list(self, lead) -> list:
+        """The FFN's GEMMs (the LayerNorm and the residual add run none)."""
+        return self.ffn.gemm_list(lead)
+
     def _backward(self, dy2, acc2):
         ffn, norm = self.ffn, self.norm
         if self.norm_mode == "post":
@@ -465,3 +398,7 @@ class FFNSublayer(Module):
         dmid = self.drop.backward(dy2) if self._saved.dropped else dy2
         dx = norm.backward(ffn.backward(dmid))
         return ops.add(dx, dx, dy2)
+
+
+# GMLP lived here; imported for the path it had (engine.blocks.GMLP).
+from .channel_gated_mlp import GMLP, ChannelGatedMLP  # noqa: E402

@@ -8,6 +8,7 @@ from kernels.activations import ACTIVATIONS
 
 from .._checks import check_bool
 from .layers import ROWWISE_ACTIVATIONS, Activation, Identity, Linear, RowwiseActivation
+from .registry import linear_gemms, register_block
 from .module import (INITS, Module, Workspace, check_float, check_positive_int, input_spec,
                      make_rng, mode_version, rows_of)
 
@@ -241,6 +242,11 @@ class Sequential(Module):
         s.ready = False
         return dx
 
+    @property
+    def torch_layout(self) -> list:
+        """PyTorch: nn.Sequential of the children's reference modules, keys ``<i>.<key>``."""
+        return [(f"{i}.", str(i)) for i in range(len(self._seq))]
+
     def __len__(self) -> int:
         return len(self._seq)
 
@@ -273,6 +279,18 @@ def _layer_activation(i, a, slope):
                     f"LeakyReLU(0.2), GELU('tanh'), Softmax(), ...), got {type(a).__name__}")
 
 
+def _build_mlp(dims, *, dtype, rng, activation):
+    sizes = list(dims["sizes"])
+    return MLP(sizes, [activation] * (len(sizes) - 2) + [None], dtype=dtype, rng=rng)
+
+
+@register_block(
+    doc="multilayer perceptron: Linear layers with ``activation`` between them, linear output",
+    twin="engine.models.naive:NaiveMLP", dims=("sizes",), example={"sizes": (11, 9, 6, 4)},
+    options={"activation": "relu"}, variants=({"activation": "relu"}, {"activation": "tanh"}),
+    build=_build_mlp, d_in=lambda dims: dims["sizes"][0], d_out=lambda dims: dims["sizes"][-1],
+    cli=("mlp", "MLP with the --hidden sizes"), bench={"MLP": {"activation": "relu"}},
+    loss="cross_entropy")
 class MLP(Sequential):
     """Multilayer perceptron: ``len(sizes) - 1`` ``Linear`` layers, each with its fused
     activation (``None`` = linear output). Default: relu on hidden layers, linear output.
@@ -342,3 +360,23 @@ class MLP(Sequential):
 
     def extra_repr(self) -> str:
         return f"sizes={self.sizes}, activations={self.activations}"
+
+    @property
+    def torch_layout(self) -> list:
+        """PyTorch: nn.Sequential of nn.Linear and the activation layers in order (None: no
+        layer; "identity": an nn.Identity() in its own slot)."""
+        rows, slot = [], 0
+        for i, act in enumerate(self.reference_activations):
+            rows += [(f"{slot}.weight", f"{i}.W", True), (f"{slot}.bias", f"{i}.b", False)]
+            slot += 1 if act is None else 2  # Linear, then its activation layer (if any)
+        return rows
+
+    def gemm_list(self, lead) -> list:
+        """3 GEMMs per layer (every layer, the first included, returns its input gradient):
+        the forwards in order, then the backwards in reverse."""
+        n, fwd, bwd = int(np.prod(lead)), [], []
+        for layer in self._seq:
+            f, b = linear_gemms(n, layer.d_in, layer.d_out)
+            fwd += f
+            bwd = b + bwd
+        return fwd + bwd

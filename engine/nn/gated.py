@@ -4,7 +4,8 @@ Transformer" (SwiGLU in LLaMA, GEGLU, ReGLU, GLU, bilinear), on the module proto
 ``W_gate`` and ``W_up`` multiply the same input, so they are one GEMM: both are kept
 transposed and back to back in the arena, one C-contiguous (2 d_ff, d_model) weight, and the
 GEMM writes ``[G; U]`` features-by-rows, (2 d_ff, N), whose halves are contiguous for the
-gating pass (kernels.glu). GMLP in engine.blocks keeps its gate and projection the same way.
+gating pass (kernels.glu). GMLP (engine/nn/channel_gated_mlp.py) keeps its gate and
+projection the same way.
 """
 from __future__ import annotations
 
@@ -18,10 +19,19 @@ from .._checks import check_bool
 from .layers import check_activation
 from .module import (INITS, Module, Parameter, adjacent_views, check_float, check_positive_int,
                      init_weight, make_rng)
+from .registry import register_block
 
 __all__ = ["GatedFFN"]
 
 
+@register_block(
+    doc="gated feed-forward (Shazeer 2020), y = (act(x W_gate + b_gate) * (x W_up + b_up)) "
+        "W_down + b_down: SwiGLU with silu, GEGLU with gelu",
+    twin="engine.models.naive:NaiveGatedFFN", dims=("d_model", "d_ff"),
+    example={"d_model": 12, "d_ff": 20},
+    options={"activation": "silu", "bias": False, "dropout": 0.0},
+    variants=({"activation": "silu"}, {"activation": "gelu", "bias": True}),
+    bench={"GatedFFN-silu": {"activation": "silu"}})  # SwiGLU at the FFN shapes
 class GatedFFN(Module):
     """``y = (act(x W_gate + b_gate) * (x W_up + b_up)) W_down + b_down``.
 
@@ -37,6 +47,10 @@ class GatedFFN(Module):
     fuses_residual = True
     fuses_dx_acc = True
     acc_alias_safe = True  # dy is read only by the first two backward GEMMs
+    # PyTorch: LLaMA's MLP, down_proj(act(gate_proj(x)) * up_proj(x)) (nn.Linear each).
+    torch_layout = (("gate_proj.weight", "W_gate", True), ("gate_proj.bias", "b_gate", False),
+                    ("up_proj.weight", "W_up", True), ("up_proj.bias", "b_up", False),
+                    ("down_proj.weight", "W_down", True), ("down_proj.bias", "b_down", False))
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = False,
                  dropout: float = 0.0, init: str = "xavier", dtype=np.float32, rng=None,
@@ -123,6 +137,18 @@ class GatedFFN(Module):
             ops.fill_rows(v.y, None if b is None else b.data, res2)
             ops.gemm(v.y, v.ht, self.W_down.data, True, False, 1.0, 1.0)
         return v.y
+
+    def gemm_list(self, lead) -> list:
+        """2 forward, 4 backward, as the FFN: W_gate and W_up multiply the same x, so they are
+        one (2 d_ff, d_model) GEMM each way, computed transposed ([G; U]^T, features by rows)."""
+        n, d, f = int(np.prod(lead)), self.d_model, self.d_ff
+        fwd = [(2 * f, n, d, False, True, 0.0),           # [G; U]^T = [W_gate | W_up]^T x^T
+               (n, d, f, True, False, 0.0)]               # y (n, d) = H W_down
+        bwd = [(f, d, n, False, False, 1.0),              # dW_down += H^T dy
+               (f, n, d, False, True, 0.0),               # dH^T (f, n) = W_down dy^T
+               (2 * f, d, n, False, False, 1.0),          # d[W_gate | W_up]^T += [dG; dU]^T x
+               (n, d, 2 * f, True, False, 0.0)]           # dx = [dG | dU] [W_gate | W_up]^T
+        return fwd + bwd
 
     def _backward(self, dy2, acc2):
         n = dy2.shape[0]

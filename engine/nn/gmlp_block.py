@@ -18,6 +18,7 @@ from kernels import ops
 from .._checks import check_bool
 from .blocks import LayerNorm
 from .module import Module, Parameter, check_float, check_positive_int, init_weight, make_rng
+from .registry import register_block
 
 __all__ = ["GMLPBlock", "SpatialGMLPBlock", "SpatialGatingUnit"]
 
@@ -183,6 +184,14 @@ class SpatialGatingUnit(_TokenMixing):
         return v.dz
 
 
+@register_block(
+    doc="gMLP block (Liu et al. 2021) on (B, seq_len, d_model): y = x + s(Z) W_out + b_out, "
+        "Z = GELU(LN(x) W_in + b_in), s the spatial gating unit mixing the tokens",
+    twin="engine.models.naive:NaiveGMLPBlock", dims=("d_model", "d_ff", "seq_len"),
+    example={"d_model": 12, "d_ff": 20, "seq_len": 5}, options={"causal": False},
+    variants=({"causal": False}, {"causal": True}),
+    build=lambda dims, *, dtype, rng, causal: GMLPBlock(
+        dims["d_model"], dims["d_ff"], dims["seq_len"], causal=causal, dtype=dtype, rng=rng))
 class GMLPBlock(_TokenMixing):
     """One gMLP block (Liu et al. 2021) on (B, T, d_model) input, T == seq_len (or T <=
     seq_len when ``causal``)::
@@ -249,6 +258,23 @@ class GMLPBlock(_TokenMixing):
             ops.gemm(v.y, a2, self.W_out.data, False, False, 1.0, 1.0)  # += s(Z) W_out
         self._saved.xn, self._saved.a = xn, a2
         return v.y
+
+    def gemm_list(self, lead) -> list:
+        """3 forward, 6 backward on (B, T, d_model): W_in (one GEMM for both halves U and V),
+        the token mixing (one (T, T) x (T, B d_ffn/2) GEMM over the whole batch) and W_out.
+        Causal, dW is a fresh product that the mask then adds into the gradient."""
+        b, t = lead
+        n, d, f, h = b * t, self.d_model, self.d_ffn, self.d_ffn // 2
+        fwd = [(n, f, d, False, False, 0.0),              # LN(x) W_in (n, d_ffn)
+               (t, b * h, t, False, False, 0.0),          # S = W V' time-major (T, B h)
+               (n, d, h, False, False, 0.0)]              # y = x + (U * S) W_out
+        bwd = [(h, d, n, True, False, 1.0),               # dW_out += A^T dy
+               (n, h, d, False, True, 0.0),               # dA = dy W_out^T
+               (t, t, b * h, False, True, 0.0 if self.causal else 1.0),  # dW (+)= dS V'^T
+               (t, b * h, t, True, False, 0.0),           # dV' = W^T dS
+               (d, f, n, True, False, 1.0),               # dW_in += LN(x)^T dZ
+               (n, d, f, False, True, 0.0)]               # d LN(x) = dZ W_in^T
+        return fwd + bwd
 
     def _backward(self, dy2, acc2):
         n = dy2.shape[0]

@@ -58,6 +58,7 @@ class Linear(Module):
     """
 
     fuses_dx_acc = True
+    torch_layout = (("weight", "W", True), ("bias", "b", False))  # nn.Linear(d_in, d_out)
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True, init: str = "he",
                  dtype=np.float32, rng=None, activation=None, negative_slope: float = 0.01):

@@ -13,6 +13,7 @@ from .blocks import FFN, Dropout, LayerNorm
 from .gated import GatedFFN
 from .._checks import check_choice, check_positive_int, check_real
 from .module import INITS, Module, make_rng
+from .registry import register_block
 
 __all__ = ["TransformerBlock", "GATED_FFNS"]
 
@@ -20,6 +21,13 @@ __all__ = ["TransformerBlock", "GATED_FFNS"]
 GATED_FFNS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
 
 
+@register_block(
+    doc="transformer block: h = x + attn(ln_1(x)), y = h + ffn(ln_2(h)) (pre-norm, GPT-2) or "
+        "the post-norm order (Vaswani et al. 2017)",
+    twin="engine.models.naive_attention:NaiveTransformerBlock",
+    dims=("d_model", "d_ff", "seq_len"), example={"d_model": 12, "d_ff": 20, "seq_len": 5},
+    options={"n_heads": 4, "ffn": "gelu", "norm": "pre", "causal": True, "dropout": 0.0},
+    variants=({"n_heads": 3, "norm": "pre"}, {"n_heads": 2, "norm": "post", "ffn": "relu"}))
 class TransformerBlock(Module):
     """One transformer block on (B, T, d_model) inputs; ``norm="pre"`` (GPT-2, nanoGPT's
     ``Block``)::
@@ -74,6 +82,21 @@ class TransformerBlock(Module):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, ffn={self.ffn!r}, "
                 f"norm={self.norm!r}, dropout={self.p}, dtype={self.dtype}")
 
+    @property
+    def torch_layout(self) -> list:
+        """nanoGPT's ``Block`` names: ln_1, attn.c_attn, attn.c_proj, ln_2, and the FFN as
+        mlp.c_fc / mlp.c_proj (a GatedFFN keeps LLaMA's names under mlp.)."""
+        rows = [("ln_1.", "ln_1"),
+                ("attn.c_attn.weight", "attn.W_qkv", True),
+                ("attn.c_attn.bias", "attn.b_qkv", False),
+                ("attn.c_proj.weight", "attn.W_o", True), ("attn.c_proj.bias", "attn.b_o", False),
+                ("ln_2.", "ln_2")]
+        if isinstance(self.mlp, GatedFFN):
+            return rows + [("mlp.", "mlp")]
+        return rows + [("mlp.c_fc.weight", "mlp.W_in", True), ("mlp.c_fc.bias", "mlp.b1", False),
+                       ("mlp.c_proj.weight", "mlp.W_out", True),
+                       ("mlp.c_proj.bias", "mlp.b2", False)]
+
     def check_input(self, x, name: str = "x") -> tuple:
         """x's shape for a valid (B, T, d_model) input, else the error ``forward`` raises."""
         return self.attn.check_input(x, name)
@@ -95,6 +118,10 @@ class TransformerBlock(Module):
             h = ln_1(self.drop_1(attn(x), residual=x) if dropped else attn(x, residual=x))
             y = ln_2(self.drop_2(mlp(h), residual=h) if dropped else mlp(h, residual=h))
         return y.reshape(b * t, self.d_model)
+
+    def gemm_list(self, lead) -> list:
+        """The attention's GEMMs, then the feed-forward block's (LayerNorms add none)."""
+        return self.attn.gemm_list(lead) + self.mlp.gemm_list(lead)
 
     def _backward(self, dy2, acc2):
         b, t = self._saved.bt
