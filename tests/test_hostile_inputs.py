@@ -300,14 +300,14 @@ def test_fit_checks_lm_ids_of_every_batch_before_the_first_step():
     # Check that an id out of range in the last batch is found before any step.
     X, Y = _lm_data()
     X[-1, 3] = 11
-    _unchanged_fit(_lm_stack(), X, Y, 1, batch_size=4, match=r"X: expected ids in \[0, 11\)")
+    _unchanged_fit(_lm_stack(), X, Y, epochs=1, batch_size=4, match=r"X: expected ids in \[0, 11\)")
 
 
 def test_fit_checks_the_validation_ids_before_the_first_step():
     X, Y = _lm_data()
     Xv, Yv = _lm_data(4)
     Xv[2, 0] = -1
-    _unchanged_fit(_lm_stack(), X, Y, 1, batch_size=4, validation=(Xv, Yv),
+    _unchanged_fit(_lm_stack(), X, Y, epochs=1, batch_size=4, validation=(Xv, Yv),
                    match=r"validation X: expected ids in \[0, 11\)")
 
 
@@ -315,7 +315,7 @@ def test_fit_checks_the_sequence_length_through_every_child():
     # Check that T > seq_len (which only the GMLPBlock after the Embedding rejects) is
     # found up front.
     X, Y = _lm_data(seq_len=9)
-    _unchanged_fit(_lm_stack(seq_len=8), X, Y, 1, match=r"T <= seq_len = 8")
+    _unchanged_fit(_lm_stack(seq_len=8), X, Y, epochs=1, match=r"T <= seq_len = 8")
 
 
 def test_fit_checks_the_width_of_a_first_gmlp_block():
@@ -324,12 +324,12 @@ def test_fit_checks_the_width_of_a_first_gmlp_block():
     X = np.zeros((3, 4, 7))
     Y = np.zeros((3, 4, 8))
     from engine.losses import MSELoss
-    _unchanged_fit(model, X, Y, 1, loss=MSELoss(), match=r"X: expected shape \(N, 8\)")
+    _unchanged_fit(model, X, Y, epochs=1, loss=MSELoss(), match=r"X: expected shape \(N, 8\)")
 
 
 def test_fit_checks_the_lm_target_shape():
     X, Y = _lm_data()
-    _unchanged_fit(_lm_stack(), X, Y[:, :-1].copy(), 1, match=r"Y: expected integer labels of "
+    _unchanged_fit(_lm_stack(), X, Y[:, :-1].copy(), epochs=1, match=r"Y: expected integer labels of "
                    r"shape \(12, 8\)")
 
 
@@ -350,7 +350,7 @@ def test_fit_asks_a_users_module_through_the_protocol():
 
     from engine.losses import MSELoss
     X, Y = np.zeros((3, 2)), np.zeros((3, 2))
-    _unchanged_fit(Picky(2, 2, dtype=np.float64, rng=0), X, Y, 1, loss=MSELoss(),
+    _unchanged_fit(Picky(2, 2, dtype=np.float64, rng=0), X, Y, epochs=1, loss=MSELoss(),
                    match="even number of rows")
 
 
@@ -400,7 +400,7 @@ def test_fit_refuses_a_class_where_an_instance_is_expected(what):
     X = np.ones((4, 2))
     with pytest.raises(TypeError, match=r"(loss|optimizer|scheduler|callbacks\[0\]): expected "
                                         r"an instance, got the class"):
-        fit(model, kw["loss"], kw["optimizer"], X, X, 1, **extra)
+        fit(model, kw["loss"], kw["optimizer"], X, X, epochs=1, **extra)
     assert np.array_equal(model.flat_params(), params)
     assert np.array_equal(model.flat_grads(), grads) and not model.training
 
@@ -429,7 +429,7 @@ def test_model_checkpoint_template_naming_an_unrecorded_figure_is_refused_up_fro
     cb = ModelCheckpoint(str(tmp_path / template), monitor="loss")
     with pytest.raises(ValueError, match=r"callbacks\[0\]: ModelCheckpoint reads '(val_loss|"
                                          r"accuracy|val_accuracy)'"):
-        fit(model, loss, opt, X, Y, 2, callbacks=[cb],
+        fit(model, loss, opt, X, Y, epochs=2, callbacks=[cb],
             validation=(X, Y) if validation else None)
     assert np.array_equal(model.flat_params(), before) and opt.steps == 0
     assert list(tmp_path.iterdir()) == []
@@ -465,7 +465,7 @@ def test_model_checkpoint_onto_a_read_only_file_is_refused_before_the_first_step
     before = model.flat_params().copy()
     X = np.ones((4, 2))
     with pytest.raises(ValueError, match="ModelCheckpoint path: .*read-only"):
-        fit(model, MSELoss(), opt, X, X, 2,
+        fit(model, MSELoss(), opt, X, X, epochs=2,
             callbacks=[ModelCheckpoint(str(read_only_file), monitor="loss")])
     assert np.array_equal(model.flat_params(), before) and opt.steps == 0
     assert read_only_file.read_bytes() == b"old"
@@ -499,13 +499,13 @@ def test_cli_save_failing_at_the_end_keeps_the_model(tmp_path, capsys, monkeypat
     import errno
     from engine import checkpoint
     target = str(tmp_path / "m.npz")
-    real_save = checkpoint.save
+    real_write = checkpoint.write  # the writer under save and save_or_rescue
 
     def full_disk(path, *args, **kw):
         if os.fspath(path) == target:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(path, *args, **kw)
-    monkeypatch.setattr(checkpoint, "save", full_disk)
+        return real_write(path, *args, **kw)
+    monkeypatch.setattr(checkpoint, "write", full_disk)
     code, out, err = _cli(capsys, "train", "--task", "sine", "--samples", "8", "--model", "mlp",
                           "--hidden", "4", "--epochs", "2", "--save", target)
     assert code == 1 and "Traceback" not in err
@@ -844,7 +844,7 @@ def test_model_checkpoint_template_that_cannot_be_filled_is_refused_up_front(tmp
     opt = AdamW(m.parameters())
     X = np.ones((4, 2))
     with pytest.raises(ValueError, match="path: cannot fill in"):
-        fit(m, MSELoss(), opt, X, X, 1,
+        fit(m, MSELoss(), opt, X, X, epochs=1,
             callbacks=[ModelCheckpoint(str(tmp_path / "{loss[0]}.npz"), monitor="loss")])
     assert opt.steps == 0
 
@@ -858,7 +858,7 @@ def test_fit_with_a_communicator_that_is_not_one_is_a_type_error():
     m = Linear(2, 2, rng=0)
     X = np.ones((4, 2), np.float32)
     with pytest.raises(TypeError, match="comm: expected an MPI communicator"):
-        fit(m, MSELoss(), AdamW(m.parameters()), X, X, 1, comm=42)
+        fit(m, MSELoss(), AdamW(m.parameters()), X, X, epochs=1, comm=42)
 
 
 def test_save_into_a_missing_directory_names_the_target(tmp_path):

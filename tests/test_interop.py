@@ -285,17 +285,21 @@ def test_safetensors_holds_parameters_only(tmp_path):
 
 def test_plain_safetensors_file_with_matching_names_loads(tmp_path):
     # Check that a safetensors file written by someone else (no blasnet header) loads if its
-    # names, shapes and dtypes fit the model; one with other names is a CheckpointError.
+    # names, shapes and dtypes fit the model (blasnet's names, or PyTorch's: load reads
+    # both layouts); one with other names is a CheckpointError.
     st_np = pytest.importorskip("safetensors.numpy")
     W = np.arange(6, dtype=np.float32).reshape(3, 2)
     st_np.save_file({"W": W, "b": np.ones(2, np.float32)}, str(tmp_path / "a.safetensors"))
     m = Linear(3, 2, rng=0)
     assert load(tmp_path / "a.safetensors", m) == {}
     np.testing.assert_array_equal(m.W.data, W)
-    st_np.save_file({"weight": W.T.copy(), "bias": np.ones(2, np.float32)},
+    st_np.save_file({"weight": W.T.copy() + 1, "bias": np.ones(2, np.float32)},
                     str(tmp_path / "t.safetensors"))
-    with pytest.raises(CheckpointError, match=r"missing parameters \['W', 'b'\]"):
-        load(tmp_path / "t.safetensors", m)
+    assert load(tmp_path / "t.safetensors", m) == {}  # PyTorch's (out, in) weight
+    np.testing.assert_array_equal(m.W.data, W + 1)
+    st_np.save_file({"kernel": W, "b": np.ones(2, np.float32)}, str(tmp_path / "k.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing parameters \['W'\]"):
+        load(tmp_path / "k.safetensors", m)
 
 
 def test_truncated_safetensors_is_a_checkpoint_error(tmp_path):

@@ -11,7 +11,7 @@ ENGINE = pathlib.Path(__file__).resolve().parents[1] / "engine"
 MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_POSITIONAL = 500, 60, 8
 
 # Still over a limit (each one to be split).
-FILES_OVER = {"distributed.py", "data.py", "training/checkpoint.py"}
+FILES_OVER = {"distributed.py", "data.py"}
 FUNCTIONS_OVER = {"data.py:_load_csv"}
 
 

@@ -8,6 +8,7 @@ the first step.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
@@ -27,8 +28,8 @@ from ..optim import lr_scheduler as _lrs
 from ..optim.optimizers import SGD, AdamW
 from ..training import checkpoint
 from ..training.callbacks import EarlyStopping
-from ..training.loop import NonFiniteLossError, TrainingInterrupted, evaluate, fit
-from . import report
+from ..training.loop import History, NonFiniteLossError, TrainingInterrupted, evaluate, fit
+from . import report, resume_cmd
 from .inputs import UsageError, check_args, load_data
 from .parser import block_models, build_parser
 
@@ -180,12 +181,19 @@ def _language_model(args):
 
 def _train(args) -> int:
     t_all = time.perf_counter()
+    if args.resume is not None:
+        header = resume_cmd.apply_resume(args)  # the run's options, from its checkpoint
+        done = header["training"].get("history") or {}
+        args.resumed_at = (len(done.get("loss") or []), done.get("steps", 0),
+                           done.get("samples", 0))
     check_args(args)
     code = _language_model(args)
     if code is not None:
         return code
     comm = distributed.world()  # K > 1 ranks under mpiexec: data parallel, else None
     rank = 0 if comm is None else comm.Get_rank()
+    if comm is not None and args.resume is not None:
+        raise UsageError("--resume: continue a run on one process (not under mpiexec)")
     _set_threads(args, comm)
     d = load_data(args, np.dtype(args.dtype))
     model = build_model(args, d.d_in, d.d_out, args.seed)
@@ -205,20 +213,13 @@ def _train(args) -> int:
     # rank 0 prints, unless --quiet
     out = sys.stdout if rank == 0 and not args.quiet else open(os.devnull, "w")
     report.banner(out, args, comm, model, d, opt_text, sched_text, bs)
+    if args.resume is not None:
+        print(f"resume    {args.resume}", file=out)
+    trained = (model, opt, sched, loss, bs)
     t0 = time.perf_counter()
-    try:
-        h = fit(model, loss, opt, d.X, d.Y, args.epochs, batch_size=bs, rng=args.seed,
-                progress=False if args.quiet else args.log_every or max(1, args.epochs // 10),
-                validation=d.val,
-                callbacks=[stopper] if stopper else [], scheduler=sched,
-                scheduler_interval="step", clip_grad_norm=args.clip_grad_norm, comm=comm)
-    except (NonFiniteLossError, distributed.RankError) as e:  # raised on every rank
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr)
-        return 1
-    except TrainingInterrupted as e:  # Ctrl-C: say where it stopped, no traceback
-        print(f"\n{e}", file=sys.stderr)
-        return 130
+    h, code = _fit(args, comm, trained, d, stopper)
+    if code is not None:
+        return code
     t_fit = time.perf_counter() - t0
     gemm_s = n_gemms = None
     if comm is None and h.steps > 0 and args.verbose:  # the step's own GEMMs, one process
@@ -228,14 +229,89 @@ def _train(args) -> int:
     if stopper is not None:
         report.early_stop(out, stopper, args.epochs)
     final = report.results(out, args, model, loss, d, bs)
-    report.timing(out, h, t_fit, gemm_s, n_gemms)
+    report.timing(out, _this_session(h, args), t_fit, gemm_s, n_gemms)
     if rank == 0:  # one writer per file
         report.outputs(out, args, h, d)
-    trained = (model, opt, sched, loss, bs)
     if not _checkpoint_round_trip(out, args, comm, trained, d, h, final):
         return 0  # ranks other than 0: rank 0 checks the reload
     print(f"wall time {time.perf_counter() - t_all:.2f} s", file=out)
     return 0
+
+
+def _this_session(h, args):
+    """The part of a resumed run's History trained by this command (for its timing line)."""
+    start = getattr(args, "resumed_at", None)
+    if start is None:
+        return h
+    epochs, steps, samples = start
+    return History(loss=h.loss[epochs:], steps=h.steps - steps, samples=h.samples - samples)
+
+
+class _RunKeeper:
+    """A callback that keeps the run's state, for the final checkpoint's training state."""
+    run = None
+
+    def set_run(self, run) -> None:
+        self.run = run
+
+    def on_epoch_end(self, epoch, history) -> bool:
+        return False
+
+
+def _fit(args, comm, trained, d, stopper) -> tuple:
+    """``(History, None)``, or ``(None, exit status)`` when the run stopped early: a
+    non-finite loss or a failed rank (1), a checkpoint that does not fit (2), Ctrl-C or
+    SIGTERM (130, 143: a resumable checkpoint is written)."""
+    model, opt, sched, loss, bs = trained
+    rank = 0 if comm is None else comm.Get_rank()
+    keeper = _RunKeeper()
+    options = dict(batch_size=bs, rng=args.seed, validation=d.val, scheduler=sched,
+                   progress=False if args.quiet else args.log_every or max(1, args.epochs // 10),
+                   scheduler_interval="step", clip_grad_norm=args.clip_grad_norm,
+                   callbacks=[stopper] if stopper else [])
+    if comm is not None:
+        options["comm"] = comm
+    else:  # one process: resumable
+        options["callbacks"].append(keeper)
+        options["resume_from"] = args.resume
+    guard = resume_cmd.preemption() if comm is None else contextlib.nullcontext({})
+    try:
+        with guard as got:
+            h = fit(model, loss, opt, d.X, d.Y, epochs=args.epochs, **options)
+    except (NonFiniteLossError, distributed.RankError) as e:  # raised on every rank
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return None, 1
+    except ValueError as e:
+        if not str(e).startswith("resume_from"):
+            raise
+        print(f"error: --resume: {str(e).removeprefix('resume_from: ')}", file=sys.stderr)
+        return None, 2
+    except TrainingInterrupted as e:  # Ctrl-C or SIGTERM: save, say how to resume
+        if comm is not None:  # a data-parallel run is not resumable: say where it stopped
+            if rank == 0:
+                print(f"\ntraining interrupted at epoch {e.epoch}, step {e.step}; "
+                      f"{len(e.history)} epoch(s) complete (a data-parallel run is not "
+                      f"saved on an interrupt)", file=sys.stderr)
+            return None, 130
+        meta = _metadata(args, d, len(e.history), None)
+        return None, resume_cmd.save_interrupted(sys.stderr, args,
+                                                 (e, got.get("signal", "SIGINT")), meta)
+    args.run_state = keeper.run  # for the final checkpoint's training state
+    return h, None
+
+
+def _metadata(args, d, epochs: int, final) -> dict:
+    """What a checkpoint of the run records about it (the run's options under "cli")."""
+    meta = dict(task=d.task_name, model=args.model, epochs=epochs, seed=args.seed, loss=final,
+                cli=resume_cmd.saved_options(args))
+    if d.own:
+        meta.update(data=args.data, x_cols=d.x_names, y_cols=d.y_names, kind=d.kind)
+        if d.classify:
+            meta["classes"] = d.d_out
+    if d.standardizer is not None:
+        meta["standardizer"] = d.standardizer.state_dict()
+    return meta
 
 
 def _checkpoint_round_trip(out, args, comm, trained, d, h, final) -> bool:
@@ -248,13 +324,8 @@ def _checkpoint_round_trip(out, args, comm, trained, d, h, final) -> bool:
     else:
         tmpdir = tempfile.TemporaryDirectory(prefix="blasnet-")
         path = os.path.join(tmpdir.name, f"{args.model}-{d.task_name}.npz")
-    meta = dict(task=d.task_name, model=args.model, epochs=len(h), seed=args.seed, loss=final)
-    if d.own:
-        meta.update(data=args.data, x_cols=d.x_names, y_cols=d.y_names, kind=d.kind)
-        if d.classify:
-            meta["classes"] = d.d_out
-    if d.standardizer is not None:
-        meta["standardizer"] = d.standardizer.state_dict()
+    meta = _metadata(args, d, len(h), final)
+    run = getattr(args, "run_state", None)
     try:
         tensors = path.lower().endswith(".safetensors")
         if comm is not None:  # rank 0 writes; it alone checks the reload (others may see no file)
@@ -264,8 +335,10 @@ def _checkpoint_round_trip(out, args, comm, trained, d, h, final) -> bool:
                 return False
         elif tensors:
             checkpoint.save_or_rescue(path, model, **meta)
-        else:
-            checkpoint.save_or_rescue(path, model, opt, scheduler=sched, **meta)
+        else:  # with the run's state: --resume continues it
+            checkpoint.save_or_rescue(path, model, opt, scheduler=sched,
+                                      training_state=None if run is None else run.state(),
+                                      **meta)
         fresh = build_model(args, d.d_in, d.d_out, args.seed + 1)
         checkpoint.load(path, fresh)
         reloaded, _ = evaluate(fresh, loss, d.X, d.Y, bs)

@@ -225,6 +225,11 @@ def _output_options(t) -> None:
                    help="write the checkpoint here: .npz (parameters, optimizer and schedule "
                         "state) or .safetensors (parameters only) (default: an .npz in a "
                         "temporary directory, removed at exit)")
+    g.add_argument("--resume", default=None, metavar="CHECKPOINT",
+                   help="continue the run saved in CHECKPOINT (an interrupted run's, or a "
+                        "--save .npz of a finished one): its model, data and training options "
+                        "are used unless given again (a different --model, --hidden, ... is "
+                        "an error); --epochs is the run's total")
     g.add_argument("--history", default=None, metavar="PATH",
                    help="write the per-epoch history here (.csv or .json)")
     loud = g.add_mutually_exclusive_group()

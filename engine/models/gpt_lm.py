@@ -93,7 +93,7 @@ def train(config: GPTConfig | None = None, progress=True, text: str | None = Non
     s = prepared or setup(config, text)
     c = s.config
     t0 = time.perf_counter()
-    history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, c.epochs,
+    history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, epochs=c.epochs,
                   batch_size=c.batch_size, rng=c.seed, validation=(s.Xh, s.Yh),
                   progress=progress, scheduler=s.scheduler, scheduler_interval="step",
                   comm=comm)

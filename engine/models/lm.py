@@ -383,7 +383,7 @@ def train(config: LMConfig | None = None, progress=True, text: str | None = None
     s.vocab.encode(c.prompt)
     _check_vocab_fits(s.model, s.vocab)
     t0 = time.perf_counter()
-    history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, c.epochs,
+    history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, epochs=c.epochs,
                   batch_size=c.batch_size, rng=c.seed, validation=(s.Xh, s.Yh),
                   progress=progress, scheduler=s.scheduler, scheduler_interval="step")
     seconds = time.perf_counter() - t0

@@ -432,6 +432,13 @@ class Module(metaclass=_ModuleMeta):
         for n, p in named:
             p.data[...] = state[n]
 
+    def named_generators(self):
+        """``(dotted name, numpy Generator)`` of every module in this tree that draws random
+        numbers while training (dropout keeps its Generator as ``_rng``), this module first.
+        Modules built from one Generator share it: a checkpoint of a run saves each once."""
+        return [(n, m.__dict__["_rng"]) for n, m in self.named_modules()
+                if isinstance(m.__dict__.get("_rng"), np.random.Generator)]
+
     def workspace_nbytes(self) -> int:
         """Bytes held in work buffers (cached activations and gradients), children included;
         a pool shared by several modules counts once."""

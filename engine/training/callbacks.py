@@ -6,7 +6,12 @@ every epoch (``epoch`` counts from 1; ``history`` is the run's ``History`` so fa
 after that epoch if any callback returns True. Optional hooks: ``on_train_begin(model,
 optimizer, scheduler)`` before the first step and ``on_train_end(model, optimizer,
 scheduler)`` after the last epoch (also after an early stop, not after an exception). A
-callback with a ``monitor`` attribute must name a figure the run records ("loss",
+callback may also have ``set_run(run)``, called before ``on_train_begin`` with the run's
+state (``run.save_after_epoch(path, **metadata)`` writes a checkpoint that
+``fit(..., resume_from=path)`` continues), and ``state_dict()`` / ``load_state_dict(state)``
+(JSON values and arrays): its state is saved in such a checkpoint and given back, after
+``on_train_begin``, to the callback of the same type (and rank among that type) of the
+resumed run. A callback with a ``monitor`` attribute must name a figure the run records ("loss",
 "accuracy", "val_loss", "val_accuracy"), and so must each name in its ``figures`` (a tuple
 of the figures it reads, e.g. those a ModelCheckpoint path names); ``fit`` checks that
 before the first step.
@@ -23,6 +28,8 @@ import math
 import os
 import re
 import string
+
+import numpy as np
 
 from .._checks import check_bool, check_int, check_real
 from . import checkpoint as _checkpoint
@@ -173,6 +180,30 @@ class EarlyStopping(Callback):
             return True
         return False
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs to continue counting: the best value and epoch, the
+        epochs waited, and (``restore_best_weights``) the best epoch's parameters."""
+        return {"monitor": self.monitor, "best": self.best, "best_epoch": self.best_epoch,
+                "wait": self.wait, "stopped_epoch": self.stopped_epoch,
+                "best_weights": None if self._best_state is None else dict(self._best_state)}
+
+    def validate_state_dict(self, state) -> None:
+        """ValueError unless ``state`` is one of this callback's (same monitor)."""
+        if not isinstance(state, dict) or state.get("monitor") != self.monitor:
+            raise ValueError(f"expected the state of an EarlyStopping on {self.monitor!r}, got "
+                             f"one on {state.get('monitor') if isinstance(state, dict) else state!r}")
+        for k in ("best", "best_epoch", "wait", "stopped_epoch"):
+            if not isinstance(state.get(k), (int, float)):
+                raise ValueError(f"{k}: expected a number, got {state.get(k)!r}")
+
+    def load_state_dict(self, state) -> None:
+        """Continue from a saved ``state_dict()`` (after ``on_train_begin``)."""
+        self.best, self.best_epoch = float(state["best"]), int(state["best_epoch"])
+        self.wait, self.stopped_epoch = int(state["wait"]), int(state["stopped_epoch"])
+        weights = state.get("best_weights")
+        if self.restore_best_weights and weights is not None:
+            self._best_state = {k: np.array(v, copy=True) for k, v in weights.items()}
+
     def on_train_end(self, model, optimizer, scheduler) -> None:
         if self.restore_best_weights and self._best_state is not None:
             model.load_state_dict(self._best_state)
@@ -190,7 +221,9 @@ class ModelCheckpoint(Callback):
     default here) or after every epoch. ``path`` may hold ``{epoch}`` and the figures
     (``"ckpt-{epoch:03d}-{val_loss:.4f}.npz"``). A ``.safetensors`` path stores the parameters
     only. The metadata holds ``epoch`` and the epoch's figures. The path is checked before
-    the first step; ``saved`` lists the files written."""
+    the first step; ``saved`` lists the files written. Inside ``fit``, an ``.npz`` file is
+    written once every callback has seen the epoch and holds the run's training state:
+    ``fit(..., resume_from=path)`` continues it exactly."""
 
     def __init__(self, path, monitor: str = "val_loss", save_best_only: bool = True,
                  mode: str = "auto"):
@@ -204,7 +237,7 @@ class ModelCheckpoint(Callback):
         self.monitor, self.mode, self.save_best_only = monitor, mode, save_best_only
         self.best = math.inf if self._mode == "min" else -math.inf
         self.saved: list = []
-        self._model = self._optimizer = self._scheduler = None
+        self._model = self._optimizer = self._scheduler = self._run = None
 
     def _figures(self, history) -> dict:
         return {k: float(getattr(history, k)[-1]) for k in MONITORS if getattr(history, k)}
@@ -215,6 +248,22 @@ class ModelCheckpoint(Callback):
         except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"path: cannot fill in {self.path!r} ({type(e).__name__}: {e}); "
                              f"it may use {{epoch}} and {sorted(figures)}") from None
+
+    def set_run(self, run) -> None:
+        """Inside ``fit``: checkpoints are written through the run, resumable."""
+        self._run = run
+
+    def state_dict(self) -> dict:
+        return {"monitor": self.monitor, "best": self.best, "saved": list(self.saved)}
+
+    def validate_state_dict(self, state) -> None:
+        if not isinstance(state, dict) or state.get("monitor") != self.monitor \
+                or not isinstance(state.get("best"), (int, float)):
+            raise ValueError(f"expected the state of a ModelCheckpoint on {self.monitor!r}")
+
+    def load_state_dict(self, state) -> None:
+        self.best = float(state["best"])
+        self.saved = [str(p) for p in state.get("saved") or []]
 
     def on_train_begin(self, model, optimizer, scheduler) -> None:
         # Check the directory (and a formatted name) now, not after the first epoch's work.
@@ -232,7 +281,9 @@ class ModelCheckpoint(Callback):
         if better or not self.save_best_only:
             figures = self._figures(history)
             path = self._format(epoch, figures)
-            if path.lower().endswith(".safetensors"):
+            if self._run is not None:  # written once every callback has seen the epoch
+                self._run.save_after_epoch(path, epoch=epoch, **figures)
+            elif path.lower().endswith(".safetensors"):
                 _checkpoint.save(path, self._model, epoch=epoch, **figures)
             else:
                 _checkpoint.save(path, self._model, self._optimizer, scheduler=self._scheduler,
@@ -241,7 +292,7 @@ class ModelCheckpoint(Callback):
         return False
 
     def on_train_end(self, model, optimizer, scheduler) -> None:
-        self._model = self._optimizer = self._scheduler = None
+        self._model = self._optimizer = self._scheduler = self._run = None
 
     def __repr__(self) -> str:
         return (f"ModelCheckpoint({self.path!r}, monitor={self.monitor!r}, "

@@ -17,39 +17,20 @@ is read as it is.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
-import zipfile
-import zlib
 
 import numpy as np
 
 from .atomic_file import atomic_write, check_target, file_path, fspath, writable_target
+from .checkpoint_format import (FORMAT, FORMAT_VERSION, HEADER, OPTIM, PARAM, SAFETENSORS,
+                                TRAIN, CheckpointError, json_field)
+from .npz_file import read_npz
+from .safetensors_file import (from_torch_layout, is_safetensors, read_safetensors,
+                               write_safetensors)
 
-__all__ = ["save", "load", "read_header", "check_target", "save_or_rescue", "SaveError",
+__all__ = ["save", "write", "load", "prepare_load", "PreparedLoad", "read_header", "check_target", "save_or_rescue", "SaveError",
            "CheckpointError", "FORMAT_VERSION"]
-
-FORMAT = "blasnet-checkpoint"
-FORMAT_VERSION = 1
-_HEADER = "__header__"     # 0-d unicode array holding the JSON header
-_PARAM = "param/"          # param/<dotted name>
-_OPTIM = "optim/"          # optim/<parameter index>/<buffer name>
-SAFETENSORS = ".safetensors"
-
-
-class CheckpointError(ValueError):
-    """The file is not a readable blasnet checkpoint, or does not fit the model/optimizer."""
-
-
-def _safetensors_numpy():
-    try:
-        import safetensors.numpy as st
-    except ImportError:
-        raise ImportError("reading and writing .safetensors files needs the safetensors "
-                          "package: pip install 'blasnet[interop]'") from None
-    return st
-
 
 # ----------------------------------------------------------------------------- save
 def save(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
@@ -61,55 +42,69 @@ def save(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
     configuration (``model.get_config()``, recursively) lets ``engine.load_model`` rebuild
     the model alone; a model that cannot describe itself is saved without it, and the
     reason is kept for ``load_model`` to report. A path ending in ``.safetensors``
-    gets a safetensors file with the parameters (blasnet's names and layouts) and the
-    metadata in its header; only ``.npz`` holds optimizer and scheduler state. The file
+    gets a safetensors file with the parameters and the metadata in its header: under
+    PyTorch's names and layouts when every module has a PyTorch reference module
+    (``engine.interop``: ``torch_module.load_state_dict(safetensors.torch.load_file(path))``
+    works), else blasnet's; only ``.npz`` holds optimizer and scheduler state. The file
     appears under ``path`` only once it is complete; a failure part-way leaves any previous
     file there untouched.
     """
+    write(path, model, optimizer, scheduler, metadata)
+
+
+def write(path, model, optimizer=None, scheduler=None, metadata=None, training=None) -> None:
+    """``save`` with the metadata as a dict, and ``training``: a run's resumable state as
+    ``(JSON object, {name: array})`` (what ``fit`` continues from; ``.npz`` only)."""
     path = file_path(path)
     _check_model(model)
     if optimizer is not None:
         _check_optimizer(optimizer, model, saving=True)
     try:
-        meta_json = json.dumps(metadata, allow_nan=True)
+        meta_json = json.dumps(metadata or {}, allow_nan=True)
     except (TypeError, ValueError) as e:
         raise TypeError(f"metadata: every value must be JSON-serialisable ({e})") from None
-    sched = None
-    if scheduler is not None:
-        if not callable(getattr(scheduler, "state_dict", None)):
-            raise TypeError(f"scheduler: expected a learning-rate scheduler, got "
-                            f"{type(scheduler).__name__}")
-        sched = scheduler.state_dict()
+    if scheduler is not None and not callable(getattr(scheduler, "state_dict", None)):
+        raise TypeError(f"scheduler: expected a learning-rate scheduler, got "
+                        f"{type(scheduler).__name__}")
     target = writable_target(path)  # the format follows the name given, not a link's target
     if path.lower().endswith(SAFETENSORS):
-        if optimizer is not None or scheduler is not None:
+        if optimizer is not None or scheduler is not None or training is not None:
             raise ValueError(f"{path}: a .safetensors checkpoint holds parameters only; save the "
-                             f"optimizer and scheduler state to an .npz file")
-        _save_safetensors(target, model, meta_json, _config_fields(model))
+                             f"optimizer, scheduler and training state to an .npz file")
+        write_safetensors(target, model, meta_json, _config_fields(model))
         return
-    arrays = {}
-    params = {}
+    arrays, header = _npz_contents(model, optimizer, json.loads(meta_json))
+    if scheduler is not None:
+        header["scheduler"] = scheduler.state_dict()
+    if training is not None:
+        state, extra = training
+        header["training"] = state
+        arrays.update({TRAIN + k: v for k, v in extra.items()})
+    arrays[HEADER] = np.array(json.dumps(header))
+    atomic_write(target, lambda f: np.savez(f, **arrays))
+
+
+def _npz_contents(model, optimizer, metadata: dict) -> tuple:
+    """The arrays (parameters, optimizer state) and header of an ``.npz`` checkpoint."""
+    arrays, params = {}, {}
     for name, p in model.named_parameters():
-        arrays[_PARAM + name] = p.data
+        arrays[PARAM + name] = p.data
         params[name] = [list(p.data.shape), str(p.data.dtype)]
     optim = None
     if optimizer is not None:
         sd = optimizer.state_dict()
         for idx, st in sd["state"].items():
             for key, value in st.items():
-                arrays[f"{_OPTIM}{idx}/{key}"] = value
+                arrays[f"{OPTIM}{idx}/{key}"] = value
         optim = {k: v for k, v in sd.items() if k != "state"}
     header = {"format": FORMAT, "version": FORMAT_VERSION, "model": type(model).__name__,
-              "params": params, "optimizer": optim, "metadata": json.loads(meta_json),
+              "params": params, "optimizer": optim, "metadata": metadata,
               **_config_fields(model)}
-    if optimizer is not None and optim is not None:
+    if optim is not None:
         order = _optimizer_order(optimizer, model)
         if order is not None:
             header["optimizer_params"] = order
-    if sched is not None:
-        header["scheduler"] = sched
-    arrays[_HEADER] = np.array(json.dumps(header))
-    atomic_write(target, lambda f: np.savez(f, **arrays))
+    return arrays, header
 
 
 class SaveError(OSError):
@@ -121,12 +116,14 @@ class SaveError(OSError):
         self.rescued = rescued
 
 
-def save_or_rescue(path, model, /, optimizer=None, scheduler=None, **metadata) -> None:
-    """``save``; if writing fails (a full disk, a directory made read-only during the run),
-    save the same checkpoint to a new file in the temporary directory instead and raise
-    ``SaveError`` naming both: a run's end never loses the trained model."""
+def save_or_rescue(path, model, /, optimizer=None, scheduler=None, *, training_state=None,
+                   **metadata) -> None:
+    """``save`` (with a run's resumable ``training_state``, see ``write``); if writing fails
+    (a full disk, a directory made read-only during the run), save the same checkpoint to a
+    new file in the temporary directory instead and raise ``SaveError`` naming both: a run's
+    end never loses the trained model."""
     try:
-        save(path, model, optimizer, scheduler, **metadata)
+        write(path, model, optimizer, scheduler, metadata, training_state)
         return
     except OSError as e:
         reason = e.strerror or str(e)
@@ -135,7 +132,7 @@ def save_or_rescue(path, model, /, optimizer=None, scheduler=None, **metadata) -
     try:
         fd, rescued = tempfile.mkstemp(prefix="blasnet-rescued-", suffix=suffix)
         os.close(fd)
-        save(rescued, model, optimizer, scheduler, **metadata)
+        write(rescued, model, optimizer, scheduler, metadata, training_state)
         where = f"the model was saved to {rescued} instead"
     except OSError as e2:
         where = f"saving it to {rescued} failed too ({e2.strerror or e2})"
@@ -165,64 +162,6 @@ def _optimizer_order(optimizer, model):
     return None if None in order else order
 
 
-def _save_safetensors(path: str, model, meta_json: str, config: dict) -> None:
-    st = _safetensors_numpy()
-    tensors = {name: np.ascontiguousarray(p.data) for name, p in model.named_parameters()}
-    # safetensors metadata is str -> str: the user's metadata goes in as one JSON string;
-    # the format has no checksum of its own, so each tensor's CRC-32 goes in beside it, and
-    # the CRC-32 of the length prefix and the whole header (metadata and tensor offsets
-    # included) in a fixed-width field filled in after serialising.
-    header = {"format": FORMAT, "version": str(FORMAT_VERSION), "model": type(model).__name__,
-              "metadata": meta_json,
-              "crc32": json.dumps({k: _crc32(v) for k, v in tensors.items()}),
-              **{k: json.dumps(v) for k, v in config.items()},
-              _HEADER_CRC: _CRC_PLACEHOLDER}
-    data = bytearray(st.save(tensors, metadata=header))
-    end = 8 + int.from_bytes(data[:8], "little")
-    at = _header_crc_span(bytes(data[:end]), _CRC_PLACEHOLDER)
-    data[at:at + 8] = f"{zlib.crc32(data[:end]):08x}".encode()
-    atomic_write(path, lambda f: f.write(data))
-
-
-# The key of the header checksum; it names blasnet, so a blasnet file holds "blasnet" twice
-# (here and in the format) and no single flipped bit makes it look like a foreign file.
-_HEADER_CRC = "blasnet_header_crc32"
-_CRC_PLACEHOLDER = "00000000"
-# The metadata keys of files written before the header checksum (read as they were).
-_LEGACY_KEYS = {"format", "version", "model", "metadata", "crc32"}
-_MARKS = (FORMAT.encode(), _HEADER_CRC.encode())  # either one says "written by blasnet"
-
-
-def _header_crc_span(raw: bytes, value: str) -> int:
-    """Offset in ``raw`` (length prefix + header) of the 8 characters of the header checksum
-    field holding ``value``; -1 unless it appears exactly once."""
-    field = f'"{_HEADER_CRC}":"{value}"'.encode()
-    at = raw.find(field)
-    if at < 0 or raw.find(field, at + 1) >= 0:
-        return -1
-    return at + len(field) - 9
-
-
-def _check_header_crc(path: str, raw: bytes, value) -> None:
-    """The CRC-32 of ``raw`` (length prefix + header) with the checksum field reset to its
-    placeholder must be ``value``; else CheckpointError."""
-    at = -1
-    if isinstance(value, str) and len(value) == 8:
-        at = _header_crc_span(raw, value)
-    if at < 0:
-        raise CheckpointError(f"{path}: corrupt safetensors file (its header checksum field "
-                              f"is damaged)")
-    crc = zlib.crc32(raw[:at] + _CRC_PLACEHOLDER.encode() + raw[at + 8:])
-    if f"{crc:08x}" != value:
-        raise CheckpointError(f"{path}: corrupt safetensors file (its header, with the "
-                              f"metadata, fails its CRC-32 check)")
-
-
-def _crc32(a: np.ndarray) -> int:
-    """CRC-32 of an array's bytes in C order."""
-    return zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"))
-
-
 # ----------------------------------------------------------------------------- checks
 def _check_model(model) -> None:
     from ..nn.module import Module
@@ -244,151 +183,6 @@ def _check_optimizer(optimizer, model, saving: bool) -> None:
                         f"{type(optimizer).__name__}")
 
 
-# ----------------------------------------------------------------------------- load
-def _is_safetensors(head: bytes, size: int) -> bool:
-    # The format: a little-endian u64 header length, then the JSON header ("{...").
-    if len(head) < 9 or head[8:9] != b"{":
-        return False
-    n = int.from_bytes(head[:8], "little")
-    return 2 <= n <= size - 8
-
-
-def _read_safetensors(path: str):
-    """A safetensors file as ``(header, arrays)`` in the shape ``_read`` gives for .npz.
-
-    A file blasnet wrote (its header names blasnet anywhere) must pass every check: the
-    header checksum, then each tensor's; one written before the header checksum must have
-    exactly that older layout. A file from another tool (no blasnet metadata) has no
-    checksums: it only needs to parse and fit the model."""
-    _safetensors_numpy()  # the install hint if the package is missing
-    from safetensors import safe_open
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        raw = prefix + f.read(int.from_bytes(prefix, "little"))  # _read checked it fits
-    try:
-        # The package checks every tensor's offsets against the file before reading it.
-        with safe_open(path, framework="numpy") as f:
-            meta = f.metadata() or {}
-            arrays = {_PARAM + k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # the package's own error types differ between versions
-        raise CheckpointError(f"{path}: truncated or corrupt safetensors file "
-                              f"({type(e).__name__}: {e})") from None
-    header = {"model": meta.get("model", "a safetensors file"), "optimizer": None,
-              "metadata": {}, "safetensors": True}
-    if not any(m in raw for m in _MARKS) and "format" not in meta:
-        return header, arrays  # another tool's file: nothing to check it against
-    if _HEADER_CRC in meta:
-        _check_header_crc(path, raw, meta[_HEADER_CRC])
-    elif not set(meta) <= _LEGACY_KEYS or "format" not in meta:
-        raise CheckpointError(f"{path}: corrupt safetensors file (blasnet metadata without "
-                              f"its header checksum; keys {sorted(meta)})")
-    if meta["format"] != FORMAT:
-        raise CheckpointError(f"{path}: not a blasnet checkpoint (header format "
-                              f"{meta['format']!r})")
-    version = meta.get("version", "")
-    if not (version.isascii() and version.isdigit()) or not 1 <= int(version) <= FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {version!r}; this "
-                              f"blasnet reads versions 1 to {FORMAT_VERSION}")
-    header["metadata"] = _json_field(path, "metadata", meta.get("metadata", "{}"), dict)
-    for key in ("model_config", "model_config_error"):
-        if key in meta:
-            header[key] = _json_field(path, key, meta[key], dict if key == "model_config" else str)
-    if "crc32" in meta or _HEADER_CRC in meta:
-        crcs = _json_field(path, "crc32", meta.get("crc32"), dict)
-        names = {k[len(_PARAM):] for k in arrays}
-        if set(crcs) != names:
-            raise CheckpointError(f"{path}: corrupt safetensors file (its checksums name "
-                                  f"{sorted(crcs)}, its tensors {sorted(names)})")
-        for name in sorted(names):
-            if crcs[name] != _crc32(arrays[_PARAM + name]):
-                raise CheckpointError(f"{path}: corrupt safetensors file (tensor {name} "
-                                      f"fails its CRC-32 check)")
-    return header, arrays
-
-
-def _json_field(path: str, what: str, text, kind):
-    """``text`` parsed as JSON, which must give a ``kind``; else CheckpointError."""
-    try:
-        value = json.loads(text)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{path}: corrupt checkpoint {what} ({e})") from None
-    if not isinstance(value, kind):
-        raise CheckpointError(f"{path}: corrupt checkpoint {what} (expected a JSON "
-                              f"{'object' if kind is dict else kind.__name__}, got "
-                              f"{type(value).__name__})")
-    return value
-
-
-# Largest uncompressed/compressed ratio deflate can reach (RFC 1951 blocks): a member that
-# declares more is lying about its size.
-_DEFLATE_MAX_RATIO = 1032
-
-
-def _read_npz(path: str, f, size: int) -> dict:
-    """Every member of the .npz archive open as ``f`` (``size`` bytes) as an array. Checks,
-    before reading a member's data: no duplicate or foreign names, no encryption, a known
-    compression, stored sizes inside the file, a declared shape and dtype whose size is
-    exactly the bytes the member holds; then the member's CRC-32."""
-    with zipfile.ZipFile(f) as z:
-        infos = z.infolist()
-        seen = set()
-        for info in infos:
-            name = info.filename
-            if name in seen:  # numpy would silently keep the last of the two
-                raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r} appears "
-                                      f"twice)")
-            seen.add(name)
-            if not name.endswith(".npy") or not (name.startswith((_PARAM, _OPTIM))
-                                                 or name == _HEADER + ".npy"):
-                raise CheckpointError(f"{path}: not a blasnet checkpoint (unexpected member "
-                                      f"{name!r})")
-            if info.flag_bits & 0x1:
-                raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r} is marked "
-                                      f"encrypted)")
-            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-                raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r}: unknown "
-                                      f"compression method {info.compress_type})")
-            ratio = 1 if info.compress_type == zipfile.ZIP_STORED else _DEFLATE_MAX_RATIO
-            if (info.header_offset + info.compress_size > size
-                    or info.file_size > ratio * info.compress_size + 64):
-                raise CheckpointError(f"{path}: truncated or corrupt checkpoint (member "
-                                      f"{name!r} declares {info.file_size} bytes in "
-                                      f"{info.compress_size}; the file has {size})")
-        arrays = {}
-        for info in infos:
-            with z.open(info) as m:
-                arrays[info.filename[:-4]] = _read_npy(path, info, m)
-    return arrays
-
-
-def _read_npy(path: str, info, m) -> np.ndarray:
-    """The array in the .npy member ``m``: its header's shape and dtype must account for
-    exactly the member's bytes (so nothing larger than the file is allocated)."""
-    name = info.filename
-    version = np.lib.format.read_magic(m)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(m)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(m)
-    else:
-        raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r}: .npy version "
-                              f"{version})")
-    if dtype.hasobject or not isinstance(shape, tuple) or \
-            not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r}: shape {shape}, "
-                              f"dtype {dtype})")
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes != info.file_size - m.tell():
-        raise CheckpointError(f"{path}: corrupt checkpoint (member {name!r} declares shape "
-                              f"{shape} of {dtype}, {nbytes} bytes, and holds "
-                              f"{info.file_size - m.tell()})")
-    data = m.read(nbytes)
-    if len(data) != nbytes or m.read(1):  # reading to the end checks the CRC-32
-        raise CheckpointError(f"{path}: truncated checkpoint (member {name!r})")
-    a = np.frombuffer(data, dtype)
-    return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
-
-
 def _read(path: str):
     """All arrays of the checkpoint at ``path`` and its header, read eagerly."""
     try:
@@ -398,7 +192,7 @@ def _read(path: str):
     with f:
         magic = f.read(9)
         size = os.fstat(f.fileno()).st_size
-        if magic[:4] != b"PK\x03\x04" and _is_safetensors(magic, size):
+        if magic[:4] != b"PK\x03\x04" and is_safetensors(magic, size):
             kind = SAFETENSORS
         elif magic[:4] != b"PK\x03\x04":
             raise CheckpointError(f"{path}: not a blasnet checkpoint (not an .npz archive"
@@ -408,21 +202,21 @@ def _read(path: str):
             kind = ".npz"
             f.seek(0)
             try:
-                arrays = _read_npz(path, f, size)
+                arrays = read_npz(path, f, size)
             except CheckpointError:
                 raise
             except Exception as e:  # zipfile and numpy raise a dozen types on damaged input
                 raise CheckpointError(f"{path}: truncated or corrupt checkpoint "
                                       f"({type(e).__name__}: {e})") from None
     if kind == SAFETENSORS:
-        return _read_safetensors(path)
-    if _HEADER not in arrays:
-        raise CheckpointError(f"{path}: not a blasnet checkpoint (no {_HEADER} entry)")
-    h = arrays.pop(_HEADER)
+        return read_safetensors(path)
+    if HEADER not in arrays:
+        raise CheckpointError(f"{path}: not a blasnet checkpoint (no {HEADER} entry)")
+    h = arrays.pop(HEADER)
     if h.shape != () or h.dtype.kind != "U":
         raise CheckpointError(f"{path}: corrupt checkpoint header (a {h.dtype} array of "
                               f"shape {h.shape})")
-    header = _json_field(path, "header", str(h[()]), dict)
+    header = json_field(path, "header", str(h[()]), dict)
     if header.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a blasnet checkpoint (header format "
                               f"{header.get('format')!r})")
@@ -439,7 +233,7 @@ def _check_header(path: str, header: dict, arrays: dict) -> None:
     for key, kinds in (("metadata", (dict,)), ("optimizer", (dict, type(None))),
                        ("scheduler", (dict, type(None))), ("params", (dict,)),
                        ("model_config", (dict,)), ("model_config_error", (str,)),
-                       ("optimizer_params", (list,))):
+                       ("optimizer_params", (list,)), ("training", (dict,))):
         if key in header and not isinstance(header[key], kinds):
             raise CheckpointError(f"{path}: corrupt checkpoint header ({key!r} is a "
                                   f"{type(header[key]).__name__})")
@@ -447,7 +241,7 @@ def _check_header(path: str, header: dict, arrays: dict) -> None:
     declared = header.get("params")
     if declared is None:
         return
-    stored = {k[len(_PARAM):]: v for k, v in arrays.items() if k.startswith(_PARAM)}
+    stored = {k[len(PARAM):]: v for k, v in arrays.items() if k.startswith(PARAM)}
     if set(declared) != set(stored):
         raise CheckpointError(f"{path}: corrupt checkpoint (the header lists parameters "
                               f"{sorted(declared)}, the file holds {sorted(stored)})")
@@ -466,10 +260,10 @@ def read_header(path) -> dict:
     path = fspath(path)
     header, arrays = _read(path)
     out = {k: header.get(k) for k in ("model", "model_config", "model_config_error",
-                                      "optimizer", "scheduler", "optimizer_params")}
+                                      "optimizer", "scheduler", "optimizer_params", "training")}
     out["metadata"] = header.get("metadata", {})
-    out["params"] = {k[len(_PARAM):]: (tuple(v.shape), str(v.dtype))
-                     for k, v in arrays.items() if k.startswith(_PARAM)}
+    out["params"] = {k[len(PARAM):]: (tuple(v.shape), str(v.dtype))
+                     for k, v in arrays.items() if k.startswith(PARAM)}
     out["format"] = SAFETENSORS if header.get("safetensors") else ".npz"
     return out
 
@@ -494,9 +288,27 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     ``scheduler`` (same type and hyperparameters). Any mismatch, a truncated file or a file
     that is not a checkpoint raises ``CheckpointError`` (a ValueError) and changes nothing.
     ``.npz`` and ``.safetensors`` files are told apart by their content; a safetensors file
-    holds parameters only (with blasnet's names: for PyTorch's, see
-    ``engine.load_torch_state_dict``).
+    holds parameters only, under blasnet's names or PyTorch's (``engine.interop``; a file
+    written by PyTorch for the model's reference module loads too).
     """
+    return prepare_load(path, model, optimizer, scheduler).apply()
+
+
+class PreparedLoad:
+    """A checkpoint read and checked against a model (and optimizer and scheduler), not yet
+    applied: ``header`` and ``arrays`` as read; ``apply()`` loads it (it cannot fail any
+    more) and returns the metadata."""
+
+    def __init__(self, header, arrays, apply):
+        self.header, self.arrays, self._apply = header, arrays, apply
+
+    def apply(self) -> dict:
+        self._apply()
+        return self.header.get("metadata", {})
+
+
+def prepare_load(path, model, optimizer=None, scheduler=None) -> PreparedLoad:
+    """Every check of ``load``, changing nothing: a ``PreparedLoad`` to apply later."""
     path = fspath(path)
     _check_model(model)
     if optimizer is not None:
@@ -510,26 +322,28 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     sched_checked = None
     if scheduler is not None:
         sd = _saved_part(path, header, "scheduler")
-        check = scheduler.validate_state_dict
         try:
-            sched_checked = check(sd)
+            sched_checked = scheduler.validate_state_dict(sd)
         except Exception as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             raise CheckpointError(f"{path}: the scheduler state does not fit "
                                   f"{type(scheduler).__name__}: {msg}") from None
 
-    model.load_state_dict(params)  # checked above: cannot fail any more
-    if checked is not None:
-        optimizer.apply_state(checked)
-    if sched_checked is not None:
-        scheduler.apply_state(sched_checked)  # after the optimizer: it writes the groups' lr
-    return header.get("metadata", {})
+    def apply():
+        model.load_state_dict(params)  # checked above: cannot fail any more
+        if checked is not None:
+            optimizer.apply_state(checked)
+        if sched_checked is not None:
+            scheduler.apply_state(sched_checked)  # after the optimizer: it sets the groups' lr
+    return PreparedLoad(header, arrays, apply)
 
 
 def _checked_parameters(path: str, header: dict, arrays: dict, model) -> dict:
     """The saved parameters by name, after checking all names, shapes and dtypes against
     the model (nothing is copied here)."""
-    params = {k[len(_PARAM):]: v for k, v in arrays.items() if k.startswith(_PARAM)}
+    params = {k[len(PARAM):]: v for k, v in arrays.items() if k.startswith(PARAM)}
+    if header.get("safetensors"):  # PyTorch's names and layouts, or blasnet's
+        params = from_torch_layout(path, model, params)
     named = model.named_parameters()
     own = [n for n, _ in named]
     missing = [n for n in own if n not in params]
@@ -555,8 +369,8 @@ def _checked_optimizer(path: str, header: dict, arrays: dict, optimizer):
     optim = _saved_part(path, header, "optimizer")
     state: dict = {}
     for k, v in arrays.items():
-        if k.startswith(_OPTIM):
-            idx, _, key = k[len(_OPTIM):].partition("/")
+        if k.startswith(OPTIM):
+            idx, _, key = k[len(OPTIM):].partition("/")
             if not (idx.isascii() and idx.isdigit() and str(int(idx)) == idx) or not key:
                 raise CheckpointError(f"{path}: corrupt optimizer entry {k!r}")
             state.setdefault(int(idx), {})[key] = v

@@ -26,11 +26,28 @@ class NonFiniteLossError(FloatingPointError):
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped ``fit``. The model and the optimizer hold the state after the last
     complete optimizer step (``history.steps`` of them; gradients zeroed); ``history`` holds
-    the completed epochs; ``epoch`` and ``step`` (from 1) say where it stopped."""
+    the completed epochs; ``epoch`` and ``step`` (from 1) say where it stopped.
+    ``save(path, **metadata)`` writes a checkpoint (``.npz``) of the run as it stopped, which
+    ``fit(..., resume_from=path)`` continues exactly; call it before training the model
+    further."""
 
-    def __init__(self, message: str, history, epoch: int, step: int):
+    def __init__(self, message: str, history, epoch: int, step: int, run=None):
         super().__init__(message)
         self.history, self.epoch, self.step = history, epoch, step
+        self._run = run
+
+    @property
+    def resumable(self) -> bool:
+        """Whether the run had started (else there is nothing to save)."""
+        return self._run is not None
+
+    def save(self, path, **metadata) -> None:
+        """Write the interrupted run's checkpoint to ``path``; RuntimeError if it had not
+        started."""
+        if self._run is None:
+            raise RuntimeError("the run was interrupted before it started: there is nothing "
+                               "to save")
+        self._run.save(path, **metadata)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from .metrics import Hits, mean_absolute_error, r2_score, scored_rows
 from .parallel import SingleProcess, processes
 from .plan import FitPlan, plan_fit
 from .progress import Progress
+from .resume import RunState
 
 __all__ = ["fit", "evaluate", "predict", "History", "NonFiniteLossError", "TrainingInterrupted",
            "r2_score", "mean_absolute_error", "FitPlan", "plan_fit"]
@@ -87,11 +88,12 @@ def predict(model, X, batch_size=None) -> np.ndarray:
     return out
 
 
-def fit(model, loss, optimizer, X, Y, epochs, *, comm=None, **options) -> History:
-    """Train ``model`` on ``(X, Y)`` for ``epochs`` passes; return the ``History``.
+def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> History:
+    """Train ``model`` on ``(X, Y)`` until epoch ``epochs``; return the ``History``.
 
-    Each step: forward, ``loss.forward``, a finiteness check, ``loss.backward``,
-    ``model.backward``, ``optimizer.step()``, ``model.zero_grad()``.
+    ``epochs`` is the run's total (Keras's): a run resumed after k epochs trains epochs
+    k+1..``epochs``. Each step: forward, ``loss.forward``, a finiteness check,
+    ``loss.backward``, ``model.backward``, ``optimizer.step()``, ``model.zero_grad()``.
 
     Options (keyword only; checked into a ``FitPlan``):
 
@@ -110,62 +112,64 @@ def fit(model, loss, optimizer, X, Y, epochs, *, comm=None, **options) -> Histor
       epoch's rate).
     - ``clip_grad_norm``: a max norm: the gradients are scaled to at most this global L2 norm
       before each update (``engine.clip_grad_norm``).
+    - ``resume_from``: a checkpoint of a ``fit`` run (``ModelCheckpoint`` to an ``.npz``
+      file, or ``TrainingInterrupted.save``): the run continues where it stopped, even
+      mid-epoch (model, optimizer, scheduler, the shuffle and dropout Generators, History,
+      callbacks' states), epoch numbers continuing; the returned History holds the whole
+      run. With the same data and options, k epochs then a resume to ``epochs`` equal
+      ``epochs`` uninterrupted bit for bit (one thread). A checkpoint of another
+      architecture, optimizer, scheduler or Generators is a ValueError. Not with ``comm``.
     - ``comm``: an MPI communicator: data-parallel training over its ranks, ``batch_size``
       being the global batch (``engine.distributed``; every rank gets the same History,
       rank 0 prints).
 
-    Every argument and the whole data set (dtypes, shapes, C-contiguity, finite values,
-    labels in range) are checked before anything changes: a rejected call leaves the
-    parameters, gradients, optimizer and the model's mode as they were.
+    Every argument and the whole data set are checked before anything changes: a rejected
+    call leaves the parameters, gradients, optimizer and the model's mode as they were.
 
     A NaN/inf loss raises ``NonFiniteLossError`` naming the epoch and step before that
     step's update, so the model keeps the parameters of the last good step (the History so
-    far is on the exception). Ctrl-C raises ``TrainingInterrupted`` (a KeyboardInterrupt):
-    an optimizer step is applied whole or not at all, the gradients are zeroed, and the
-    History so far is on the exception. The model is left in training mode.
+    far is on the exception). Ctrl-C raises ``TrainingInterrupted`` (a KeyboardInterrupt) at
+    the end of the step (or epoch start or end) it arrived in: the update is applied whole,
+    the gradients are zeroed, the History so far is on the exception, and its
+    ``save(path)`` writes a checkpoint that ``resume_from`` continues. The model is left in
+    training mode.
     """
-    run = _Run()  # how far the run got: what a Ctrl-C reports
+    run = RunState(History())  # how far the run got: what a Ctrl-C reports and saves
     try:
-        ranks = processes(comm)
+        ranks = processes(comm, resume=options.get("resume_from") is not None)
         plan = ranks.checked(lambda: plan_fit(model, loss, optimizer, X, Y, epochs=epochs,
                                               **options))
         run.epochs = plan.epochs
         with model.exclusive("fit"):
             return _train(run, ranks, model, loss, optimizer, X, Y, plan)
     except KeyboardInterrupt:
-        raise run.interrupted(model) from None
+        raise _interrupted(run, model) from None
 
 
-class _Run:
-    """Where a ``fit`` run is, for the report of a Ctrl-C: its History, epoch and step, and
-    whether training started (the model was switched to training mode and its gradients
-    zeroed)."""
-
-    def __init__(self):
-        self.h, self.epochs, self.steps_per_epoch = History(), 0, 0
-        self.epoch = self.step = 0
-        self.started = False
-
-    def interrupted(self, model) -> TrainingInterrupted:
-        h = self.h
-        if self.started:
-            with defer_keyboard_interrupt():
-                model.zero_grad()  # a half-accumulated gradient belongs to no step
-                model.train()      # as fit leaves it (also if a validation pass was cut)
-            where = (f"at epoch {self.epoch}/{self.epochs}, step "
-                     f"{self.step}/{self.steps_per_epoch}" if self.epoch else
-                     "before the first step")
-            text = (f"training interrupted (Ctrl-C) {where}: the model and the optimizer hold "
-                    f"the state after optimizer step {h.steps}, the last complete one "
-                    f"(gradients zeroed, training mode); the exception's .history holds the "
-                    f"{len(h)} completed epoch(s)")
-        else:
-            text = "training interrupted (Ctrl-C) before it started: nothing was changed"
-        return TrainingInterrupted(text, h, self.epoch, self.step)
+def _interrupted(run: RunState, model) -> TrainingInterrupted:
+    """The TrainingInterrupted of a Ctrl-C: where the run stopped and what it holds."""
+    h = run.h
+    if run.started:
+        with defer_keyboard_interrupt():
+            model.zero_grad()  # a half-accumulated gradient belongs to no step
+            model.train()      # as fit leaves it (also if a validation pass was cut)
+        where = (f"at epoch {run.epoch}/{run.epochs}, step "
+                 f"{run.step}/{run.steps_per_epoch}" if run.epoch else
+                 "before the first step")
+        text = (f"training interrupted (Ctrl-C) {where}: the model and the optimizer hold "
+                f"the state after optimizer step {h.steps}, the last complete one "
+                f"(gradients zeroed, training mode); the exception's .history holds the "
+                f"{len(h)} completed epoch(s), and its .save(path) writes a checkpoint that "
+                f"fit(..., resume_from=path) continues")
+    else:
+        text = "training interrupted (Ctrl-C) before it started: nothing was changed"
+    return TrainingInterrupted(text, h, run.epoch, run.step, run if run.started else None)
 
 
 def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
-    """The epochs of a checked run, with its callbacks' begin and end."""
+    """The epochs of a checked run, with its callbacks' begin and end. Each part of an epoch
+    (its start, each step, its end) runs whole with Ctrl-C held to its end, so an interrupt
+    always leaves the run at a point a checkpoint can continue from."""
     h = run.h
     dp, bar = SingleProcess(), Progress(False, plan.epochs)  # until the ranks have met
     try:
@@ -173,24 +177,31 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
         bar = Progress(plan.progress if dp.rank == 0 else False, plan.epochs)
         batches = _Batches(X, Y, plan, dp)
         run.steps_per_epoch = batches.steps
-        for cb in plan.callbacks:  # first: one that rejects its setup leaves the model as it was
-            begin = getattr(cb, "on_train_begin", None)
-            if begin is not None:
-                begin(model, optimizer, plan.scheduler)
         step = _Step(model, loss, optimizer, plan, dp, h, X.shape[0])
-        run.started = True
-        model.train()
-        model.zero_grad()
-        t_start = time.perf_counter()
-        for epoch in range(1, plan.epochs + 1):
+        run.attach(model, optimizer, plan, batches, step)
+        _begin_callbacks(run, plan, model, optimizer)
+        with defer_keyboard_interrupt():  # a resumed run is put in place whole
+            if plan.resume is not None:
+                plan.resume.apply(run)
+            run.started = True
+            model.train()
+            model.zero_grad()
+        t_start = time.perf_counter() - h.seconds  # a resumed run's rate and ETA: whole run
+        for epoch in range(len(h) + 1, plan.epochs + 1):  # a resumed run: from its next epoch
             run.epoch = epoch
-            step.begin_epoch()
-            batches.shuffle()
-            for i in range(1, batches.steps + 1):
-                run.step = i
-                step(*batches.batch(i), epoch, i, batches.steps)
-            stop = step.end_epoch(epoch)
-            bar.update(epoch, h, time.perf_counter() - t_start, last=stop)
+            with defer_keyboard_interrupt():
+                if not run.in_epoch:  # (a run resumed mid-epoch has its order and sums)
+                    step.begin_epoch()
+                    batches.shuffle()
+                    run.in_epoch, run.step = True, 0
+            for i in range(run.step + 1, batches.steps + 1):
+                with defer_keyboard_interrupt():
+                    step(*batches.batch(i), epoch, i, batches.steps)
+                    run.step = i
+            with defer_keyboard_interrupt():
+                stop = step.end_epoch(epoch)
+                run.end_epoch()  # the checkpoints callbacks asked for, with their states
+                bar.update(epoch, h, time.perf_counter() - t_start, last=stop)
             if stop:
                 break
         dp.finish()
@@ -206,6 +217,18 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
     finally:
         bar.close()
     return h
+
+
+def _begin_callbacks(run, plan, model, optimizer) -> None:
+    """Give each callback the run (``set_run``) and call its ``on_train_begin`` (first: one
+    that rejects its setup leaves the model as it was)."""
+    for cb in plan.callbacks:
+        set_run = getattr(cb, "set_run", None)
+        if set_run is not None:
+            set_run(run)
+        begin = getattr(cb, "on_train_begin", None)
+        if begin is not None:
+            begin(model, optimizer, plan.scheduler)
 
 
 class _Batches:
@@ -285,18 +308,18 @@ class _Step:
         dp.reduce_gradients(None if m % dp.size == 0 else xb.shape[0] / m)
         if self.plan.clip_grad_norm is not None:  # the global gradient's norm
             dp.clip_grad_norm(self.plan.clip_grad_norm)
-        with defer_keyboard_interrupt():  # the update and its bookkeeping: all or none
-            if self.fused_zero:
-                self.optimizer.step(zero_grad=True)
-            else:
-                self.optimizer.step()
-                model.zero_grad()
-            if self.per_step:
-                self.plan.scheduler.step()
-            self.total += value * m
-            h.steps += 1
-            h.samples += m
-
+        # (the loop holds Ctrl-C to the end of the step: the update and its bookkeeping
+        # are applied whole)
+        if self.fused_zero:
+            self.optimizer.step(zero_grad=True)
+        else:
+            self.optimizer.step()
+            model.zero_grad()
+        if self.per_step:
+            self.plan.scheduler.step()
+        self.total += value * m
+        h.steps += 1
+        h.samples += m
 
     def end_epoch(self, epoch: int) -> bool:
         """Record the epoch (validation, the History row, a per-epoch scheduler step) and ask
@@ -308,19 +331,19 @@ class _Step:
         vl = va = None
         if plan.validation is not None:
             vl, va = _evaluate(self.model, self.loss, *plan.validation, plan.val_batch_size)
-        with defer_keyboard_interrupt():  # the epoch's History row: whole or absent
-            if self.lr0 is not None:
-                h.lr.append(self.lr0)
-            h.loss.append(self.total / self.n)
-            if plan.classify:
-                h.accuracy.append(hit / rows)
-            if vl is not None:
-                h.val_loss.append(vl)
-                if va is not None:
-                    h.val_accuracy.append(va)
-            h.epoch_time.append(time.perf_counter() - self.t0)
-            if plan.scheduler_steps_every("epoch"):
-                plan.scheduler.step()
+        # the epoch's History row (whole or absent: the loop holds Ctrl-C)
+        if self.lr0 is not None:
+            h.lr.append(self.lr0)
+        h.loss.append(self.total / self.n)
+        if plan.classify:
+            h.accuracy.append(hit / rows)
+        if vl is not None:
+            h.val_loss.append(vl)
+            if va is not None:
+                h.val_accuracy.append(va)
+        h.epoch_time.append(time.perf_counter() - self.t0)
+        if plan.scheduler_steps_every("epoch"):
+            plan.scheduler.step()
         stop = False
         for cb in plan.callbacks:  # every callback sees every epoch, as in Keras
             stop = bool(cb.on_epoch_end(epoch, h)) or stop

@@ -53,10 +53,14 @@ class SingleProcess:
         pass
 
 
-def processes(comm):
+def processes(comm, resume: bool = False):
     """The processes of a ``fit`` run: this one alone (``comm=None``), or the ranks of an MPI
-    communicator (``engine.distributed``)."""
+    communicator (``engine.distributed``); ``resume``: the run continues a checkpoint (on one
+    process only)."""
     if comm is None:
         return SingleProcess()
+    if resume:
+        raise ValueError("resume_from: resuming a data-parallel run (comm=...) is not "
+                         "supported; resume it on one process")
     from ..distributed import FitRanks
     return FitRanks(comm)

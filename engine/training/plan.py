@@ -13,6 +13,7 @@ from .._checks import check_bool, check_int, check_real
 from ..nn.losses import CrossEntropyLoss
 from ..nn.module import make_rng
 from ..optim.optimizers import Optimizer, check_optimizer_of
+from .resume import prepare_resume
 from .checks import (batch_size_for, check_callbacks, check_data, check_instance, check_loss,
                      check_model, check_scheduler)
 
@@ -34,6 +35,7 @@ class FitPlan:
     scheduler_interval: str          # "step" or "epoch"
     clip_grad_norm: float | None     # max global L2 norm of the gradient
     classify: bool                   # a CrossEntropyLoss: accuracies are recorded
+    resume: object = None            # a checked ResumePoint (resume_from), or None
 
     def scheduler_steps_every(self, interval: str) -> bool:
         """Whether the scheduler is stepped after every ``interval`` ("step" or "epoch")."""
@@ -52,7 +54,7 @@ def _check_optimizer(optimizer, model) -> None:
 
 def plan_fit(model, loss, optimizer, X, Y, *, epochs, batch_size=None, shuffle=True, rng=0,
              validation=None, progress=True, callbacks=(), scheduler=None,
-             scheduler_interval="epoch", clip_grad_norm=None) -> FitPlan:
+             scheduler_interval="epoch", clip_grad_norm=None, resume_from=None) -> FitPlan:
     """Every check of ``fit``'s arguments and the whole data set; changes nothing."""
     check_model(model)
     check_loss(loss)
@@ -76,6 +78,11 @@ def plan_fit(model, loss, optimizer, X, Y, *, epochs, batch_size=None, shuffle=T
     gen = make_rng(rng)
     if not (isinstance(progress, bool) or progress is None):
         check_int("progress", progress, 1)
+    resume = None
+    if resume_from is not None:  # last: every other option is checked
+        resume = prepare_resume(resume_from, model, optimizer, {
+            "epochs": epochs, "scheduler": scheduler, "rng": gen, "callbacks": callbacks,
+            "samples": X.shape[0], "batch_size": bs, "shuffled": shuffle and bs != X.shape[0]})
     return FitPlan(epochs, bs, shuffle, gen, None if validation is None else tuple(validation),
                    val_bs, progress, tuple(callbacks), scheduler, scheduler_interval,
-                   clip_grad_norm, classify)
+                   clip_grad_norm, classify, resume)

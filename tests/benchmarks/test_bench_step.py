@@ -29,7 +29,7 @@ BLOCKS = [("FFN-gelu", TINY), ("GMLP", TINY), ("FFNSublayer-post-gelu", TINY),
 def _fit_calls(block, shape, epochs):
     c = cases.build_case(block, shape, np.float64)
     with record() as rec:
-        fit(c["module"], c["loss"], c["opt"], c["x"], c["target"], epochs, shuffle=False,
+        fit(c["module"], c["loss"], c["opt"], c["x"], c["target"], epochs=epochs, shuffle=False,
             progress=False)
     return rec.calls
 

@@ -81,7 +81,7 @@ def test_step_gemm_time_touches_no_parameter_gradient_or_optimizer_state():
     X, Y, _ = make_task("regression", 64, dtype=np.float32, rng=3)
     model = cli.build_model(args, 16, 4, args.seed)
     loss, opt = MSELoss(), AdamW(model.parameters(), lr=1e-3)
-    fit(model, loss, opt, X, Y, 2, progress=False)
+    fit(model, loss, opt, X, Y, epochs=2, progress=False)
     loss.forward(model.forward(X), Y)
     model.backward(loss.backward())  # non-zero gradients, as a caller may leave them
     before = {n: (p.data.copy(), p.grad.copy()) for n, p in model.named_parameters()}

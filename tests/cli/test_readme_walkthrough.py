@@ -1,6 +1,7 @@
-"""The README's command-line walkthrough (train -> inspect -> predict on a CSV), run as
-written: every fenced block marked ``<!-- walkthrough -->``, in a shell that activated the
-.venv first, as the README says to."""
+"""The README's command-line walkthrough (train -> inspect -> predict -> resume on a CSV),
+run as written: every fenced block marked ``<!-- walkthrough -->``, in a shell that
+activated the .venv first, as the README says to. The resume step continues the train
+command interrupted by a real SIGINT at a fixed optimizer step."""
 import os
 import re
 import subprocess
@@ -42,7 +43,8 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
     # Check that train, inspect and predict run as printed and write what they promise
     cmds = _commands()
     assert [c.split()[:2] for c in cmds] == [["blasnet", "train"], ["blasnet", "inspect"],
-                                             ["blasnet", "predict"]]
+                                             ["blasnet", "predict"], ["blasnet", "train"]]
+    assert "--resume spiral.interrupted.npz" in cmds[3]
     from engine import data
     X, y = data.spiral(600, rng=0)  # the README's CSV, written as its Python example does
     with open(tmp_path / "spiral.csv", "w") as f:
@@ -50,13 +52,56 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
         f.writelines(f"{a},{b},{c}\n" for (a, b), c in zip(X, y))
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["PATH"] = "/usr/bin:/bin"  # no python of the .venv unless activated
-    for cmd in cmds:
-        r = subprocess.run(["bash", "-c", f". {VENV}/bin/activate && {cmd}"], cwd=tmp_path,
-                           env=env, capture_output=True, text=True, timeout=600)
+    env["BLASNET_NUM_THREADS"] = "1"  # the resumed run must equal the uninterrupted one
+
+    def run(cmd, extra_env=None):
+        return subprocess.run(["bash", "-c", f". {VENV}/bin/activate && {cmd}"], cwd=tmp_path,
+                              env={**env, **(extra_env or {})}, capture_output=True,
+                              text=True, timeout=600)
+    for cmd in cmds[:3]:
+        r = run(cmd)
         assert r.returncode == 0, f"{cmd}\n{r.stdout}\n{r.stderr}"
+    _check_resume_step(tmp_path, cmds, run)
     for name in ("spiral.npz", "history.csv", "loss.png", "preds.csv"):
         assert (tmp_path / name).stat().st_size > 0
     rows = (tmp_path / "preds.csv").read_text().splitlines()
     assert rows[0] == "class,p0,p1" and len(rows) == 601
     classes = np.array([int(r.split(",")[0]) for r in rows[1:]])
     assert np.mean(classes == y) > 0.9  # the trained spiral classifier, not noise
+
+
+# Loaded at the start of the interrupted train command (a sitecustomize on its PYTHONPATH):
+# a real SIGINT raised during the optimizer's 200th step, as a Ctrl-C would arrive.
+_SIGINT_AT_STEP = """
+import signal
+from engine.optim import optimizers
+
+_step, _calls = optimizers.AdamW.step, [0]
+
+def step(self, *args, **kwargs):
+    _calls[0] += 1
+    if _calls[0] == 200:
+        signal.raise_signal(signal.SIGINT)
+    return _step(self, *args, **kwargs)
+
+optimizers.AdamW.step = step
+"""
+
+
+def _check_resume_step(tmp_path, cmds, run):
+    """Interrupt the README's train command (SIGINT at step 200), run the README's resume
+    command, and check it finishes the run with the uninterrupted run's weights."""
+    import engine
+    os.replace(tmp_path / "spiral.npz", tmp_path / "uninterrupted.npz")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SIGINT_AT_STEP)
+    r = run(cmds[0], {"PYTHONPATH": str(hook)})
+    assert r.returncode == 130, f"{r.stdout}\n{r.stderr}"
+    assert "spiral.interrupted.npz" in r.stderr and not (tmp_path / "spiral.npz").exists()
+    r = run(cmds[3])
+    assert r.returncode == 0, f"{cmds[3]}\n{r.stdout}\n{r.stderr}"
+    done = engine.load_model(tmp_path / "spiral.npz").model.parameters()
+    ref = engine.load_model(tmp_path / "uninterrupted.npz").model.parameters()
+    for a, b in zip(done, ref):
+        np.testing.assert_array_equal(a.data, b.data)

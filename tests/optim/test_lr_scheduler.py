@@ -211,7 +211,7 @@ def test_resume_through_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
         return m, opt, sched
 
     def train(m, opt, sched, epochs):
-        fit(m, MSELoss(), opt, X, Y, epochs, scheduler=sched, scheduler_interval="step",
+        fit(m, MSELoss(), opt, X, Y, epochs=epochs, scheduler=sched, scheduler_interval="step",
             progress=False)
 
     with kernels.num_threads(1):

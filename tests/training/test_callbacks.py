@@ -81,11 +81,11 @@ def test_fit_stops_early_and_restores_the_best_weights():
     X, Y, val = _diverging_run()
     m, opt = _model()
     cb = EarlyStopping(patience=3, restore_best_weights=True)
-    h = fit(m, MSELoss(), opt, X, Y, 50, validation=val, callbacks=[cb], progress=False)
+    h = fit(m, MSELoss(), opt, X, Y, epochs=50, validation=val, callbacks=[cb], progress=False)
     assert len(h) == 4 and cb.stopped_epoch == 4 and cb.best_epoch == 1
     assert all(b > a for a, b in zip(h.val_loss, h.val_loss[1:]))
     ref, ref_opt = _model()
-    fit(ref, MSELoss(), ref_opt, X, Y, 1, progress=False)
+    fit(ref, MSELoss(), ref_opt, X, Y, epochs=1, progress=False)
     for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
         np.testing.assert_array_equal(p.data, q.data, err_msg=n)
 
@@ -94,10 +94,10 @@ def test_fit_without_restore_keeps_the_last_weights():
     # Check that without restore_best_weights the model keeps the weights of the last epoch run.
     X, Y, val = _diverging_run()
     m, opt = _model()
-    fit(m, MSELoss(), opt, X, Y, 50, validation=val, callbacks=[EarlyStopping(patience=3)],
+    fit(m, MSELoss(), opt, X, Y, epochs=50, validation=val, callbacks=[EarlyStopping(patience=3)],
         progress=False)
     ref, ref_opt = _model()
-    fit(ref, MSELoss(), ref_opt, X, Y, 4, progress=False)
+    fit(ref, MSELoss(), ref_opt, X, Y, epochs=4, progress=False)
     np.testing.assert_array_equal(m.W.data, ref.W.data)
 
 
@@ -107,7 +107,7 @@ def test_fit_rejects_a_monitor_it_does_not_record_before_training():
     X, Y, _ = _diverging_run()
     m, opt = _model()
     with pytest.raises(ValueError, match=r"callbacks\[0\].*val_loss.*validation"):
-        fit(m, MSELoss(), opt, X, Y, 3, callbacks=[EarlyStopping()], progress=False)
+        fit(m, MSELoss(), opt, X, Y, epochs=3, callbacks=[EarlyStopping()], progress=False)
     assert not np.any(m.W.data) and opt.steps == 0
 
 
@@ -116,7 +116,7 @@ def test_fit_rejects_an_object_without_on_epoch_end():
     X, Y, _ = _diverging_run()
     m, opt = _model()
     with pytest.raises(TypeError, match=r"callbacks\[1\]"):
-        fit(m, MSELoss(), opt, X, Y, 1, callbacks=[Callback(), object()], progress=False)
+        fit(m, MSELoss(), opt, X, Y, epochs=1, callbacks=[Callback(), object()], progress=False)
 
 
 # ----------------------------------------------------------------------------- your own
@@ -134,7 +134,7 @@ def test_your_own_callback_is_any_object_with_on_epoch_end():
     X, Y, _ = _diverging_run()
     m, opt = _model()
     cb = StopAtLoss(1.0)
-    h = fit(m, MSELoss(), opt, X, Y, 100, callbacks=[cb], progress=False)
+    h = fit(m, MSELoss(), opt, X, Y, epochs=100, callbacks=[cb], progress=False)
     assert h.loss[-1] < 1.0 and all(v >= 1.0 for v in h.loss[:-1])
     assert cb.seen == [(e, e) for e in range(1, len(h) + 1)]
 
@@ -152,7 +152,7 @@ def test_every_callback_sees_the_epoch_a_callback_stops_at():
     X, Y, _ = _diverging_run()
     m, opt = _model()
     a, b = Count(), Count()
-    h = fit(m, MSELoss(), opt, X, Y, 10, callbacks=[a, b], progress=False)
+    h = fit(m, MSELoss(), opt, X, Y, epochs=10, callbacks=[a, b], progress=False)
     assert len(h) == 2 and a.epochs == [1, 2] and b.epochs == [1, 2]
 
 
@@ -185,12 +185,12 @@ def test_model_checkpoint_in_fit_holds_the_best_epochs_weights(tmp_path):
     # the weights after one epoch.
     X, Y, val = _diverging_run()
     m, opt = _model()
-    fit(m, MSELoss(), opt, X, Y, 5, validation=val,
+    fit(m, MSELoss(), opt, X, Y, epochs=5, validation=val,
         callbacks=[ModelCheckpoint(tmp_path / "best.npz")], progress=False)
     got = Linear(2, 2, dtype=np.float64, rng=3)
     assert load(tmp_path / "best.npz", got)["epoch"] == 1
     ref, ref_opt = _model()
-    fit(ref, MSELoss(), ref_opt, X, Y, 1, progress=False)
+    fit(ref, MSELoss(), ref_opt, X, Y, epochs=1, progress=False)
     np.testing.assert_array_equal(got.W.data, ref.W.data)
 
 
@@ -200,7 +200,7 @@ def test_model_checkpoint_bad_directory_fails_before_the_first_step(tmp_path):
     X, Y, val = _diverging_run()
     m, opt = _model()
     with pytest.raises(ValueError, match="does not exist"):
-        fit(m, MSELoss(), opt, X, Y, 3, validation=val,
+        fit(m, MSELoss(), opt, X, Y, epochs=3, validation=val,
             callbacks=[ModelCheckpoint(tmp_path / "missing" / "c.npz")], progress=False)
     assert not np.any(m.W.data) and opt.steps == 0
 

@@ -95,18 +95,18 @@ def test_resume_with_fit_and_rng_state_in_metadata(tmp_path):
     X, Y = data.regression(50, rng=0)
     with kernels.num_threads(1):
         ref, ref_opt = _setup(0)
-        fit(ref, MSELoss(), ref_opt, X, Y, 4, batch_size=16, rng=np.random.default_rng(9),
+        fit(ref, MSELoss(), ref_opt, X, Y, epochs=4, batch_size=16, rng=np.random.default_rng(9),
             progress=False)
 
         m, opt = _setup(0)
         gen = np.random.default_rng(9)
-        fit(m, MSELoss(), opt, X, Y, 2, batch_size=16, rng=gen, progress=False)
+        fit(m, MSELoss(), opt, X, Y, epochs=2, batch_size=16, rng=gen, progress=False)
         save(tmp_path / "e2.npz", m, opt, rng_state=gen.bit_generator.state)
         m2, opt2 = _setup(3)
         meta = load(tmp_path / "e2.npz", m2, opt2)
         gen2 = np.random.default_rng()
         gen2.bit_generator.state = meta["rng_state"]
-        fit(m2, MSELoss(), opt2, X, Y, 2, batch_size=16, rng=gen2, progress=False)
+        fit(m2, MSELoss(), opt2, X, Y, epochs=2, batch_size=16, rng=gen2, progress=False)
     _assert_same(_snapshot(m2, opt2), _snapshot(ref, ref_opt))
 
 

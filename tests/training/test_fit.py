@@ -49,7 +49,7 @@ def test_last_partial_batch_is_kept():
     # each epoch visits every sample exactly once.
     X, Y = _linear_task()
     spy = Spy(Linear(3, 2, dtype=np.float64, rng=0))
-    h = fit(spy, MSELoss(), SGD(spy.parameters(), lr=0.01), X, Y, 2, batch_size=5,
+    h = fit(spy, MSELoss(), SGD(spy.parameters(), lr=0.01), X, Y, epochs=2, batch_size=5,
             progress=False)
     assert [b.shape[0] for b in spy.seen] == [5, 5, 5, 2] * 2
     assert h.steps == 8 and h.samples == 34
@@ -63,13 +63,13 @@ def test_shuffle_reorders_each_epoch_and_off_keeps_order():
     # without shuffle the batches are the consecutive slices of X.
     X, Y = _linear_task()
     spy = Spy(Linear(3, 2, dtype=np.float64, rng=0))
-    fit(spy, MSELoss(), SGD(spy.parameters(), lr=0.0), X, Y, 2, batch_size=5, progress=False)
+    fit(spy, MSELoss(), SGD(spy.parameters(), lr=0.0), X, Y, epochs=2, batch_size=5, progress=False)
     e1, e2 = np.concatenate(spy.seen[:4]), np.concatenate(spy.seen[4:])
     assert not np.array_equal(e1, e2)
     assert not np.array_equal(e1, X)
 
     spy = Spy(Linear(3, 2, dtype=np.float64, rng=0))
-    fit(spy, MSELoss(), SGD(spy.parameters(), lr=0.0), X, Y, 1, batch_size=5, shuffle=False,
+    fit(spy, MSELoss(), SGD(spy.parameters(), lr=0.0), X, Y, epochs=1, batch_size=5, shuffle=False,
         progress=False)
     for i, b in enumerate(spy.seen):
         np.testing.assert_array_equal(b, X[5 * i:5 * i + 5])
@@ -82,7 +82,7 @@ def test_same_seed_same_history_other_seed_differs():
 
     def run(seed):
         m = MLP([1, 8, 1], dtype=np.float64, rng=0)
-        h = fit(m, MSELoss(), AdamW(m.parameters(), lr=1e-2), X, Y, 5, batch_size=10, rng=seed,
+        h = fit(m, MSELoss(), AdamW(m.parameters(), lr=1e-2), X, Y, epochs=5, batch_size=10, rng=seed,
                 progress=False)
         return h, m.state_dict()
 
@@ -100,7 +100,7 @@ def test_epoch_loss_is_the_mean_over_samples():
     X, Y = _linear_task()
     lin = Linear(3, 2, dtype=np.float64, rng=0)
     want = np.mean((X @ lin.W.data + lin.b.data - Y) ** 2)
-    h = fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.0), X, Y, 1, batch_size=5,
+    h = fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.0), X, Y, epochs=1, batch_size=5,
             progress=False)
     assert h.loss[0] == pytest.approx(want, rel=1e-12)
 
@@ -111,7 +111,7 @@ def test_full_batch_first_loss_is_the_initial_loss():
     X, Y = _linear_task()
     lin = Linear(3, 2, dtype=np.float64, rng=1)
     want = np.mean((X @ lin.W.data + lin.b.data - Y) ** 2)
-    h = fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), X, Y, 2, progress=False)
+    h = fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), X, Y, epochs=2, progress=False)
     assert h.loss[0] == pytest.approx(want, rel=1e-12)
     assert h.loss[1] < h.loss[0]
 
@@ -137,7 +137,7 @@ def test_non_finite_loss_stops_with_epoch_and_step_and_keeps_last_good_step():
     ref = Linear(3, 2, dtype=np.float64, rng=0)
     opt = AdamW(lin.parameters(), lr=0.1)
     with pytest.raises(NonFiniteLossError, match=r"epoch 1/3, step 2/4") as err:
-        fit(NaNInSecondBatch(lin), MSELoss(), opt, X, Y, 3, batch_size=5, shuffle=False,
+        fit(NaNInSecondBatch(lin), MSELoss(), opt, X, Y, epochs=3, batch_size=5, shuffle=False,
             progress=False)
     assert (err.value.epoch, err.value.step) == (1, 2)
     assert np.isnan(err.value.loss)
@@ -155,7 +155,7 @@ def test_diverging_training_stops_with_error():
     X, Y = data.sine(32, dtype=np.float64)
     m = MLP([1, 8, 1], dtype=np.float64, rng=0)
     with pytest.raises(NonFiniteLossError, match="non-finite loss"):
-        fit(m, MSELoss(), SGD(m.parameters(), lr=1e12), X, Y, 50, progress=False)
+        fit(m, MSELoss(), SGD(m.parameters(), lr=1e12), X, Y, epochs=50, progress=False)
 
 
 # ----------------------------------------------------------------------------- predict
@@ -195,7 +195,7 @@ def test_validation_and_accuracy_in_history():
     Xv, yv = data.spiral(100, dtype=np.float64, rng=1)
     m = MLP([2, 16, 2], dtype=np.float64, rng=0)
     loss = CrossEntropyLoss()
-    h = fit(m, loss, AdamW(m.parameters(), lr=1e-2), X, y, 3, batch_size=50,
+    h = fit(m, loss, AdamW(m.parameters(), lr=1e-2), X, y, epochs=3, batch_size=50,
             validation=(Xv, yv), progress=False)
     assert len(h.loss) == len(h.accuracy) == len(h.val_loss) == len(h.val_accuracy) == 3
     vl, va = evaluate(m, loss, Xv, yv, batch_size=50)  # fit evaluates in its batch size
@@ -206,7 +206,7 @@ def test_validation_and_accuracy_in_history():
 
     Xs, Ys = data.sine(32, dtype=np.float64)
     lin = Linear(1, 1, dtype=np.float64, rng=0)
-    h = fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), Xs, Ys, 2, progress=False)
+    h = fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), Xs, Ys, epochs=2, progress=False)
     assert h.accuracy == [] and h.val_loss == []
 
 
@@ -214,7 +214,7 @@ def test_validation_and_accuracy_in_history():
 def _small_fit(progress, epochs=4):
     X, Y = _linear_task()
     lin = Linear(3, 2, dtype=np.float64, rng=0)
-    fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), X, Y, epochs, batch_size=5,
+    fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), X, Y, epochs=epochs, batch_size=5,
         progress=progress)
 
 
@@ -261,15 +261,15 @@ def test_bad_arguments():
     lin = Linear(3, 2, dtype=np.float64, rng=0)
     opt = SGD(lin.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="Y: expected 17 samples"):
-        fit(lin, MSELoss(), opt, X, Y[:5], 1)
+        fit(lin, MSELoss(), opt, X, Y[:5], epochs=1)
     with pytest.raises(ValueError, match="epochs"):
-        fit(lin, MSELoss(), opt, X, Y, -1)
+        fit(lin, MSELoss(), opt, X, Y, epochs=-1)
     with pytest.raises(ValueError, match="batch_size"):
-        fit(lin, MSELoss(), opt, X, Y, 1, batch_size=0)
+        fit(lin, MSELoss(), opt, X, Y, epochs=1, batch_size=0)
     with pytest.raises(TypeError, match="optimizer"):
-        fit(lin, MSELoss(), object(), X, Y, 1)
+        fit(lin, MSELoss(), object(), X, Y, epochs=1)
     with pytest.raises(TypeError, match="validation"):
-        fit(lin, MSELoss(), opt, X, Y, 1, validation=X)
+        fit(lin, MSELoss(), opt, X, Y, epochs=1, validation=X)
 
 
 def test_metrics_against_hand_computed_values():
@@ -286,7 +286,7 @@ def test_xor_is_learned():
     # Check that MLP([2, 8, 2]) with softmax + cross-entropy learns XOR: predictions [0, 1, 1, 0].
     X, y = data.xor()
     m = MLP([2, 8, 2], rng=0)
-    h = fit(m, CrossEntropyLoss(), AdamW(m.parameters(), lr=0.05), X, y, 300, progress=False)
+    h = fit(m, CrossEntropyLoss(), AdamW(m.parameters(), lr=0.05), X, y, epochs=300, progress=False)
     np.testing.assert_array_equal(predict(m, X).argmax(axis=1), [0, 1, 1, 0])
     assert h.accuracy[-1] == 1.0
 
@@ -297,7 +297,7 @@ def test_two_spirals_reach_85_percent():
     X, y = data.spiral(1000, rng=0)
     m = MLP([2, 64, 32, 2], rng=0)
     loss = CrossEntropyLoss()
-    fit(m, loss, AdamW(m.parameters(), lr=1e-2), X, y, 60, batch_size=32, progress=False)
+    fit(m, loss, AdamW(m.parameters(), lr=1e-2), X, y, epochs=60, batch_size=32, progress=False)
     _, acc = evaluate(m, loss, X, y)
     assert acc > 0.85
 
@@ -307,7 +307,7 @@ def test_sine_regression_mse_below_0_1():
     # is 0.5).
     X, Y = data.sine(256, rng=0)
     m = MLP([1, 32, 16, 1], rng=0)
-    fit(m, MSELoss(), AdamW(m.parameters(), lr=1e-2), X, Y, 300, progress=False)
+    fit(m, MSELoss(), AdamW(m.parameters(), lr=1e-2), X, Y, epochs=300, progress=False)
     mse, _ = evaluate(m, MSELoss(), X, Y)
     assert mse < 0.1
 
@@ -317,7 +317,7 @@ def test_gmlp_regression_r2_above_0_9_on_every_output():
     # and generalises to fresh samples (held-out R^2 > 0.7 each).
     X, Y = data.regression(512, rng=0)
     m = GMLP(16, 32, 64, 4, rng=0)
-    fit(m, MSELoss(), AdamW(m.parameters(), lr=1e-2), X, Y, 200, progress=False)
+    fit(m, MSELoss(), AdamW(m.parameters(), lr=1e-2), X, Y, epochs=200, progress=False)
     r2 = r2_score(Y, predict(m, X))
     assert np.all(r2 > 0.9), r2
     Xt, Yt = data.regression(2048, rng=1)

@@ -37,7 +37,7 @@ def _regress(n=20, dtype=np.float64):
 def _prime(model, opt, X, Y, loss):
     """One real step (so the optimizer has state), then gradients set to a known value and
     the model put in eval mode: a call that touches any of them is caught."""
-    fit(model, loss, opt, X, Y, 1, progress=False)
+    fit(model, loss, opt, X, Y, epochs=1, progress=False)
     for p in model.parameters():
         p.grad[...] = 0.5
     model.eval()
@@ -75,7 +75,7 @@ def test_fit_rejects_a_bad_label_in_the_last_batch_before_any_step(label):
     y[-1] = label
     before = _snapshot(model, opt)
     with pytest.raises(ValueError, match=r"Y: .*\[0, 3\)"):
-        fit(model, CrossEntropyLoss(), opt, X, y, 2, batch_size=5, shuffle=False,
+        fit(model, CrossEntropyLoss(), opt, X, y, epochs=2, batch_size=5, shuffle=False,
             progress=False)
     _assert_unchanged(before, model, opt)
 
@@ -96,7 +96,7 @@ def test_fit_rejects_a_bad_validation_set_before_any_step(case):
         Xv[4, 2] = np.nan
     before = _snapshot(model, opt)
     with pytest.raises((TypeError, ValueError), match="validation"):
-        fit(model, CrossEntropyLoss(), opt, X, y, 2, batch_size=5, validation=(Xv, yv),
+        fit(model, CrossEntropyLoss(), opt, X, y, epochs=2, batch_size=5, validation=(Xv, yv),
             progress=False)
     _assert_unchanged(before, model, opt)
 
@@ -109,37 +109,37 @@ def _bad_fit_calls():
     def nan_x(X, Y, m, o):
         X = X.copy()
         X[3, 1] = np.nan
-        fit(m, mse, o, X, Y, 1, batch_size=5, progress=False)
+        fit(m, mse, o, X, Y, epochs=1, batch_size=5, progress=False)
 
     def inf_y(X, Y, m, o):
         Y = Y.copy()
         Y[-1, 0] = np.inf
-        fit(m, mse, o, X, Y, 1, batch_size=5, progress=False)
+        fit(m, mse, o, X, Y, epochs=1, batch_size=5, progress=False)
 
     return [
         ("X float32", TypeError, "X: expected dtype float64",
-         lambda X, Y, m, o: fit(m, mse, o, X.astype(np.float32), Y, 1, progress=False)),
+         lambda X, Y, m, o: fit(m, mse, o, X.astype(np.float32), Y, epochs=1, progress=False)),
         ("X features", ValueError, r"X: expected shape \(N, 3\)",
-         lambda X, Y, m, o: fit(m, mse, o, X[:, :2].copy(), Y, 1, progress=False)),
+         lambda X, Y, m, o: fit(m, mse, o, X[:, :2].copy(), Y, epochs=1, progress=False)),
         ("Y width", ValueError, r"Y: expected shape \(20, 2\)",
-         lambda X, Y, m, o: fit(m, mse, o, X, Y[:, :1].copy(), 1, progress=False)),
+         lambda X, Y, m, o: fit(m, mse, o, X, Y[:, :1].copy(), epochs=1, progress=False)),
         ("Y float32", TypeError, "Y: expected dtype float64",
-         lambda X, Y, m, o: fit(m, mse, o, X, Y.astype(np.float32), 1, progress=False)),
+         lambda X, Y, m, o: fit(m, mse, o, X, Y.astype(np.float32), epochs=1, progress=False)),
         ("NaN in X", ValueError, "X: expected finite values", nan_x),
         ("inf in Y", ValueError, "Y: expected finite values", inf_y),
         ("loss None", TypeError, "loss:",
-         lambda X, Y, m, o: fit(m, None, o, X, Y, 1, progress=False)),
+         lambda X, Y, m, o: fit(m, None, o, X, Y, epochs=1, progress=False)),
         ("model None", TypeError, "model:",
-         lambda X, Y, m, o: fit(None, mse, o, X, Y, 1, progress=False)),
+         lambda X, Y, m, o: fit(None, mse, o, X, Y, epochs=1, progress=False)),
         ("optimizer str", TypeError, "optimizer:",
-         lambda X, Y, m, o: fit(m, mse, "x", X, Y, 1, progress=False)),
+         lambda X, Y, m, o: fit(m, mse, "x", X, Y, epochs=1, progress=False)),
         ("shuffle str", TypeError, "shuffle:",
-         lambda X, Y, m, o: fit(m, mse, o, X, Y, 1, batch_size=5, shuffle="no",
+         lambda X, Y, m, o: fit(m, mse, o, X, Y, epochs=1, batch_size=5, shuffle="no",
                                 progress=False)),
         ("progress", ValueError, "progress",
-         lambda X, Y, m, o: fit(m, mse, o, X, Y, 1, progress=-3)),
+         lambda X, Y, m, o: fit(m, mse, o, X, Y, epochs=1, progress=-3)),
         ("rng", ValueError, "rng",
-         lambda X, Y, m, o: fit(m, mse, o, X, Y, 1, rng=-1, progress=False)),
+         lambda X, Y, m, o: fit(m, mse, o, X, Y, epochs=1, rng=-1, progress=False)),
     ]
 
 
@@ -162,7 +162,7 @@ def test_fit_rejects_labels_of_the_wrong_shape_before_any_step():
     _prime(model, opt, X, y, CrossEntropyLoss())
     before = _snapshot(model, opt)
     with pytest.raises(ValueError, match=r"Y: expected integer labels of shape \(20,\)"):
-        fit(model, CrossEntropyLoss(), opt, X, y.reshape(-1, 1).copy(), 1, progress=False)
+        fit(model, CrossEntropyLoss(), opt, X, y.reshape(-1, 1).copy(), epochs=1, progress=False)
     _assert_unchanged(before, model, opt)
 
 
@@ -177,7 +177,7 @@ def test_fit_and_save_reject_an_optimizer_of_another_model(tmp_path):
     before = _snapshot(model, opt)
     other_before = [p.data.copy() for p in other.parameters()]
     with pytest.raises(ValueError, match="optimizer: 2 of its 2 parameters"):
-        fit(model, MSELoss(), opt, X, Y, 1, progress=False)
+        fit(model, MSELoss(), opt, X, Y, epochs=1, progress=False)
     _assert_unchanged(before, model, opt)
     for a, p in zip(other_before, other.parameters()):
         np.testing.assert_array_equal(a, p.data)
@@ -192,7 +192,7 @@ def test_fit_accepts_an_optimizer_of_part_of_the_model():
     X, y, model, _ = _classify()
     first = [p.data.copy() for p in model[0].parameters()]
     last = [p.data.copy() for p in model[1].parameters()]
-    fit(model, CrossEntropyLoss(), SGD(model[1].parameters(), lr=0.1), X, y, 2,
+    fit(model, CrossEntropyLoss(), SGD(model[1].parameters(), lr=0.1), X, y, epochs=2,
         progress=False)
     for a, p in zip(first, model[0].parameters()):
         np.testing.assert_array_equal(a, p.data)
@@ -212,7 +212,7 @@ def test_fit_takes_only_c_contiguous_arrays_in_every_batching_mode(batch_size, l
     a = np.asfortranarray(a) if layout == "F-order" else a[::-1]
     X, Y = (a, Y) if which == "X" else (X, a)
     with pytest.raises(ValueError, match=f"{which}: expected a C-contiguous array"):
-        fit(model, MSELoss(), opt, X, Y, 1, batch_size=batch_size, progress=False)
+        fit(model, MSELoss(), opt, X, Y, epochs=1, batch_size=batch_size, progress=False)
     _assert_unchanged(before, model, opt)
 
 
@@ -262,6 +262,6 @@ def test_predict_from_another_thread_while_fit_runs_is_refused():
             t.join(30)
             seen["training"] = model.training
 
-    h = fit(model, MSELoss(), opt, X, Y, 2, callbacks=[Probe()], progress=False)
+    h = fit(model, MSELoss(), opt, X, Y, epochs=2, callbacks=[Probe()], progress=False)
     assert "in use by another thread" in seen["error"]
     assert seen["training"] is True and len(h) == 2

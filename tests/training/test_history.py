@@ -106,7 +106,7 @@ def test_fit_records_the_lr_of_each_epoch_with_an_epoch_scheduler():
     m = Linear(3, 2, dtype=np.float64, rng=0)
     opt = SGD(m.parameters(), lr=0.1)
     sched = StepLR(opt, step_size=2, gamma=0.5)
-    h = fit(m, MSELoss(), opt, X, Y, 6, batch_size=4, scheduler=sched, progress=False)
+    h = fit(m, MSELoss(), opt, X, Y, epochs=6, batch_size=4, scheduler=sched, progress=False)
     assert h.lr == [0.1 * 0.5 ** (e // 2) for e in range(6)]
     assert sched.last_epoch == 6 and h.steps == 18
 
@@ -118,7 +118,7 @@ def test_fit_steps_a_step_scheduler_after_every_update():
     m = Linear(3, 2, dtype=np.float64, rng=0)
     opt = SGD(m.parameters(), lr=0.1)
     sched = LambdaLR(opt, lambda s: 1.0 / (1 + s))
-    h = fit(m, MSELoss(), opt, X, Y, 4, batch_size=4, scheduler=sched,
+    h = fit(m, MSELoss(), opt, X, Y, epochs=4, batch_size=4, scheduler=sched,
             scheduler_interval="step", progress=False)
     assert sched.last_epoch == 12
     assert h.lr == pytest.approx([0.1 / (1 + 3 * e) for e in range(4)], rel=1e-15)
@@ -131,9 +131,9 @@ def test_fit_rejects_a_scheduler_of_another_optimizer_and_a_bad_interval():
     opt = SGD(m.parameters(), lr=0.1)
     other = StepLR(SGD(m.parameters(), lr=0.1), 2)
     with pytest.raises(ValueError, match="scheduler"):
-        fit(m, MSELoss(), opt, X, Y, 1, scheduler=other, progress=False)
+        fit(m, MSELoss(), opt, X, Y, epochs=1, scheduler=other, progress=False)
     with pytest.raises(ValueError, match="scheduler_interval"):
-        fit(m, MSELoss(), opt, X, Y, 1, scheduler=StepLR(opt, 2), scheduler_interval="batch",
+        fit(m, MSELoss(), opt, X, Y, epochs=1, scheduler=StepLR(opt, 2), scheduler_interval="batch",
             progress=False)
     assert opt.steps == 0
 
@@ -143,7 +143,7 @@ def test_fit_clips_the_gradient_norm_before_the_update():
     # is -g * 0.1 / (|g| + 1e-6), g the MSE gradient written out here in float64.
     X, Y = _task()
     m = Linear(3, 2, init="zeros", dtype=np.float64, rng=0)
-    fit(m, MSELoss(), SGD(m.parameters(), lr=1.0), X, Y, 1, clip_grad_norm=0.1,
+    fit(m, MSELoss(), SGD(m.parameters(), lr=1.0), X, Y, epochs=1, clip_grad_norm=0.1,
         progress=False)
     dpred = 2.0 * (0.0 - Y) / Y.size            # d mean((pred - Y)^2) / d pred at pred = 0
     gW, gb = X.T @ dpred, dpred.sum(axis=0)
@@ -159,5 +159,5 @@ def test_fit_rejects_a_bad_clip_value():
     X, Y = _task()
     m = Linear(3, 2, dtype=np.float64, rng=0)
     with pytest.raises(ValueError, match="clip_grad_norm"):
-        fit(m, MSELoss(), SGD(m.parameters(), lr=0.1), X, Y, 1, clip_grad_norm=0.0,
+        fit(m, MSELoss(), SGD(m.parameters(), lr=0.1), X, Y, epochs=1, clip_grad_norm=0.0,
             progress=False)

@@ -165,7 +165,7 @@ def _fit_setup():
 def _run_fit(m, opt, X, y, epochs):
     """A fit call with nothing of the caller's around it (its first profile event is fit's
     own call, its last fit's return)."""
-    return functools.partial(fit, m, CrossEntropyLoss(), opt, X, y, epochs, validation=(X, y),
+    return functools.partial(fit, m, CrossEntropyLoss(), opt, X, y, epochs=epochs, validation=(X, y),
                              progress=False)
 
 
@@ -231,7 +231,7 @@ def test_non_finite_loss_error_carries_the_history_so_far():
     # completed epochs on the error's History.
     m, opt, X, y = _fit_setup()
     with pytest.raises(NonFiniteLossError) as err:
-        fit(_NaNAtThirdForward(m), CrossEntropyLoss(), opt, X, y, 10, progress=False)
+        fit(_NaNAtThirdForward(m), CrossEntropyLoss(), opt, X, y, epochs=10, progress=False)
     assert err.value.epoch == 3 and opt.steps == 2
     h = err.value.history
     assert len(h) == 2 and h.steps == 2 and len(h.accuracy) == 2

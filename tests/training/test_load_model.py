@@ -180,14 +180,14 @@ def test_load_model_resumes_optimizer_and_schedule_exactly(tmp_path):
     X, Y = _data()
     kw = dict(batch_size=8, shuffle=False, scheduler_interval="step", progress=False)
     m, opt, s = build()
-    engine.fit(m, engine.MSELoss(), opt, X, Y, 2, scheduler=s, **kw)
+    engine.fit(m, engine.MSELoss(), opt, X, Y, epochs=2, scheduler=s, **kw)
     p = tmp_path / "c.npz"
     engine.save(p, m, opt, s)
     r = engine.load_model(p)
     assert type(r.optimizer) is engine.AdamW and r.optimizer.steps == opt.steps == 6
     assert r.scheduler.get_last_lr() == s.get_last_lr()
-    engine.fit(m, engine.MSELoss(), opt, X, Y, 3, scheduler=s, **kw)
-    engine.fit(r.model, engine.MSELoss(), r.optimizer, X, Y, 3, scheduler=r.scheduler, **kw)
+    engine.fit(m, engine.MSELoss(), opt, X, Y, epochs=3, scheduler=s, **kw)
+    engine.fit(r.model, engine.MSELoss(), r.optimizer, X, Y, epochs=3, scheduler=r.scheduler, **kw)
     np.testing.assert_array_equal(r.model.flat_params(), m.flat_params())
 
 
@@ -199,7 +199,7 @@ def test_load_model_keeps_parameter_groups_in_their_order(tmp_path):
                       {"params": [params["0.b"], params["1.b"]], "weight_decay": 0.0}],
                      lr=0.05, momentum=0.9)
     X, Y = _data()
-    engine.fit(m, engine.MSELoss(), opt, X, Y, 1, batch_size=8, progress=False)
+    engine.fit(m, engine.MSELoss(), opt, X, Y, epochs=1, batch_size=8, progress=False)
     p = tmp_path / "g.npz"
     engine.save(p, m, opt)
     r = engine.load_model(p)
@@ -264,7 +264,7 @@ def test_history_dict_is_the_per_epoch_lists():
     # Check that History.history maps each logged figure to one value per epoch (Keras)
     X, Y = _data()
     m = engine.Linear(4, 3, rng=0)
-    h = engine.fit(m, engine.MSELoss(), engine.SGD(m.parameters(), lr=0.01), X, Y, 3,
+    h = engine.fit(m, engine.MSELoss(), engine.SGD(m.parameters(), lr=0.01), X, Y, epochs=3,
                    batch_size=8, validation=(X[:8], Y[:8]), progress=False)
     assert set(h.history) == {"loss", "val_loss", "lr"}
     assert h.history["loss"] == [float(v) for v in h.loss] and len(h.history["val_loss"]) == 3

@@ -17,18 +17,23 @@ def _problem():
     return lin, X, X @ np.ones((3, 2))
 
 
-def test_options_after_epochs_are_keyword_only():
-    # Check fit's signature: (model, loss, optimizer, X, Y, epochs, *, ...) and a 7th
-    # positional argument is refused before anything changes.
+def test_epochs_and_every_option_are_keyword_only():
+    # Check fit's signature: (model, loss, optimizer, X, Y, *, epochs, ...), and that epochs
+    # (or anything else) given positionally is refused before anything changes.
     params = list(inspect.signature(fit).parameters.values())
-    assert [p.name for p in params[:6]] == ["model", "loss", "optimizer", "X", "Y", "epochs"]
-    assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in params[6:])
+    assert [p.name for p in params[:5]] == ["model", "loss", "optimizer", "X", "Y"]
+    assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in params[5:])
+    assert params[5].name == "epochs" and params[5].default is inspect.Parameter.empty
     lin, X, Y = _problem()
     before = lin.state_dict()
     with pytest.raises(TypeError):
+        fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), X, Y, 1)
+    with pytest.raises(TypeError):
         fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), X, Y, 1, 5)
+    with pytest.raises(TypeError, match="epochs"):
+        fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), X, Y)
     with pytest.raises(TypeError, match="batchsize"):
-        fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), X, Y, 1, batchsize=5)
+        fit(lin, MSELoss(), SGD(lin.parameters(), lr=0.1), X, Y, epochs=1, batchsize=5)
     assert all(np.array_equal(before[k], v) for k, v in lin.state_dict().items())
 
 

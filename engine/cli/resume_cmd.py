@@ -1,0 +1,162 @@
+"""``train --resume CHECKPOINT`` and preemption: a run stopped by Ctrl-C (SIGINT) or SIGTERM
+writes a checkpoint that ``--resume`` continues exactly, with the history so far, and exits
+130 or 143, printing the command that resumes it.
+
+A checkpoint written by ``train`` holds the options of its run (``metadata["cli"]``): with
+``--resume`` they are the run's options unless given again, and one given again with another
+value is a usage error naming the flag (the checkpoint's model wins); ``--data`` given again
+names where the data file is now. ``--epochs`` stays the
+run's total; it may change only under a constant learning rate (a schedule is planned for
+the run's length).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
+
+from ..training import checkpoint
+from .inputs import UsageError
+
+__all__ = ["CLI_KEYS", "saved_options", "apply_resume", "preemption", "interrupted_path",
+           "save_interrupted"]
+
+# The options that make a run: its model, data and training (not outputs, threads, logging).
+CLI_KEYS = ("model", "d_hidden", "d_ff", "hidden", "activation", "norm", "dtype", "task",
+            "samples", "data", "delimiter", "x_cols", "y_cols", "val_fraction", "standardize",
+            "batch_size", "optimizer", "lr", "weight_decay", "momentum", "schedule", "warmup",
+            "step_size", "gamma", "clip_grad_norm", "early_stopping", "seed", "epochs")
+
+
+# Given again, these win over the checkpoint's: where the data file is now.
+_MAY_CHANGE = ("data", "delimiter")
+
+
+def saved_options(args) -> dict:
+    """The run's options, as a checkpoint's metadata stores them."""
+    return {k: getattr(args, k) for k in CLI_KEYS}
+
+
+def _given(argv, key: str) -> bool:
+    flag = "--" + key.replace("_", "-")
+    return any(t == flag or t.startswith(flag + "=") for t in argv)
+
+
+def apply_resume(args) -> dict:
+    """Take the run's options from ``args.resume``'s checkpoint (UsageError for a file that
+    is not a ``train`` checkpoint, or an option given again with another value); returns the
+    checkpoint's header."""
+    try:
+        header = checkpoint.read_header(args.resume)
+    except (checkpoint.CheckpointError, OSError) as e:
+        raise UsageError(f"--resume: {e}") from None
+    saved = (header.get("metadata") or {}).get("cli")
+    if not isinstance(saved, dict) or header.get("training") is None:
+        raise UsageError(f"--resume: {args.resume} is not a resumable checkpoint of "
+                         f"'train' (an interrupted run's, or the --save .npz of a run)")
+    argv = getattr(args, "argv", [])
+    for key in CLI_KEYS:
+        if key not in saved:
+            continue
+        value = saved[key]
+        if _given(argv, key) and key in _MAY_CHANGE:
+            continue  # the file may have moved; a run stopped mid-epoch checks its size
+        if _given(argv, key) and getattr(args, key) != value and key != "epochs":
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(f"{flag}: the checkpoint's run has {flag} {_show(value)}, "
+                             f"given {_show(getattr(args, key))}; --resume continues that "
+                             f"run (leave {flag} out)")
+        if key != "epochs" or not _given(argv, key):
+            setattr(args, key, value)
+    if args.epochs != saved.get("epochs") and (args.schedule != "constant" or args.warmup):
+        raise UsageError(f"--epochs: the run's learning-rate schedule ({args.schedule}, "
+                         f"warmup {args.warmup}) is planned for its {saved.get('epochs')} "
+                         f"epochs; resume it with --epochs {saved.get('epochs')}")
+    return header
+
+
+def _show(v) -> str:
+    return " ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+@contextmanager
+def preemption():
+    """SIGTERM is handled as Ctrl-C (so both stop ``fit`` at the end of a step, with its
+    deferral), and Ctrl-C raises KeyboardInterrupt even if the shell started us ignoring
+    it. Yields a dict whose ``"signal"`` names the last signal received."""
+    got = {"signal": "SIGINT"}
+    if threading.current_thread() is not threading.main_thread():
+        yield got  # (signal handlers can only be set on the main thread)
+        return
+
+    def on_term(signum, frame):
+        got["signal"] = "SIGTERM"
+        signal.raise_signal(signal.SIGINT)  # through whatever handles SIGINT now
+
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
+
+
+def interrupted_path(args, task_name: str) -> str:
+    """Next to --save (``m.npz`` -> ``m.interrupted.npz``), else in the current directory."""
+    if args.save:
+        return os.path.splitext(args.save)[0] + ".interrupted.npz"
+    return f"blasnet-{args.model}-{task_name}.interrupted.npz"
+
+
+def _resume_command(args, path: str) -> str:
+    argv = list(getattr(args, "argv", []))
+    out, skip = [], False
+    for t in argv:
+        if skip:
+            skip = False
+        elif t == "--resume":
+            skip = True
+        elif not t.startswith("--resume="):
+            out.append(t)
+    prog = (["blasnet"] if os.path.basename((sys.argv or [""])[0]) == "blasnet"
+            else [sys.executable, "-m", "engine"])
+    return shlex.join(prog + out + ["--resume", path])
+
+
+def save_interrupted(err, args, stop, meta: dict) -> int:
+    """Write the interrupted run's checkpoint and ``--history``; print where, and the
+    command that resumes it, to ``err``; return the exit status (130 SIGINT, 143 SIGTERM)."""
+    e, sig = stop
+    code = 143 if sig == "SIGTERM" else 130
+    where = f"at epoch {e.epoch}, step {e.step}" if e.epoch else "before the first step"
+    print(f"\ntraining interrupted ({sig}) {where}; {len(e.history)} epoch(s) complete",
+          file=err)
+    if not e.resumable:
+        print("nothing was trained, so nothing was saved", file=err)
+        return code
+    path = interrupted_path(args, meta.get("task", "run"))
+    try:
+        try:
+            e.save(path, interrupted=sig, **meta)
+        except OSError:  # an unwritable directory: the temporary one instead
+            fd, path = tempfile.mkstemp(prefix="blasnet-interrupted-", suffix=".npz")
+            os.close(fd)
+            e.save(path, interrupted=sig, **meta)
+    except OSError as exc:
+        print(f"error: could not save the checkpoint ({exc})", file=err)
+        return code
+    print(f"checkpoint {path} (resumable: model, optimizer, schedule, random state, "
+          f"history)", file=err)
+    if args.history:
+        if args.history.lower().endswith(".json"):
+            e.history.to_json(args.history)
+        else:
+            e.history.to_csv(args.history)
+        print(f"history    {args.history} ({len(e.history)} epochs so far)", file=err)
+    print(f"resume with:\n  {_resume_command(args, path)}", file=err)
+    return code
