@@ -10,7 +10,8 @@ safe to write from several processes), so that the later process only loads:
 
 The kernels and argument types come from a list, ``precompile.txt`` beside this file, one
 ``module<TAB>function<TAB>argument types<TAB>seconds`` per line (the seconds, as measured
-when the list was recorded, balance the processes). The list is recorded from a test run
+when the list was recorded, balance the processes). ``make test`` runs it beside the tests:
+the test process compiles what it reaches first itself, and then finds the rest compiled. The list is recorded from a test run
 (tests/support/record_kernels.py). It is only a speed-up: an entry whose kernel no longer
 exists or whose types no longer fit is skipped and counted; a kernel missing from it is
 compiled on first use, as without this step.
@@ -74,14 +75,19 @@ def compile_entries(entries) -> dict:
 
 
 def partition(entries, jobs: int) -> list:
-    """``jobs`` lists of entries with about equal recorded seconds (longest first, each to
-    the least loaded list), each in its list's original order."""
-    order = sorted(range(len(entries)), key=lambda i: -entries[i][3])
+    """``jobs`` lists of entries with about equal recorded seconds (longest kernel first,
+    each to the least loaded list), each in its list's original order. All versions of one
+    kernel go to the same list: numba keeps one index file per kernel, and two processes
+    adding versions to it at once could each drop the other's."""
+    groups: dict = {}
+    for i, e in enumerate(entries):
+        groups.setdefault((e[0], e[1]), []).append(i)
+    order = sorted(groups.values(), key=lambda g: -sum(entries[i][3] for i in g))
     loads, parts = [0.0] * jobs, [[] for _ in range(jobs)]
-    for i in order:
+    for g in order:
         j = loads.index(min(loads))
-        loads[j] += entries[i][3]
-        parts[j].append(i)
+        loads[j] += sum(entries[i][3] for i in g)
+        parts[j].extend(g)
     return [[entries[i] for i in sorted(p)] for p in parts]
 
 

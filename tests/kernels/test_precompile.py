@@ -41,13 +41,17 @@ def test_types_as_numba_prints_them_read_back_equal():
 
 def test_partition_keeps_every_entry_once_and_balances_the_seconds():
     # Check that the split over processes loses and repeats nothing, keeps the list's order
-    # within a part, and puts the longest compiles on different processes.
+    # within a part, puts the longest compiles on different processes and each kernel's
+    # versions on one.
     entries = [("m", f"k{i}", "(int64,)", s) for i, s in enumerate([5, 1, 1, 4, 1, 1, 1])]
     parts = precompile.partition(entries, 2)
     assert sorted(e for p in parts for e in p) == sorted(entries)
     assert all(p == sorted(p, key=entries.index) for p in parts)
     assert sorted(sum(e[3] for e in p) for p in parts) == [7, 7]
     assert [len(p) for p in precompile.partition(entries, 1)] == [len(entries)]
+    # versions of one kernel stay together (one cache index file per kernel)
+    two = [("m", "a", "(int64,)", 3), ("m", "b", "(int64,)", 2), ("m", "a", "(float64,)", 3)]
+    assert [[e[1] for e in p] for p in precompile.partition(two, 2)] == [["a", "a"], ["b"]]
 
 
 PROBE = textwrap.dedent("""
