@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas as _blas
 
+from . import threads as _threads
 from .memory import ones as _ones
 
 __all__ = ["gemm", "gemm_unchecked", "gemv_colsum", "check_array", "check_contiguous",
@@ -81,11 +82,33 @@ def check_like(name: str, x, ref_name: str, ref, written: bool = False) -> None:
         raise ValueError(f"{name}: expected a writeable array (the call writes it)")
 
 
+# A GEMM with at most this many rows (or columns, or inner dimension) runs on one OpenBLAS
+# thread. A 2-thread GEMM leaves the weights it read shared with, and the gradients it wrote
+# owned by, the other core; the optimizer's stores to those lines then cost ~4-12 ns each,
+# per weight a constant, while what the second thread saves per weight grows with the rows:
+# below ~16 rows it saves less (docs/performance.md, "Small steps at 2 threads").
+ONE_THREAD_DIM = 16
+_BLAS_CALLS = _threads.SCIPY_OPENBLAS_CALLS
+
+
 def gemm_unchecked(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
-    """``gemm`` without argument checks or empty-dimension handling (hot path).
+    """``gemm`` without argument checks or empty-dimension handling (hot path). A GEMM whose
+    M, N or K is at most ``ONE_THREAD_DIM`` runs on one OpenBLAS thread (the count is set
+    back after the call); the result does not depend on it.
 
     The caller guarantees C-contiguous 2-D arrays of one dtype, compatible shapes and
     M, N, K > 0; otherwise scipy copies silently or raises."""
+    m, n = out.shape
+    if _BLAS_CALLS is not None and min(m, n, a.shape[0] if trans_a else a.shape[1]) <= ONE_THREAD_DIM:
+        get, put = _BLAS_CALLS
+        threads = get()
+        if threads > 1:
+            put(1)
+            try:
+                _GEMM[out.dtype](alpha, b.T, a.T, beta, out.T, trans_b, trans_a, 1)
+            finally:
+                put(threads)
+            return out
     _GEMM[out.dtype](alpha, b.T, a.T, beta, out.T, trans_b, trans_a, 1)
     return out
 

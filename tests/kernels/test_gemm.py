@@ -194,3 +194,81 @@ def test_gemm_rejects_aliased_output():
     sq = np.eye(4, dtype=np.float64)
     with pytest.raises(ValueError, match=r"out: must not overlap"):
         gemm(sq, sq, np.eye(4))
+
+
+# ----------------------------------------------------------------------------- thread rule
+_gemm_module = __import__("sys").modules["kernels.gemm"]
+
+
+def _threads_seen_by_blas(monkeypatch, m, n, k):
+    """The OpenBLAS thread count during one gemm_unchecked call of (m x k) @ (k x n), at a
+    setting of 2 threads, and the count after it."""
+    import kernels
+    if _gemm_module._BLAS_CALLS is None:
+        pytest.skip("scipy's BLAS is not OpenBLAS")
+    seen = []
+    real = _gemm_module._GEMM[np.dtype(np.float32)]
+
+    def spy(*args):
+        seen.append(kernels.get_num_threads())
+        return real(*args)
+    monkeypatch.setitem(_gemm_module._GEMM, np.dtype(np.float32), spy)
+    rng = np.random.default_rng(3)
+    a, b = _operands(rng, m, n, k, False, False, np.float32)
+    out = np.empty((m, n), np.float32)
+    with kernels.num_threads(2):
+        if kernels.get_num_threads() != 2:
+            pytest.skip("OpenBLAS runs fewer than 2 threads here")
+        gemm_unchecked(out, a, b)
+        after = kernels.get_num_threads()
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), **TOL[np.float32])
+    return seen, after
+
+
+@pytest.mark.parametrize("m,n,k", [(8, 200, 800), (300, 5, 40), (64, 128, 16)])
+def test_gemm_with_a_small_dimension_runs_on_one_blas_thread(monkeypatch, m, n, k):
+    # Check that a GEMM with M, N or K <= ONE_THREAD_DIM runs on one OpenBLAS thread and that
+    # the setting (2) is back after it.
+    seen, after = _threads_seen_by_blas(monkeypatch, m, n, k)
+    assert seen == [1]
+    assert after == 2
+
+
+def test_gemm_without_a_small_dimension_keeps_the_thread_setting(monkeypatch):
+    # Check that a GEMM whose dimensions all exceed ONE_THREAD_DIM runs on the set count.
+    seen, after = _threads_seen_by_blas(monkeypatch, 40, 64, 32)
+    assert seen == [2]
+    assert after == 2
+
+
+def test_gemm_thread_count_restored_when_blas_raises(monkeypatch):
+    # Check that an error inside the BLAS call of a small GEMM still restores the count.
+    import kernels
+    if _gemm_module._BLAS_CALLS is None:
+        pytest.skip("scipy's BLAS is not OpenBLAS")
+
+    def boom(*args):
+        raise RuntimeError("boom")
+    monkeypatch.setitem(_gemm_module._GEMM, np.dtype(np.float32), boom)
+    out = np.empty((4, 4), np.float32)
+    with kernels.num_threads(2):
+        if kernels.get_num_threads() != 2:
+            pytest.skip("OpenBLAS runs fewer than 2 threads here")
+        with pytest.raises(RuntimeError, match="boom"):
+            gemm_unchecked(out, np.ones((4, 4), np.float32), np.ones((4, 4), np.float32))
+        assert kernels.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_small_gemm_same_bits_on_one_or_two_threads(monkeypatch, dtype):
+    # Check that the one-thread rule does not change results: the same bits as the GEMM run
+    # on the 2-thread setting (OpenBLAS splits M/N, never K).
+    import kernels
+    rng = np.random.default_rng(4)
+    a, b = _operands(rng, 8, 200, 800, False, False, dtype)
+    one, two = np.empty((8, 200), dtype), np.empty((8, 200), dtype)
+    with kernels.num_threads(2):
+        gemm_unchecked(one, a, b)
+        monkeypatch.setattr(_gemm_module, "ONE_THREAD_DIM", 0)
+        gemm_unchecked(two, a, b)
+    assert np.array_equal(one, two)
