@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml
 run: install
 	$(PY) -m engine train --verbose
 
+# The kernels the tests need are compiled beside them, over every CPU (numba compiles lazily,
+# one kernel at a time, in the test process otherwise; the tests leave a core mostly idle):
+# the tests compile what they reach first themselves and then load the rest from the shared
+# disk cache. With a warm cache this only loads them. The tests' exit status is make's.
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m kernels.precompile & $(PY) -m pytest -q tests; status=$$?; wait; exit $$status
 
 # QUICK=1 runs a shortened bench (fewer rounds, no large shapes on one thread, fewer
 # processes for the run-to-run spread, tiny shapes for the compile time).

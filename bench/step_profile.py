@@ -167,6 +167,9 @@ def profile_case(block: str, shape_name="large", reps: int | None = None, dtype=
         r["parts"], r["calls"], r["ops_calls"] = parts, kernel_n, ops_n
         r["kernel_s"] = {k: t for k, (t, _) in per_el.items()}
         r["fwd_bwd"] = sum(phase[k] for k in SPLIT)
+        # The step's time outside every part: never negative (the parts are disjoint pieces
+        # of the step), whatever the machine does to one round.
+        r["gap"] = r["instr"] - sum(parts.values())
         if len(rounds) >= reps:  # a replacement round
             timing.spend_extra(clock() - t_round)
         rounds.append(r)
@@ -194,7 +197,8 @@ def profile_case(block: str, shape_name="large", reps: int | None = None, dtype=
                 fwd_bwd=_median([r["fwd_bwd"] for r in use]), parts=parts, calls=calls,
                 ops_calls=ops_calls, ops_calls_total=sum(ops_calls.values()),
                 elements=elements, ns_per_element=ns_per_element,
-                kept=[len(clean), len(rounds)], fallback=fallback, dropped=why)
+                kept=[len(clean), len(rounds)], fallback=fallback, dropped=why,
+                gaps=[min(r["gap"] for r in rounds), max(r["gap"] for r in rounds)])
 
 
 def blocks_at(shape_name: str) -> tuple:
