@@ -67,6 +67,26 @@ def test_no_function_takes_more_than_8_positional_parameters():
         (n, f) for f, n in positional.items() if n > MAX_POSITIONAL)
 
 
+def test_no_dataclass_takes_more_than_8_positional_fields():
+    # A dataclass's generated __init__ is a function too (the AST walk cannot see it).
+    import dataclasses
+    import importlib
+    import inspect
+
+    over = []
+    for p in _files():
+        name = "engine." + _name(p)[:-3].replace("/", ".").removesuffix(".__init__")
+        mod = importlib.import_module(name.removesuffix(".__init__"))
+        for cls in vars(mod).values():
+            if inspect.isclass(cls) and dataclasses.is_dataclass(cls) \
+                    and cls.__module__ == mod.__name__:
+                params = list(inspect.signature(cls).parameters.values())
+                k = sum(q.kind == q.POSITIONAL_OR_KEYWORD for q in params)
+                if k > MAX_POSITIONAL:
+                    over.append((k, f"{name}.{cls.__name__}"))
+    assert not over, sorted(over)
+
+
 def test_no_private_name_is_imported_across_engine_files():
     # Check `from .x import _y` appears nowhere in engine/ (engine/_checks.py is the
     # shared exception).

@@ -126,7 +126,7 @@ def _own_data(args, dt):
     return X, Y, kind, x_names, y_names, note
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainData:
     """The data of a ``train`` run: training arrays, validation pair (or None), and what the
     report says about them."""
@@ -182,5 +182,6 @@ def load_data(args, dt) -> TrainData:
         X = standardizer.transform(X)
         if val is not None:
             val = (standardizer.transform(val[0]), val[1])
-    return TrainData(X, Y, val, kind, task_name, own, n_all, vf, standardizer, x_names,
-                     y_names, note)
+    return TrainData(X=X, Y=Y, val=val, kind=kind, task_name=task_name, own=own, n_all=n_all,
+                     vf=vf, standardizer=standardizer, x_names=x_names, y_names=y_names,
+                     note=note)

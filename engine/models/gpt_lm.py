@@ -18,7 +18,7 @@ from .gpt import GPT
 __all__ = ["GPTConfig", "build_model", "setup", "train"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GPTConfig(lm.TextConfig):
     """Settings of ``train``. The defaults are sized for about a minute of training on two
     idle cores (docs/lm.md has measured runs)."""
@@ -46,11 +46,12 @@ def setup(config: GPTConfig | None = None, text: str | None = None) -> lm.LMSetu
     """The data (lm's corpus, split and windows), the GPT, AdamW and its schedule."""
     c = config or GPTConfig()
     data = lm.corpus_data(c, text)
-    model = build_model(len(data[1]), c, np.random.default_rng(c.seed))
+    model = build_model(len(data["vocab"]), c, np.random.default_rng(c.seed))
     opt = lm.adamw_decaying_matrices(model, c, betas=(0.9, 0.99))
-    steps = c.epochs * -(-data[4].shape[0] // c.batch_size)
+    steps = c.epochs * -(-data["X"].shape[0] // c.batch_size)
     warmup = min(c.warmup, max(steps - 1, 0))  # shortened to leave one step at the peak
-    return lm.LMSetup(c, *data, model, opt, lm.warmup_cosine(opt, steps, warmup), steps)
+    return lm.LMSetup(config=c, **data, model=model, optimizer=opt,
+                      scheduler=lm.warmup_cosine(opt, steps, warmup), steps=steps)
 
 
 def train(config: GPTConfig | None = None, progress=True, text: str | None = None,

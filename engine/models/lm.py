@@ -274,7 +274,7 @@ class TextConfig:
     temperature: float = 0.8
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LMConfig(TextConfig):
     """Settings of ``train``. The defaults are sized for about a minute of training on two
     cores (docs/lm.md has a measured run)."""
@@ -289,7 +289,7 @@ class LMConfig(TextConfig):
     warmup: int = 100          # steps of linear warmup, then cosine decay to 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LMSetup:
     """Everything ``train`` runs on, made by ``setup``: the text and its vocabulary, the split
     (ids) and its windows, the model, AdamW and the per-step learning-rate schedule."""
@@ -365,8 +365,9 @@ def check_config(c) -> "LMConfig":
     return c
 
 
-def corpus_data(c, text: str | None = None) -> tuple:
-    """``(text, vocab, train_ids, held_ids, X, Y, Xh, Yh)`` of config ``c`` (its
+def corpus_data(c, text: str | None = None) -> dict:
+    """``text``, ``vocab``, ``train_ids``, ``held_ids``, ``X``, ``Y``, ``Xh``, ``Yh`` by name, of
+    config ``c`` (its
     ``held_out``, ``block``, ``seq_len`` and ``prompt``) for ``text`` (default: ``corpus()``):
     the fields ``LMSetup`` holds before the model, for either language model."""
     text = corpus() if text is None else text
@@ -375,7 +376,8 @@ def corpus_data(c, text: str | None = None) -> tuple:
     train_ids, held_ids = split(vocab.encode(text), c.held_out, c.block)
     X, Y = windows(train_ids, c.seq_len)
     Xh, Yh = windows(held_ids, c.seq_len)
-    return text, vocab, train_ids, held_ids, X, Y, Xh, Yh
+    return dict(text=text, vocab=vocab, train_ids=train_ids, held_ids=held_ids, X=X, Y=Y,
+                Xh=Xh, Yh=Yh)
 
 
 def adamw_decaying_matrices(model, c, betas=(0.9, 0.999)) -> AdamW:
@@ -392,11 +394,12 @@ def setup(config: LMConfig | None = None, text: str | None = None) -> LMSetup:
     c = check_config(LMConfig() if config is None else config)
     dt = check_dtype(c.dtype)
     data = corpus_data(c, text)
-    model = build_model(len(data[1]), c.seq_len, c.d_model, c.d_ffn, c.blocks, dt,
+    model = build_model(len(data["vocab"]), c.seq_len, c.d_model, c.d_ffn, c.blocks, dt,
                         np.random.default_rng(c.seed))
     opt = adamw_decaying_matrices(model, c)
-    steps = c.epochs * -(-data[4].shape[0] // c.batch_size)
-    return LMSetup(c, *data, model, opt, _steps_scheduler(opt, steps, c.warmup), steps)
+    steps = c.epochs * -(-data["X"].shape[0] // c.batch_size)
+    return LMSetup(config=c, **data, model=model, optimizer=opt,
+                   scheduler=_steps_scheduler(opt, steps, c.warmup), steps=steps)
 
 
 def train(config: LMConfig | None = None, progress=True, text: str | None = None,

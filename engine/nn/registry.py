@@ -44,7 +44,7 @@ def _resolve(ref):
     return getattr(importlib.import_module(module), name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Block:
     """One block kind. ``build(dims, dtype=, rng=, **options)`` -> the engine module;
     ``naive`` -> the twin class (``naive(params, lr=, weight_decay=, loss=, **options)``);

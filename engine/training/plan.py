@@ -20,7 +20,7 @@ from .checks import (batch_size_for, check_callbacks, check_data, check_instance
 __all__ = ["FitPlan", "plan_fit"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FitPlan:
     """Every option of a ``fit`` run, checked (see ``fit`` for their meaning)."""
     epochs: int
@@ -83,6 +83,8 @@ def plan_fit(model, loss, optimizer, X, Y, *, epochs, batch_size=None, shuffle=T
         resume = prepare_resume(resume_from, model, optimizer, {
             "epochs": epochs, "scheduler": scheduler, "rng": gen, "callbacks": callbacks,
             "samples": X.shape[0], "batch_size": bs, "shuffled": shuffle and bs != X.shape[0]})
-    return FitPlan(epochs, bs, shuffle, gen, None if validation is None else tuple(validation),
-                   val_bs, progress, tuple(callbacks), scheduler, scheduler_interval,
-                   clip_grad_norm, classify, resume)
+    return FitPlan(epochs=epochs, batch_size=bs, shuffle=shuffle, rng=gen,
+                   validation=None if validation is None else tuple(validation),
+                   val_batch_size=val_bs, progress=progress, callbacks=tuple(callbacks),
+                   scheduler=scheduler, scheduler_interval=scheduler_interval,
+                   clip_grad_norm=clip_grad_norm, classify=classify, resume=resume)
