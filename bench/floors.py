@@ -12,6 +12,9 @@ checks what the block really calls.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import statistics
+import time
 
 import numpy as np
 
@@ -19,6 +22,8 @@ from kernels import ops
 from kernels.instrument import record, replay
 
 from bench import cases
+
+_gemm = importlib.import_module("kernels.gemm")  # the module (kernels.gemm is also a function)
 
 
 def gemm_list(block: str, shape) -> list:
@@ -63,8 +68,45 @@ def replay_fn(fn):
     grow every replay until they overflow, or shrink into denormals (slow arithmetic). The
     block's own call rewrites those buffers, so a floor alternating with the block stays
     put; a floor timed alone calls ``run.restore()`` (untimed) first, which copies back every
-    output as the recorded call left it."""
-    return replay(fn, "gemm")
+    output as the recorded call left it.
+
+    The floor is the GEMMs at their fastest: when a call is small enough for the engine's
+    one-thread rule (``kernels.gemm.ONE_THREAD_DIM``), the replay runs with the rule or
+    without it, whichever of the two took less time here (``run.one_thread_dim`` says which),
+    so a rule that trades GEMM time for the update's cannot make the floor slower."""
+    return fastest_threads(replay(fn, "gemm"))
+
+
+def fastest_threads(run, rounds: int = 15):
+    """``run`` (a ``replay``) wrapped to set ``kernels.gemm.ONE_THREAD_DIM`` to the value,
+    the rule's or 0 (no call forced onto one thread), under which it ran faster: medians of
+    ``rounds`` alternating timings, each after ``run.restore()``."""
+    rule = _gemm.ONE_THREAD_DIM
+    if rule <= 0 or all(min(gemm_mnk(args)) > rule for args in run.calls):
+        best = rule  # no call is affected
+    else:
+        times = {rule: [], 0: []}
+        for i in range(2 * rounds):
+            value = (rule, 0)[i % 2]
+            run.restore()
+            _gemm.ONE_THREAD_DIM = value
+            try:
+                t0 = time.perf_counter()
+                run()
+                times[value].append(time.perf_counter() - t0)
+            finally:
+                _gemm.ONE_THREAD_DIM = rule
+        run.restore()
+        best = min(times, key=lambda v: statistics.median(times[v]))
+
+    def floor():
+        _gemm.ONE_THREAD_DIM = best
+        try:
+            run()
+        finally:
+            _gemm.ONE_THREAD_DIM = rule
+    floor.calls, floor.restore, floor.one_thread_dim = run.calls, run.restore, best
+    return floor
 
 
 # gemm's defaults after (out, a, b): a recorded call holds only the arguments passed.
