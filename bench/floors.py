@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import statistics
 import time
 
 import numpy as np
@@ -79,8 +78,8 @@ def replay_fn(fn):
 
 def fastest_threads(run, rounds: int = 15):
     """``run`` (a ``replay``) wrapped to set ``kernels.gemm.ONE_THREAD_DIM`` to the value,
-    the rule's or 0 (no call forced onto one thread), under which it ran faster: medians of
-    ``rounds`` alternating timings, each after ``run.restore()``."""
+    the rule's or 0 (no call forced onto one thread), under which it ran faster: the best of
+    ``rounds`` alternating timings each, every one after ``run.restore()``."""
     rule = _gemm.ONE_THREAD_DIM
     if rule <= 0 or all(min(gemm_mnk(args)) > rule for args in run.calls):
         best = rule  # no call is affected
@@ -97,7 +96,7 @@ def fastest_threads(run, rounds: int = 15):
             finally:
                 _gemm.ONE_THREAD_DIM = rule
         run.restore()
-        best = min(times, key=lambda v: statistics.median(times[v]))
+        best = min(times, key=lambda v: min(times[v]))  # the fastest each way can run
 
     def floor():
         _gemm.ONE_THREAD_DIM = best
