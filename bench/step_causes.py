@@ -1,5 +1,6 @@
 """Why a small step's optimizer update is slower inside the step than alone: the update timed
-after the step's own GEMMs (replayed, bench.floors) at 1 and at 2 OpenBLAS threads.
+after the step's own GEMMs (replayed through kernels.instrument.replay, with the one-thread
+rule off) at 1 and at 2 OpenBLAS threads.
 
 For one case (default FFN-gelu at seed000) it times, interleaved, medians of wall and calling-
 thread CPU time, µs:
@@ -22,16 +23,21 @@ core". ``python -m bench.step_causes [--block B] [--shape S] [--reps N]``; run i
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from kernels import optim as kopt
+from kernels.instrument import replay
 from kernels import parallel as kpar
 from kernels import threads as kthreads
 
-from bench import cases, floors
+from bench import cases
+
+kgemm = importlib.import_module("kernels.gemm")  # the module (kernels.gemm is also a function)
 
 
 def measure(block: str = "FFN-gelu", shape: str = "seed000", reps: int = 150) -> dict:
@@ -40,8 +46,11 @@ def measure(block: str = "FFN-gelu", shape: str = "seed000", reps: int = 150) ->
     step, opt, module = case["step"], case["opt"], case["module"]
     for _ in range(100):
         step()
-    floor = floors.replay_fn(case["fwd_bwd"])
+    # The block's GEMM calls replayed as they are, not at floors' fastest thread rule: the
+    # point is the thread count they ran on, set below with the rule off.
+    floor = replay(case["fwd_bwd"], "gemm")
     threads = kthreads.get_num_threads()
+    blas = ThreadpoolController()  # set OpenBLAS's threads alone, the pool's stay
     update = lambda: opt.step(zero_grad=True)  # noqa: E731  (the call fit makes)
 
     n = sum(p.size for p in module.parameters())
@@ -59,7 +68,7 @@ def measure(block: str = "FFN-gelu", shape: str = "seed000", reps: int = 150) ->
 
     params = [p.data for p in module.parameters()]
     grads = [p.grad for p in module.parameters()]
-    moments = [b for b in opt._flat["exp_avg"].values()]
+    moments = [st["exp_avg"] for st in opt.state if "exp_avg" in st]
     tests = [("opt", update, (1, 2)),
              ("opt, 5 ms sleep", update, (2,)),
              ("fresh", lambda: kopt.adamw_update_many_unchecked(fresh_item, True), (2,)),
@@ -77,11 +86,12 @@ def measure(block: str = "FFN-gelu", shape: str = "seed000", reps: int = 150) ->
         w.append(t1 - t0)
         c.append(c1 - c0)
 
+    rule, kgemm.ONE_THREAD_DIM = kgemm.ONE_THREAD_DIM, 0  # "@2" must mean two threads
     try:
         for _ in range(reps):
             for name, fn, counts in tests:
                 for k in counts:
-                    kthreads._controller.limit(limits=k)
+                    blas.limit(limits=k, user_api="blas")  # OpenBLAS only
                     floor()
                     if "sleep" in name:
                         time.sleep(0.005)
@@ -89,23 +99,15 @@ def measure(block: str = "FFN-gelu", shape: str = "seed000", reps: int = 150) ->
             update()
             timed("opt alone", update)
     finally:
+        kgemm.ONE_THREAD_DIM = rule
         kthreads.set_num_threads(threads)
     result = {k: (1e6 * statistics.median(w), 1e6 * statistics.median(c))
               for k, (w, c) in out.items()}
 
-    forks = [0]
-    real = kpar._fork
-
-    def counting(fn, k):
-        forks[0] += 1
-        return real(fn, k)
-    kpar._fork = counting
-    try:
-        for _ in range(10):
-            step()
-    finally:
-        kpar._fork = real
-    return dict(times=result, dispatches=forks[0] / 10, params=n)
+    before = kpar.handoffs()
+    for _ in range(10):
+        step()
+    return dict(times=result, dispatches=(kpar.handoffs() - before) / 10, params=n)
 
 
 def main(argv=None) -> None:

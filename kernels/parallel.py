@@ -16,7 +16,7 @@ import threading
 
 from . import threads as _threads
 
-__all__ = ["split", "split_blocks", "threads_for", "chunks",
+__all__ = ["split", "split_blocks", "threads_for", "chunks", "handoffs",
            "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
 # Elements per thread below which ``chunks`` does not split (kernels that give no cost).
@@ -97,6 +97,16 @@ def threads_for(n: int, row_len: int = 1, min_elements: int = SPLIT_MIN,
     return max(1, min(t, work // (SPLIT_WORK // 2), n))
 
 
+_handoffs = [0]  # pool hand-offs so far; bumped under _busy, so no lock of its own
+
+
+def handoffs() -> int:
+    """How many times a split has handed work to the pool since the process started (a
+    split that runs all its slices on the calling thread does not count): a profile counts
+    the hand-offs of one step as the difference around it."""
+    return _handoffs[0]
+
+
 def _fork(fn, k: int) -> None:
     """``fn(slot)`` for slot in range(k): slot 0 on the calling thread, the others on pool
     threads (one each); waits for all and re-raises the first error. If the pool is in use
@@ -109,6 +119,7 @@ def _fork(fn, k: int) -> None:
             fn(s)
         return
     try:
+        _handoffs[0] += 1
         while len(_workers) < k - 1:
             _workers.append(_Worker(f"blasnet-{len(_workers) + 1}"))
         team = _workers[:k - 1]

@@ -188,3 +188,19 @@ def test_concurrent_splits_from_two_threads_each_cover_their_rows():
     assert not errors
     for h in hits:
         np.testing.assert_array_equal(h, np.full(n, 50))
+
+
+def test_handoffs_count_the_splits_that_used_the_pool():
+    # Check that a 2-way split counts one hand-off, a 1-way split and a split nested inside
+    # a slot (run in order on the caller) none.
+    before = parallel.handoffs()
+    parallel.split(lambda i, j, s: None, 10, k=2)
+    assert parallel.handoffs() == before + 1
+    parallel.split(lambda i, j, s: None, 10, k=1)
+    assert parallel.handoffs() == before + 1
+
+    def nested(i, j, s):
+        if s == 0:
+            parallel.split(lambda a, b, t: None, 10, k=2)  # the pool is busy: runs here
+    parallel.split(nested, 10, k=2)
+    assert parallel.handoffs() == before + 2
