@@ -23,8 +23,11 @@ from .jit import jit
 __all__ = ["layernorm_forward", "layernorm_backward",
            "layernorm_forward_unchecked", "layernorm_backward_unchecked"]
 
-# Relative cost per element for kernels.parallel.threads_for (a copy is 1): three reads of x.
-COST = 3
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1), from where two
+# threads overtook one (docs/performance.md, "Split thresholds"): the row sums run one
+# element per cycle, so these are compute-bound, the backward with two of them twice as much.
+FWD_COST = 5
+BWD_COST = 8
 
 
 @jit
@@ -77,7 +80,7 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
     if n == 0:
         return out
     e = x.dtype.type(eps)
-    k = _par.threads_for(n, d, passes=COST)
+    k = _par.threads_for(n, d, passes=FWD_COST)
     if k == 1:
         _fwd_rows(out, mean, rstd, x, gamma, beta, e, 0, n)
     else:
@@ -120,7 +123,7 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
         return dx
     if rstd[rstd.argmin()] < _TINY_RSTD[x.dtype]:  # a row of huge |x| (or NaN): see below
         return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
-    k = _par.threads_for(n, d, passes=COST)
+    k = _par.threads_for(n, d, passes=BWD_COST)
     # The parameter gradients first: dx may overwrite dout (or x).
     if k == 1:
         _bwd_params(dgamma, dbeta, dout, x, mean, rstd, 0, d)

@@ -27,9 +27,12 @@ __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
            "mse_forward_unchecked", "mse_backward_unchecked",
            "mse_forward_backward", "mse_forward_backward_unchecked"]
 
-# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
-CE_COST = 3
-MSE_COST = 1
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1), from where two
+# threads overtook one (docs/performance.md, "Split thresholds"): the cross-entropy forward
+# (exp and two row reductions) is compute-bound, its backward a stream.
+CE_FWD_COST = 8
+CE_BWD_COST = 1
+MSE_COST = 3
 BLOCK = 4096  # MSE: elements per partial sum (fixed: the loss's order of additions)
 
 
@@ -94,9 +97,9 @@ def _ce_probs_bwd(dlogits, probs, target, n, i0, i1):
     return 0
 
 
-def _rows(kernel, n, c, args):
+def _rows(kernel, n, c, args, cost):
     """``kernel(*args, i0, i1)`` over rows, split over blasnet's threads when large."""
-    k = _par.threads_for(n, c, passes=CE_COST)
+    k = _par.threads_for(n, c, passes=cost)
     if k == 1:
         kernel(*args, 0, n)
     else:
@@ -111,7 +114,7 @@ def softmax_cross_entropy_forward_unchecked(probs, logits, target):
         return math.nan
     losses = scratch("losses.ce_rows", n, np.float64)  # (n,) each row's loss
     kernel = _ce_labels_fwd if target.ndim == 1 else _ce_probs_fwd
-    _rows(kernel, n, c, (losses, probs, logits, target))
+    _rows(kernel, n, c, (losses, probs, logits, target), CE_FWD_COST)
     return float(lanes.sum_in_order(losses)) / n
 
 
@@ -122,7 +125,7 @@ def softmax_cross_entropy_backward_unchecked(dlogits, probs, target):
     if n == 0:
         return dlogits
     kernel = _ce_labels_bwd if target.ndim == 1 else _ce_probs_bwd
-    _rows(kernel, n, c, (dlogits, probs, target, n))
+    _rows(kernel, n, c, (dlogits, probs, target, n), CE_BWD_COST)
     return dlogits
 
 

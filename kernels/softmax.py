@@ -21,8 +21,12 @@ __all__ = ["softmax_forward", "softmax_backward", "log_softmax_forward",
            "log_softmax_backward", "softmax_forward_unchecked", "softmax_backward_unchecked",
            "log_softmax_forward_unchecked", "log_softmax_backward_unchecked"]
 
-# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
-COST = 3
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1), from where two
+# threads overtook one (docs/performance.md, "Split thresholds"): the forwards (exp or log
+# and row reductions) are compute-bound, the backwards one row reduction and a stream.
+FWD_COST = 8
+BWD_COST = 5
+LOG_BWD_COST = 4
 
 
 @jit
@@ -74,12 +78,12 @@ def _log_softmax_bwd(dx, dy, y, i0, i1):
     return 0
 
 
-def _run(kernel, out, a, b):
+def _run(kernel, out, a, b, cost):
     """``kernel(out, a, b, i0, i1)`` over the rows of the (N, C) ``out``, split when large."""
     n, c = out.shape
     if not (n and c):
         return out
-    k = _par.threads_for(n, c, passes=COST)
+    k = _par.threads_for(n, c, passes=cost)
     if k == 1:
         kernel(out, a, b, 0, n) if b is not None else kernel(out, a, 0, n)
     elif b is None:
@@ -93,13 +97,13 @@ def _run(kernel, out, a, b):
 def softmax_forward_unchecked(y, x):
     """``y = softmax(x)`` over the last axis of C-contiguous (N, C) arrays of one float dtype
     (``y`` may be ``x``; no checks)."""
-    return _run(_softmax_fwd, y, x, None)
+    return _run(_softmax_fwd, y, x, None, FWD_COST)
 
 
 def softmax_backward_unchecked(dx, dy, y):
     """``dx = y * (dy - sum(dy * y))`` row-wise, ``y`` the forward's output (``dx`` may be
     ``dy``; no checks)."""
-    return _run(_softmax_bwd, dx, dy, y)
+    return _run(_softmax_bwd, dx, dy, y, BWD_COST)
 
 
 def log_softmax_forward_unchecked(y, x):
@@ -107,7 +111,7 @@ def log_softmax_forward_unchecked(y, x):
     n, c = y.shape
     if not (n and c):
         return y
-    k = _par.threads_for(n, c, passes=COST)
+    k = _par.threads_for(n, c, passes=FWD_COST)
     tmps = [scratch(("softmax.exp_row", s), c, x.dtype) for s in range(k)]  # (C,) per slot
     if k == 1:
         _log_softmax_fwd(y, x, tmps[0], 0, n)
@@ -119,7 +123,7 @@ def log_softmax_forward_unchecked(y, x):
 def log_softmax_backward_unchecked(dx, dy, y):
     """``dx = dy - exp(y) * sum(dy)`` row-wise, ``y`` the forward's output (``dx`` may be
     ``dy``; no checks)."""
-    return _run(_log_softmax_bwd, dx, dy, y)
+    return _run(_log_softmax_bwd, dx, dy, y, LOG_BWD_COST)
 
 
 # ----------------------------------------------------------------------------- checked API

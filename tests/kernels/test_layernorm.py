@@ -243,7 +243,8 @@ def test_two_threads_give_the_bits_of_one(monkeypatch):
     rng = np.random.default_rng(11)
     x, gamma, beta, dout = _problem(rng, 2049, 517, np.float32)
     with num_threads(2):
-        assert parallel.threads_for(2049, 517, passes=ln.COST) == 2
+        assert parallel.threads_for(2049, 517, passes=ln.FWD_COST) == 2
+        assert parallel.threads_for(2049, 517, passes=ln.BWD_COST) == 2
     with num_threads(1):
         a = _fwd_bwd(x, gamma, beta, dout)
     with num_threads(2):

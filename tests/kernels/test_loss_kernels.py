@@ -379,7 +379,7 @@ def test_mse_empty_forward_backward_is_nan():
 
 def _split_sizes(dtype):
     # Element counts around the split threshold, with a partial last block.
-    lo = parallel.SPLIT_WORK // losses.MSE_COST
+    lo = -(-parallel.SPLIT_WORK // losses.MSE_COST)  # the least n with n * cost >= SPLIT_WORK
     return [lo - 1, lo, lo + losses.BLOCK // 2 + 3]
 
 
@@ -408,7 +408,7 @@ def test_mse_split_over_threads_gives_one_thread_results(dtype, monkeypatch):
                 dp = np.empty_like(pred)
                 res[t] = (mse_forward(pred, target), mse_forward_backward(dp, pred, target), dp,
                           mse_backward(np.empty_like(pred), pred, target))
-            split = n >= parallel.SPLIT_WORK // losses.MSE_COST and t == 2
+            split = n * losses.MSE_COST >= parallel.SPLIT_WORK and t == 2
             assert calls == ([2, 2, 2] if split else []), (n, t, calls)
         assert res[2][0] == res[1][0] and res[2][1] == res[1][1]
         np.testing.assert_array_equal(res[2][2], res[1][2])
