@@ -29,8 +29,9 @@ _GEMV = {np.dtype(np.float32): _blas.sgemv, np.dtype(np.float64): _blas.dgemv}
 @jit
 def _glu_backward(g, u, dh, i0, i1, slope):
     """g *= dh and u *= dh, flat elements [i0, i1)."""
-    gf, uf, df = g.reshape(-1), u.reshape(-1), dh.reshape(-1)
-    for k in range(i0, i1):
+    # sliced first: indices from 0 vectorise (an index from i0 may be negative to LLVM)
+    gf, uf, df = g.reshape(-1)[i0:i1], u.reshape(-1)[i0:i1], dh.reshape(-1)[i0:i1]
+    for k in range(i1 - i0):
         w = df[k]
         gf[k] = gf[k] * w
         uf[k] = uf[k] * w
