@@ -36,6 +36,10 @@ __all__ = [
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = (F32, F64)
 _COLS = 16  # column slices of the bias-gradient passes start on multiples of 16 elements
+# Elements from which the bias-gradient passes split their columns over threads: each thread
+# then walks every row, and on two cores it lost at every size measured up to 4 Mi elements
+# (docs/performance.md, "Split thresholds").
+COLS_SPLIT_MIN = 8 * 1024 * 1024
 
 # ----------------------------------------------------------------------------- generated kernels
 _table: dict = {}
@@ -179,7 +183,7 @@ def _cols(kern, n, d, slope, *arrays):
     _COLS, split over threads when large: each column is summed over all its rows in order
     by one thread, whatever the thread count."""
     groups = -(-d // _COLS)
-    k = min(_threads_for(n, d), groups)
+    k = min(_threads_for(n, d, COLS_SPLIT_MIN), groups)
     if k <= 1:
         kern(*arrays, 0, d, slope)
     else:

@@ -15,8 +15,11 @@ from .jit import jit
 
 __all__ = ["gate_forward", "gate_backward"]
 
-# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
-COST = 2
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1), from where two
+# threads overtook one (docs/performance.md, "Split thresholds"): the forward's sigmoid is
+# compute-bound, the backward a stream.
+FWD_COST = 4
+BWD_COST = 2
 
 
 @jit
@@ -41,9 +44,9 @@ def _bwd(g, p, da, i0, i1):
     return 0
 
 
-def _run(kernel, a, b, c):
+def _run(kernel, a, b, c, cost):
     n = a.shape[0]
-    k = _par.threads_for(n, passes=COST)
+    k = _par.threads_for(n, passes=cost)
     if k == 1:
         kernel(a, b, c, 0, n)
     else:
@@ -54,7 +57,7 @@ def gate_forward(a, g, p):
     """``(g, p) = (Zg/2, P/2)`` -> ``g = S = 2 sigmoid(Zg)`` in place and
     ``a = S * P/2 = sigmoid(Zg) * P``. Contiguous 1-D arrays of one size and dtype (no
     checks)."""
-    _run(_fwd, a, g, p)
+    _run(_fwd, a, g, p, FWD_COST)
     return a
 
 
@@ -62,5 +65,5 @@ def gate_backward(g, p, da):
     """In place ``(g, p, da) = (S, P/2, dA)`` -> ``(2 dZg, 2 dP, dA)`` with
     ``dP = dA * sigmoid(Zg)`` and ``dZg = dA * P * sigmoid'(Zg)``: the GEMMs that read the
     results take alpha = 0.5. Contiguous 1-D arrays of one size and dtype (no checks)."""
-    _run(_bwd, g, p, da)
+    _run(_bwd, g, p, da, BWD_COST)
     return g

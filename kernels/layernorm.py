@@ -26,7 +26,7 @@ __all__ = ["layernorm_forward", "layernorm_backward",
 # Relative cost per element for kernels.parallel.threads_for (a copy is 1), from where two
 # threads overtook one (docs/performance.md, "Split thresholds"): the row sums run one
 # element per cycle, so these are compute-bound, the backward with two of them twice as much.
-FWD_COST = 5
+FWD_COST = 6
 BWD_COST = 8
 
 

@@ -30,7 +30,7 @@ __all__ = ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward",
 # Relative cost per element for kernels.parallel.threads_for (a copy is 1), from where two
 # threads overtook one (docs/performance.md, "Split thresholds"): the cross-entropy forward
 # (exp and two row reductions) is compute-bound, its backward a stream.
-CE_FWD_COST = 8
+CE_FWD_COST = 10
 CE_BWD_COST = 1
 MSE_COST = 3
 BLOCK = 4096  # MSE: elements per partial sum (fixed: the loss's order of additions)

@@ -749,9 +749,10 @@ def test_bias_grad_sum_is_accurate_over_many_rows(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_bias_grad_bit_identical_across_thread_counts(dtype):
+def test_bias_grad_bit_identical_across_thread_counts(dtype, monkeypatch):
     # Check that dz and the fused db are the same bits at 1 and 2 threads (columns split over
     # threads, each column summed over all rows in order), for both backward passes.
+    monkeypatch.setattr(A, "COLS_SPLIT_MIN", parallel.SPLIT_MIN)  # split at this size
     rng = np.random.default_rng(22)
     shape = _split_shape(dtype)
     z = _z(rng, shape, dtype)
@@ -768,13 +769,23 @@ def test_bias_grad_bit_identical_across_thread_counts(dtype):
 
 
 def test_bias_grad_split_over_columns(monkeypatch):
-    # Check that at 2 threads a large backward with db is split (over column slices of 16).
+    # Check that at 2 threads a backward with db from COLS_SPLIT_MIN elements is split (over
+    # column slices of 16), and below it runs on one thread where the passes without db split.
     seen = _split_spy(monkeypatch)
     z = np.zeros(_split_shape(np.float32), np.float32)
     db = np.zeros(z.shape[1], np.float32)
+    assert z.size < A.COLS_SPLIT_MIN
     with num_threads(2):
         A.act_backward(np.empty_like(z), z, z, "relu", db=db)
-    assert seen == [2]
+        A.act_backward_cached(np.empty_like(z), z, z, db=db)
+        assert seen == []
+        A.act_backward(np.empty_like(z), z, z, "relu")
+        assert seen == [2]
+        seen.clear()
+        monkeypatch.setattr(A, "COLS_SPLIT_MIN", z.size)
+        A.act_backward(np.empty_like(z), z, z, "relu", db=db)
+        A.act_backward_cached(np.empty_like(z), z, z, db=db)
+    assert seen == [2, 2]
 
 
 # ----------------------------------------------------------------------------- NaN and infinities

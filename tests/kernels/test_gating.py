@@ -13,10 +13,11 @@ LARGE = 2 * parallel.MIN_ELEMENTS_PER_THREAD + 4097  # split over 2 threads, odd
 
 
 @pytest.fixture(autouse=True)
-def _split_work_3mi(monkeypatch):
-    # The split tests here run at the sizes of a 3 Mi element-pass threshold (what they test
-    # is the split, not where the threshold lies; tests/kernels/test_parallel.py checks that).
-    monkeypatch.setattr(parallel, "SPLIT_WORK", 3 * 1024 * 1024)
+def _split_work_1mi(monkeypatch):
+    # The split tests here run at a 1 Mi copy-element threshold, so that LARGE splits in both
+    # directions (what they test is the split, not where the threshold lies;
+    # tests/kernels/test_parallel.py checks that).
+    monkeypatch.setattr(parallel, "SPLIT_WORK", 1024 * 1024)
 
 
 
@@ -63,8 +64,8 @@ def test_forward_matches_reference_in_place(dtype, n, threads):
     g, p, _ = _inputs(n, dtype)
     p0 = p.copy()
     with num_threads(threads):
-        if n == LARGE:
-            assert parallel.chunks(n, 1) == threads  # the split path when threads == 2
+        if n == LARGE:  # the split path when threads == 2
+            assert parallel.threads_for(n, passes=gating.FWD_COST) == threads
         res, a, s = _forward(g, p)
     a_ref, s_ref = np.empty_like(g), g.copy()
     R.gate_forward(a_ref, s_ref, p.copy())
@@ -84,6 +85,8 @@ def test_backward_matches_reference_in_place(dtype, n, threads):
     R.gate_backward(g_ref, p_ref, da.copy())
     gb, pb = s.copy(), p.copy()
     with num_threads(threads):
+        if n == LARGE:  # the split path when threads == 2
+            assert parallel.threads_for(n, passes=gating.BWD_COST) == threads
         res = gating.gate_backward(gb, pb, da.copy())
     assert res is gb
     np.testing.assert_allclose(gb, g_ref, **TOL[dtype])
