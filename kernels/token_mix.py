@@ -35,8 +35,11 @@ def swap01_unchecked(out, x):
     return out
 
 
-# Relative cost per element for kernels.parallel.threads_for (a copy is 1).
-COST = 2
+# Relative cost per element for kernels.parallel.threads_for (a copy is 1). Inside a step
+# these passes read the rows the forward wrote long before, from memory, and two threads
+# beat one from 256 Ki elements (docs/performance.md, "Split thresholds"), though on data
+# already in cache they do not.
+COST = 8
 
 
 @jit
