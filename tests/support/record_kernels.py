@@ -6,7 +6,9 @@
 the session, every compiled version of every kernel of the ``kernels`` package to
 kernels/precompile.txt (``BLASNET_KERNEL_LIST`` names another file), with the seconds numba
 spent compiling it (its outermost "numba:compile" events; 0 for a version loaded from the
-cache or compiled inside another kernel).
+cache or compiled inside another kernel). The lines are in the order the tests first
+compiled them (versions compiled only inside another kernel last), so that
+``kernels.precompile``, run beside the tests, compiles what they reach first first.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ _listen()
 def pytest_sessionfinish(session):
     from numba.core.dispatcher import Dispatcher
     import kernels
+    first = {key: i for i, key in enumerate(_seconds)}  # dicts keep insertion: compile order
     lines, seen = [], set()
     for name, mod in sorted(sys.modules.items()):
         if mod is None or name.split(".")[0] != "kernels":
@@ -54,7 +57,9 @@ def pytest_sessionfinish(session):
             seen.add(id(obj))
             for sig in obj.signatures:
                 text = str(sig)
-                lines.append(f"{name}\t{attr}\t{text}\t{_seconds.get((id(obj), text), 0.0):.3f}")
+                lines.append((first.get((id(obj), text), len(first)),
+                              f"{name}\t{attr}\t{text}\t{_seconds.get((id(obj), text), 0.0):.3f}"))
+    lines = [line for _, line in sorted(lines, key=lambda item: item[0])]  # stable
     path = os.environ.get("BLASNET_KERNEL_LIST",
                           os.path.join(os.path.dirname(kernels.__file__), "precompile.txt"))
     with open(path, "w") as f:
