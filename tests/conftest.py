@@ -1,8 +1,9 @@
 """Test ordering for ``make test``."""
 
-# Tests that start other Python processes run after the rest: on a fresh clone (an empty
-# kernel cache) a process started early compiles the kernels it needs again, while one
-# started late loads what the in-process tests and kernels.precompile compiled meanwhile.
+# The directories and files whose tests mostly start other Python processes (bench runs, the
+# CLI, the wheel, mpiexec) run after the rest: on a fresh clone (an empty kernel cache) a
+# process started early compiles the kernels it needs again, while one started late loads
+# what the in-process tests and kernels.precompile compiled meanwhile.
 LATE = ("tests/benchmarks/", "tests/cli/", "tests/test_wheel.py", "tests/test_distributed.py",
         "tests/test_packaging.py")
 
