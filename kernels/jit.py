@@ -14,6 +14,15 @@ and keep NaN/inf semantics:
   propagating) and never "reassoc" (a reduction's order, and so its result, must not depend
   on the vector width or on how the work is split).
 
+One option is per kernel: ``slp=True`` compiles a kernel with LLVM's SLP vectoriser, which
+numba leaves off (it miscompiled other code). It is for the kernels whose hot loops are the
+fixed lanes of kernels.lanes: it packs the eight independent accumulators into vector
+registers, 1.5-1.8x faster row sums, without reordering any sum. Such a kernel compiles
+without "contract": packing separates a lane's multiply from its add, so with contraction
+some lanes would round once (FMA) and some twice, depending on the vector width; without
+it every operation rounds as written and the bits cannot depend on the packing (tested
+against a compile without SLP).
+
 ``NUMBA_DISABLE_JIT=1`` in the environment runs the same kernels as plain Python (slow; for
 debugging with pdb or prints). Factories that close over a function defeat numba's disk
 cache (the captured function is part of the key): generate source instead.
@@ -21,12 +30,16 @@ cache (the captured function is part of the key): generate source instead.
 from __future__ import annotations
 
 import numba
+from numba.core import config as _numba_config
+from numba.core.compiler_lock import global_compiler_lock
 
-__all__ = ["jit", "FASTMATH", "OPTIONS", "disabled"]
+__all__ = ["jit", "FASTMATH", "OPTIONS", "SLP_KERNELS", "disabled"]
 
 FASTMATH = frozenset({"contract", "afn", "arcp"})
 OPTIONS = {"nopython": True, "nogil": True, "cache": True, "error_model": "numpy",
            "fastmath": set(FASTMATH)}
+
+SLP_KERNELS: list = []   # the dispatchers made with jit(slp=True), for their tests
 
 
 def disabled() -> bool:
@@ -34,18 +47,44 @@ def disabled() -> bool:
     return bool(numba.config.DISABLE_JIT)
 
 
-def jit(fn=None, **overrides):
+def jit(fn=None, *, slp=False, **overrides):
     """Compile ``fn`` with blasnet's options (``OPTIONS``); usable as ``@jit`` or
-    ``@jit(inline="always")`` for helpers inlined into their callers. An override of
+    ``@jit(inline="always")`` for helpers inlined into their callers, ``@jit(slp=True)`` for
+    a kernel compiled with LLVM's SLP vectoriser (see the module's doc). An override of
     ``fastmath``, ``error_model``, ``nogil`` or ``parallel`` is refused: those settings are
     what every kernel's correctness and threading rely on."""
+    if not isinstance(slp, bool):
+        raise TypeError(f"jit: slp must be a bool, got {type(slp).__name__}")
     for key in ("fastmath", "error_model", "nogil", "parallel", "nopython"):
         if key in overrides:
             raise ValueError(f"jit: {key!r} is fixed for blasnet kernels (kernels.jit.OPTIONS), "
                              f"got {key}={overrides[key]!r}")
-    options = dict(OPTIONS, fastmath=set(FASTMATH), **overrides)
+    fastmath = FASTMATH - {"contract"} if slp else FASTMATH
+    options = dict(OPTIONS, fastmath=set(fastmath), **overrides)
 
     def wrap(f):
-        return numba.jit(**options)(f)
+        d = numba.jit(**options)(f)
+        if slp and not disabled():
+            _compile_with_slp(d)
+            SLP_KERNELS.append(d)
+        return d
 
     return wrap if fn is None else wrap(fn)
+
+
+def _compile_with_slp(dispatcher):
+    """Make every compile of ``dispatcher`` (not a load from the disk cache) run LLVM's SLP
+    vectoriser. numba's pass builder reads the setting from its config on each compile, and
+    compiles hold one global lock, so the switch is seen by this compile alone."""
+    plain = dispatcher.compile
+
+    def compile(sig):
+        with global_compiler_lock:
+            before = _numba_config.SLP_VECTORIZE
+            _numba_config.SLP_VECTORIZE = True
+            try:
+                return plain(sig)
+            finally:
+                _numba_config.SLP_VECTORIZE = before
+
+    dispatcher.compile = compile

@@ -30,7 +30,7 @@ FWD_COST = 6
 BWD_COST = 8
 
 
-@jit
+@jit(slp=True)
 def _fwd_rows(out, mean, rstd, x, gamma, beta, eps, i0, i1):
     d = x.shape[1]
     dd, one = fastmath.const(d, x), fastmath.const(1, x)
@@ -45,7 +45,7 @@ def _fwd_rows(out, mean, rstd, x, gamma, beta, eps, i0, i1):
     return 0
 
 
-@jit
+@jit(slp=True)
 def _bwd_rows(dx, dout, x, mean, rstd, gamma, i0, i1):
     # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd
     d = x.shape[1]

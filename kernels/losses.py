@@ -180,7 +180,7 @@ def softmax_cross_entropy_backward(dlogits, probs, target):
 
 
 # ----------------------------------------------------------------------------- MSE
-@jit
+@jit(slp=True)
 def _mse_sums(part, p, t, b0, b1):
     """part[b] = sum((p - t)^2) over block b, for blocks b0..b1."""
     n = p.shape[0]
@@ -190,7 +190,7 @@ def _mse_sums(part, p, t, b0, b1):
     return 0
 
 
-@jit
+@jit(slp=True)
 def _mse_fwd_bwd(part, dp, p, t, scale, b0, b1):
     """``_mse_sums`` and dp = (p - t) * scale (dp may be p: each block is read first)."""
     n = p.shape[0]

@@ -189,7 +189,7 @@ def sgd_update_unchecked(param, grad, momentum_buf, lr, momentum=0.0, weight_dec
 
 
 # ----------------------------------------------------------------------------- norm, scale
-@jit
+@jit(slp=True)
 def _sumsq_blocks(part, first, g, b0, b1):
     """part[first + b] = sum(g^2) over block b of g, for blocks b0..b1, in float64 in eight
     fixed lanes (the order does not depend on the vector width or the split)."""

@@ -43,7 +43,7 @@ def _softmax_fwd(y, x, i0, i1):
     return 0
 
 
-@jit
+@jit(slp=True)
 def _softmax_bwd(dx, dy, y, i0, i1):
     for r in range(i0, i1):
         yr, dyr, dxr = y[r], dy[r], dx[r]
