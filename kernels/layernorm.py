@@ -2,11 +2,12 @@
 rstd, backward writing dx and accumulating dgamma/dbeta, as llm.c's layernorm kernels.
 
 Each is compiled (kernels.jit): the forward reads a row for its mean, again for its centred
-sum of squares (two-pass variance) and once more to write the output; the backward's dx pass
-likewise per row. Row sums go through kernels.lanes (fixed lanes: the bits do not depend on
-the vector width). Rows are split over blasnet's threads; dgamma and dbeta, sums over rows,
-are split over columns instead, each column summed in row order, so every result is the same
-whatever the thread count. Rows whose sums overflow (|x| beyond ~1e19 in float32) take a
+sum of squares (two-pass variance) and once more to write the output; the backward reads
+each row of x and dout once, writing dx and adding the row into its block's partial sums of
+dgamma and dbeta (blocks of up to 64 rows, fixed by the shape), which are then added in block
+order. Row sums go through kernels.lanes (fixed lanes: the bits do not depend on the vector
+width). Rows, or blocks of rows, are split over blasnet's threads, so every result is the
+same whatever the thread count. Rows whose sums overflow (|x| beyond ~1e19 in float32) take a
 float64 rescue path, rescaled (forward) or in xhat form (backward).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from . import fastmath, lanes
 from . import parallel as _par
 from .gemm import check_array
 from .jit import jit
+from .memory import scratch
 
 __all__ = ["layernorm_forward", "layernorm_backward",
            "layernorm_forward_unchecked", "layernorm_backward_unchecked"]
@@ -46,31 +48,52 @@ def _fwd_rows(out, mean, rstd, x, gamma, beta, eps, i0, i1):
 
 
 @jit(slp=True)
-def _bwd_rows(dx, dout, x, mean, rstd, gamma, i0, i1):
-    # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd
-    d = x.shape[1]
-    dd = fastmath.const(d, x)
-    for r in range(i0, i1):
-        xr, gr, dr = x[r], dout[r], dx[r]
-        mu, rs = mean[r], rstd[r]
-        c1 = lanes.row_dot(gr, gamma) / dd
-        c2 = lanes.row_dot_centred(gr, gamma, xr, mu) * rs / dd
-        for j in range(d):                    # dx may be dout or x: read before written
-            dr[j] = rs * (gr[j] * gamma[j] - c1 - (xr[j] - mu) * rs * c2)
+def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, rows, fresh, b0, b1):
+    # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd;
+    # part_g[b], part_b[b] (zeroed first if fresh) += dout xhat and dout over the rows of
+    # block b, in row order
+    n, d = x.shape
+    dd, zero = fastmath.const(d, x), fastmath.const(0, x)
+    for b in range(b0, b1):
+        pg, pb = part_g[b], part_b[b]
+        if fresh:
+            for j in range(d):
+                pg[j] = zero
+                pb[j] = zero
+        for r in range(b * rows, min(n, (b + 1) * rows)):
+            xr, gr, dr = x[r], dout[r], dx[r]
+            mu, rs = mean[r], rstd[r]
+            c1 = lanes.row_dot(gr, gamma) / dd
+            c2 = lanes.row_dot_centred(gr, gamma, xr, mu) * rs / dd
+            for j in range(d):                # dx may be dout or x: read before written
+                g = gr[j]
+                xh = (xr[j] - mu) * rs
+                pg[j] += g * xh
+                pb[j] += g
+                dr[j] = rs * (g * gamma[j] - c1 - xh * c2)
     return 0
 
 
 @jit
-def _bwd_params(dgamma, dbeta, dout, x, mean, rstd, j0, j1):
-    # dgamma += sum_i dout xhat, dbeta += sum_i dout: columns j0..j1, rows in order
-    dg, db = dgamma[j0:j1], dbeta[j0:j1]
-    for r in range(x.shape[0]):
-        xr, gr = x[r, j0:j1], dout[r, j0:j1]
-        mu, rs = mean[r], rstd[r]
-        for j in range(j1 - j0):
-            dg[j] += gr[j] * ((xr[j] - mu) * rs)
-            db[j] += gr[j]
+def _add_blocks(dgamma, dbeta, part_g, part_b):
+    # dgamma += the block sums in block order (and dbeta): the order is fixed by the shape
+    for b in range(part_g.shape[0]):
+        pg, pb = part_g[b], part_b[b]
+        for j in range(dgamma.shape[0]):
+            dgamma[j] += pg[j]
+            dbeta[j] += pb[j]
     return 0
+
+
+def _block_rows(n, d):
+    """Rows per partial sum of dgamma/dbeta: a function of the shape alone (so the order of
+    additions, and the bits, do not depend on the thread count). All n rows when the pass
+    is too small ever to be split (the rows then add straight into dgamma and dbeta: no
+    partial sums to add, which small steps would pay for); else 64 or fewer, so that a
+    wide array of few rows still makes several blocks to split."""
+    if n * d * BWD_COST < _par.SPLIT_WORK:
+        return n
+    return min(64, max(1, n // 8))
 
 
 def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
@@ -123,21 +146,21 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
         return dx
     if rstd[rstd.argmin()] < _TINY_RSTD[x.dtype]:  # a row of huge |x| (or NaN): see below
         return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
-    k = _par.threads_for(n, d, passes=BWD_COST)
-    # The parameter gradients first: dx may overwrite dout (or x).
+    rows = _block_rows(n, d)
+    if rows == n:   # never split: the one block's sums go straight into dgamma and dbeta
+        _bwd_blocks(dgamma.reshape(1, d), dbeta.reshape(1, d), dx, dout, x, mean, rstd, gamma,
+                    n, False, 0, 1)
+        return dx
+    nb = -(-n // rows)
+    part_g = scratch("layernorm.part_g", (nb, d), x.dtype)    # (nb, d) block sums
+    part_b = scratch("layernorm.part_b", (nb, d), x.dtype)
+    k = min(_par.threads_for(n, d, passes=BWD_COST), nb)
     if k == 1:
-        _bwd_params(dgamma, dbeta, dout, x, mean, rstd, 0, d)
-        _bwd_rows(dx, dout, x, mean, rstd, gamma, 0, n)
-    elif np.may_share_memory(dx, dout) or np.may_share_memory(dx, x):
-        _par.split(lambda j0, j1, _: _bwd_params(dgamma, dbeta, dout, x, mean, rstd, j0, j1),
-                   d, n, k=min(k, d))
-        _par.split(lambda i0, i1, _: _bwd_rows(dx, dout, x, mean, rstd, gamma, i0, i1),
-                   n, d, k=k)
-    else:  # dx is its own memory: one region, each thread its columns, then its rows
-        def run(_i0, _i1, s):
-            _bwd_params(dgamma, dbeta, dout, x, mean, rstd, d * s // k, d * (s + 1) // k)
-            _bwd_rows(dx, dout, x, mean, rstd, gamma, n * s // k, n * (s + 1) // k)
-        _par.split(run, k, k=k)
+        _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, rows, True, 0, nb)
+    else:
+        _par.split(lambda b0, b1, _: _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd,
+                                                 gamma, rows, True, b0, b1), nb, rows * d, k=k)
+    _add_blocks(dgamma, dbeta, part_g, part_b)
     return dx
 
 

@@ -73,11 +73,18 @@ def test_forward_matches_reference(dtype):
         assert_close(out, out_r, f"out {n}x{d}", **TOL[dtype])
 
 
+@pytest.mark.parametrize("blocks", [False, True], ids=["as-sized", "in-blocks"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_backward_matches_reference_and_accumulates(dtype):
+def test_backward_matches_reference_and_accumulates(dtype, blocks, monkeypatch):
     # Check that dx equals the reference and dgamma/dbeta are added to (not overwrite) what
-    # they held.
+    # they held, both as the shapes come (mostly one block) and with every shape's rows in
+    # blocks of partial sums (ragged last blocks included).
+    from kernels import parallel
+    if blocks:
+        monkeypatch.setattr(parallel, "SPLIT_WORK", 64)
     for rng, n, d, (x, gamma, beta, dout) in _problems(2, dtype):
+        if blocks and n > 1:
+            assert ln._block_rows(n, d) < n
         _, _, mean, rstd = _forward(reference, x, gamma, beta)
         g0 = rng.standard_normal(d).astype(dtype)
         b0 = rng.standard_normal(d).astype(dtype)

@@ -44,8 +44,10 @@ def _layernorm_bwd(rng, d, dtype):
     with np.errstate(invalid="ignore"):     # the inf row's statistics are NaN, as intended
         mean = x.mean(axis=1).astype(dtype)
         rstd = (1.0 / (x.std(axis=1) + 0.1)).astype(dtype)
-    return (np.empty_like(x), _rows(rng, n, d, dtype), x, mean, rstd,
-            rng.standard_normal(d).astype(dtype), 0, n)
+    rows = 4                                  # two blocks, the second ragged
+    return (np.empty((2, d), dtype), np.empty((2, d), dtype), np.empty_like(x),
+            _rows(rng, n, d, dtype), x, mean, rstd, rng.standard_normal(d).astype(dtype),
+            rows, True, 0, 2)
 
 
 def _softmax_bwd(rng, d, dtype):
@@ -76,7 +78,7 @@ def _sumsq_blocks(rng, d, dtype):
 
 CASES = {
     layernorm._fwd_rows: _layernorm_fwd,
-    layernorm._bwd_rows: _layernorm_bwd,
+    layernorm._bwd_blocks: _layernorm_bwd,
     softmax._softmax_bwd: _softmax_bwd,
     losses._mse_sums: _mse_sums,
     losses._mse_fwd_bwd: _mse_fwd_bwd,
