@@ -63,8 +63,8 @@ glu_backward = glu_backward_unchecked                  # g, u *= dh
 fill_by_row = fill_by_row_unchecked                    # out[i, :] = v[i]
 rowsum = rowsum_unchecked                              # out = x.sum(1) + beta out
 swap01 = swap01_unchecked                              # out[i, j] = x[j, i]
-sgu_gate_forward = sgu_gate_forward_unchecked          # a = u * swap01(s_tm)
-sgu_gate_backward = sgu_gate_backward_unchecked        # ds_tm, du of a = u * s
+sgu_gate_forward = sgu_gate_forward_unchecked          # a = u * (swap01(s_tm) + bias)
+sgu_gate_backward = sgu_gate_backward_unchecked        # dS in s_tm, du, dbias of a = u * s
 causal_weight = causal_weight_unchecked                # out = w * mask
 causal_grad_add = causal_grad_add_unchecked            # dw += g * mask
 embedding_forward = embedding_forward_unchecked        # out[i] = weight[ids[i]]

@@ -405,19 +405,21 @@ def swap01(out, x):
     return out
 
 
-def sgu_gate_forward(a, s_bt, s_tm, u):
-    """s_bt = s_tm with (T, B) swapped to (B, T); a = u * s_bt."""
-    s_bt[...] = np.swapaxes(s_tm, 0, 1)
-    a[...] = u * s_bt
+def sgu_gate_forward(a, s_tm, bias, u):
+    """a = u * (s_tm with (T, B) swapped to (B, T) + bias[t])."""
+    a[...] = u * (np.swapaxes(s_tm, 0, 1) + bias[None, :, None])
     return a
 
 
-def sgu_gate_backward(du, ds_tm, tmp, da, s_bt, u):
-    """For a = u * s: ds = da * u (returned time-major in ds_tm), du = da * s."""
+def sgu_gate_backward(du, s_tm, dbias, tmp, da, bias, u):
+    """For a = u * s, s = swap01(s_tm) + bias: du = da * s; s_tm = ds = da * u time-major;
+    dbias += ds summed over batch and channels."""
+    s = np.swapaxes(s_tm, 0, 1) + bias[None, :, None]
     ds = da * u
-    du[...] = da * s_bt
-    ds_tm[...] = np.swapaxes(ds, 0, 1)
-    return ds_tm
+    du[...] = da * s
+    s_tm[...] = np.swapaxes(ds, 0, 1)
+    dbias += ds.sum(axis=(0, 2))
+    return s_tm
 
 
 def causal_weight(out, w, mask):

@@ -8,8 +8,10 @@ is the first half of the block's (B, T, 2c) activations and S arrives time-major
 layout change is an ``np.copyto`` from a strided view: NumPy copies those without a buffer,
 whereas a ufunc with a strided operand allocates one per call (and runs several times
 slower). The gating passes are compiled (kernels.jit): one pass over the (B, T) rows reads
-S time-major and U strided and writes A and S batch-major, split over blasnet's threads when
-large (every row alone: results do not depend on the split). ``causal_weight`` /
+S time-major (the GEMM's output, its bias added on the fly) and U strided and writes A; the
+backward reads S where it lies and overwrites it with dS, and sums each row of dS for the
+bias gradient. Rows are split over blasnet's threads when large (every row alone: results
+do not depend on the split). ``causal_weight`` /
 ``causal_grad_add`` apply the lower-triangular mask of a causal unit to W and to its
 gradient.
 """
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import lanes
 from . import parallel as _par
 from .gemm import check_array
 from .jit import jit
+from .memory import scratch
 
 __all__ = ["swap01", "sgu_gate_forward", "sgu_gate_backward", "causal_weight",
            "causal_grad_add", "swap01_unchecked", "sgu_gate_forward_unchecked",
@@ -43,37 +47,49 @@ COST = 8
 
 
 @jit
-def _gate_fwd(a, s_bt, s_tm, u, r0, r1):
-    # a, s_bt: (B*T, c); s_tm: (T, B, c); u: (B*T, >= c) rows with contiguous columns
+def _gate_fwd(a, s_tm, bias, u, r0, r1):
+    # a: (B*T, c); s_tm: (T, B, c) S before its bias; bias: (T,); u: (B*T, >= c) rows with
+    # contiguous columns
     t_len, c = s_tm.shape[0], a.shape[1]
     for r in range(r0, r1):
         b, t = r // t_len, r % t_len
-        ar, sr, st, ur = a[r], s_bt[r], s_tm[t, b], u[r]
+        ar, st, ur, bt = a[r], s_tm[t, b], u[r], bias[t]
         for j in range(c):
-            s = st[j]
-            sr[j] = s
-            ar[j] = ur[j] * s
+            ar[j] = ur[j] * (st[j] + bt)
+    return 0
+
+
+@jit(slp=True)
+def _gate_bwd(du, s_tm, part, da, bias, u, r0, r1):
+    # s_tm: S before its bias in, dS out; part[r]: the sum of row r of dS; du, u: (B*T, >= c)
+    # rows with contiguous columns (du may be u); da: (B*T, c)
+    t_len, c = s_tm.shape[0], da.shape[1]
+    same = du.ctypes.data == u.ctypes.data    # one name for in-place memory: vectorises
+    for r in range(r0, r1):
+        b, t = r // t_len, r % t_len
+        dur, dsr, dar, ur, bt = du[r], s_tm[t, b], da[r], u[r], bias[t]
+        if same:
+            for j in range(c):
+                g, sj = dar[j], dsr[j] + bt
+                dsr[j] = g * ur[j]
+                ur[j] = g * sj
+        else:
+            for j in range(c):
+                g, sj = dar[j], dsr[j] + bt
+                dsr[j] = g * ur[j]
+                dur[j] = g * sj
+        part[r] = lanes.row_sum(dsr)          # the row is still in L1
     return 0
 
 
 @jit
-def _gate_bwd(du, ds_tm, da, s_bt, u, r0, r1):
-    # du, u: (B*T, >= c) rows with contiguous columns (du may be u); the rest as _gate_fwd
-    t_len, c = ds_tm.shape[0], da.shape[1]
-    same = du.ctypes.data == u.ctypes.data    # one name for in-place memory: vectorises
-    for r in range(r0, r1):
-        b, t = r // t_len, r % t_len
-        dur, dsr, dar, sr, ur = du[r], ds_tm[t, b], da[r], s_bt[r], u[r]
-        if same:
-            for j in range(c):
-                g = dar[j]
-                dsr[j] = g * ur[j]
-                ur[j] = g * sr[j]
-        else:
-            for j in range(c):
-                g = dar[j]
-                dsr[j] = g * ur[j]
-                dur[j] = g * sr[j]
+def _add_over_batch(dbias, part, b_len):
+    # dbias[t] += sum over b, in order, of part[b * T + t]
+    t_len = dbias.shape[0]
+    for b in range(b_len):
+        p = part[b * t_len:(b + 1) * t_len]
+        for t in range(t_len):
+            dbias[t] += p[t]
     return 0
 
 
@@ -101,24 +117,26 @@ def _rows(kernel, b, t, c, args):
         _par.split(lambda r0, r1, _: kernel(*args, r0, r1), n, c, k=k)
 
 
-def sgu_gate_forward_unchecked(a, s_bt, s_tm, u):
-    """``s_bt = swap01(s_tm)``, then ``a = u * s_bt``: ``a``, ``s_bt`` C-contiguous (B, T, c),
-    ``s_tm`` C-contiguous (T, B, c), ``u`` (B, T, c) of any strides (fastest with rows of
-    contiguous columns, as a column half of a C-contiguous array: other layouts are read
-    through a copy). No checks."""
+def sgu_gate_forward_unchecked(a, s_tm, bias, u):
+    """``a = u * (swap01(s_tm) + bias)``: ``a`` C-contiguous (B, T, c), ``s_tm`` C-contiguous
+    (T, B, c) holding S = W V' without its bias, ``bias`` (T,) added to every row of time t,
+    ``u`` (B, T, c) of any strides (fastest with rows of contiguous columns, as a column half
+    of a C-contiguous array: other layouts are read through a copy). No checks."""
     b, t, c = a.shape
     if b * t and c:
         u2 = _rows_view(u)
         if u2 is None:  # another layout (not the block's): a contiguous copy to read
             u2 = np.ascontiguousarray(u).reshape(b * t, c)
-        _rows(_gate_fwd, b, t, c, (a.reshape(b * t, c), s_bt.reshape(b * t, c), s_tm, u2))
+        _rows(_gate_fwd, b, t, c, (a.reshape(b * t, c), s_tm, bias, u2))
     return a
 
 
-def sgu_gate_backward_unchecked(du, ds_tm, tmp, da, s_bt, u):
-    """The gradients of ``A = U * S`` for ``da`` = dL/dA: ``ds_tm`` (T, B, c) = swap01(da * u)
-    time-major, ``du`` (B, T, c) = da * s_bt. ``tmp`` (B, T, c) is scratch, used only for a
-    ``du`` whose rows are not evenly spaced contiguous columns; ``da``, ``s_bt``
+def sgu_gate_backward_unchecked(du, s_tm, dbias, tmp, da, bias, u):
+    """The gradients of ``A = U * S``, S = swap01(s_tm) + bias, for ``da`` = dL/dA: ``s_tm``
+    (T, B, c) holds S without its bias on entry and dS = swap01(da * u) on return; ``du``
+    (B, T, c) = da * S; ``dbias`` (T,) += dS summed over the batch and the channels (each
+    row's sum, then the rows of one time in batch order). ``tmp`` (B, T, c) is scratch,
+    used only for a ``du`` whose rows are not evenly spaced contiguous columns; ``da``
     C-contiguous; ``du`` may be the very view ``u`` was (it is read first). No checks."""
     b, t, c = da.shape
     if b * t and c:
@@ -126,11 +144,12 @@ def sgu_gate_backward_unchecked(du, ds_tm, tmp, da, s_bt, u):
         if u2 is None:  # other layouts (not the block's): through contiguous buffers
             u2 = np.ascontiguousarray(u).reshape(b * t, c)
         out = du2 if du2 is not None else tmp.reshape(b * t, c)
-        _rows(_gate_bwd, b, t, c, (out, ds_tm, da.reshape(b * t, c),
-                                   s_bt.reshape(b * t, c), u2))
+        part = scratch("token_mix.row_sums", (b * t,), da.dtype)
+        _rows(_gate_bwd, b, t, c, (out, s_tm, part, da.reshape(b * t, c), bias, u2))
         if du2 is None:
             np.copyto(du, tmp)
-    return ds_tm
+        _add_over_batch(dbias, part, b)
+    return s_tm
 
 
 def causal_weight_unchecked(out, w, mask):
@@ -179,37 +198,44 @@ def swap01(out, x):
     return swap01_unchecked(out, x)
 
 
-def sgu_gate_forward(a, s_bt, s_tm, u):
-    """The gating of the spatial gating unit: ``a = u * S`` with S given time-major as ``s_tm``
-    (T, B, c); ``s_bt`` (B, T, c) receives S batch-major for the backward. ``u`` (B, T, c)
+def _check_bias(name, bias, t, dtype):
+    check_array(name, bias, ndim=1, dtype=dtype, shape=(t,))
+
+
+def sgu_gate_forward(a, s_tm, bias, u):
+    """The gating of the spatial gating unit: ``a = u * S`` with S = W V' + bias given as
+    ``s_tm`` (T, B, c), time-major and without its bias, and ``bias`` (T,). ``u`` (B, T, c)
     may be strided. Returns a."""
     _check3("s_tm", s_tm)
     t, b, c = s_tm.shape
     dt = s_tm.dtype
-    for name, arr in (("a", a), ("s_bt", s_bt)):
-        _check3(name, arr, dt, (b, t, c))
+    _check3("a", a, dt, (b, t, c))
+    _check_bias("bias", bias, t, dt)
     _check3("u", u, dt, (b, t, c), contiguous=False)
-    _disjoint([(("a", a), ("s_bt", s_bt)), (("a", a), ("s_tm", s_tm)), (("a", a), ("u", u)),
-               (("s_bt", s_bt), ("s_tm", s_tm)), (("s_bt", s_bt), ("u", u))])
-    return sgu_gate_forward_unchecked(a, s_bt, s_tm, u)
+    _disjoint([(("a", a), ("s_tm", s_tm)), (("a", a), ("u", u)), (("a", a), ("bias", bias))])
+    return sgu_gate_forward_unchecked(a, s_tm, bias, u)
 
 
-def sgu_gate_backward(du, ds_tm, tmp, da, s_bt, u):
-    """The backward of ``A = U * S``: ``ds_tm`` (T, B, c) = (da * u) time-major and ``du``
-    (B, T, c, may be strided, may be u's view itself) = da * s_bt; ``tmp`` (B, T, c) is
-    scratch. Returns ds_tm."""
+def sgu_gate_backward(du, s_tm, dbias, tmp, da, bias, u):
+    """The backward of ``A = U * S``, S = swap01(s_tm) + bias: ``s_tm`` (T, B, c) holds S
+    without its bias on entry and dS = (da * u) time-major on return; ``du`` (B, T, c, may
+    be strided, may be u's view itself) = da * S; ``dbias`` (T,) += dS summed over batch and
+    channels; ``tmp`` (B, T, c) is scratch. Returns s_tm (now dS)."""
     _check3("da", da)
     b, t, c = da.shape
     dt = da.dtype
-    for name, arr in (("s_bt", s_bt), ("tmp", tmp)):
-        _check3(name, arr, dt, (b, t, c))
-    _check3("ds_tm", ds_tm, dt, (t, b, c))
+    _check3("tmp", tmp, dt, (b, t, c))
+    _check3("s_tm", s_tm, dt, (t, b, c))
+    _check_bias("bias", bias, t, dt)
+    _check_bias("dbias", dbias, t, dt)
     for name, arr in (("du", du), ("u", u)):
         _check3(name, arr, dt, (b, t, c), contiguous=False)
-    arrays = [("du", du), ("ds_tm", ds_tm), ("tmp", tmp), ("da", da), ("s_bt", s_bt)]
+    arrays = [("du", du), ("s_tm", s_tm), ("tmp", tmp), ("da", da), ("dbias", dbias)]
     _disjoint([(arrays[i], arrays[j]) for i in range(5) for j in range(i + 1, 5)]
-              + [(("ds_tm", ds_tm), ("u", u)), (("tmp", tmp), ("u", u))])
-    return sgu_gate_backward_unchecked(du, ds_tm, tmp, da, s_bt, u)
+              + [(("s_tm", s_tm), ("u", u)), (("tmp", tmp), ("u", u)),
+                 (("dbias", dbias), ("u", u)), (("dbias", dbias), ("bias", bias)),
+                 (("s_tm", s_tm), ("bias", bias)), (("du", du), ("bias", bias))])
+    return sgu_gate_backward_unchecked(du, s_tm, dbias, tmp, da, bias, u)
 
 
 def causal_weight(out, w, mask):

@@ -116,14 +116,13 @@ class SpatialGatingUnit(_TokenMixing):
         n, h, ws = b * t, self.half, self._ws
         v = SimpleNamespace(
             vtm=ws.get("vtm", n, h),            # (T*B, h) V time-major
-            stm=ws.get("stm", t, b * h),        # (T, B*h) S = W V' + b; dS in backward
-            sbt=ws.get("sbt", n, h),            # (n, h) S batch-major, for backward
+            stm=ws.get("stm", t, b * h),        # (T, B*h) W V' (S without b); dS in backward
             a=ws.get("a", n, h),                # (n, h) output U * S
             tmp=ws.get("tmp", n, h),            # (n, h) backward scratch
             dvp=ws.get("dvp", t, b * h),        # (T, B*h) dV' time-major
             dz=ws.get("dz", n, 2 * h))          # (n, 2h) input gradient [dU | dV]
         v.vtm3, v.stm3 = v.vtm.reshape(t, b, h), v.stm.reshape(t, b, h)
-        v.sbt3, v.a3 = v.sbt.reshape(b, t, h), v.a.reshape(b, t, h)
+        v.a3 = v.a.reshape(b, t, h)
         v.tmp3 = v.tmp.reshape(b, t, h)
         v.dz3 = v.dz.reshape(b, t, 2 * h)
         v.du3, v.dv3 = v.dz3[:, :, :h], v.dz3[:, :, h:]
@@ -152,9 +151,8 @@ class SpatialGatingUnit(_TokenMixing):
         ops.swap01(v.vtm3, z3[:, :, h:])                 # V time-major
         vp = self.norm(v.vtm).reshape(t, b * h)         # LN over channels, rows in any order
         w = self._saved.wm = self._weight(v, t)
-        ops.fill_by_row(v.stm, self.b.data[:t])         # S = b, then += W V' in the GEMM
-        ops.gemm(v.stm, w, vp, False, False, 1.0, 1.0)  # all B sequences in one GEMM
-        ops.sgu_gate_forward(v.a3, v.sbt3, v.stm3, z3[:, :, :h])
+        ops.gemm(v.stm, w, vp, False, False, 1.0, 0.0)  # all B sequences in one GEMM
+        ops.sgu_gate_forward(v.a3, v.stm3, self.b.data[:t], z3[:, :, :h])  # U * (W V' + b)
         self._saved.vp = vp
         return v.a
 
@@ -164,9 +162,8 @@ class SpatialGatingUnit(_TokenMixing):
         v = self._views((b, t))
         if b == 0:
             return v.dz
-        ops.sgu_gate_backward(v.du3, v.stm3, v.tmp3, da2.reshape(b, t, h), v.sbt3,
-                              self._saved.z3[:, :, :h])        # dU, and dS time-major over S
-        ops.rowsum(self.b.grad[:t], v.stm, 1.0)         # db += dS summed over B and channels
+        ops.sgu_gate_backward(v.du3, v.stm3, self.b.grad[:t], v.tmp3, da2.reshape(b, t, h),
+                              self.b.data[:t], self._saved.z3[:, :, :h])  # dU; dS over S; db
         if self.causal:
             ops.gemm(v.gw, v.stm, self._saved.vp, False, True, 1.0, 0.0)
             ops.causal_grad_add(self.W.grad[:t, :t], v.gw, self._saved.mask)

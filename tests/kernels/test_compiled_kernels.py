@@ -89,33 +89,47 @@ def test_fill_rows_and_add_match_reference(dtype, shape, split_small):
 
 
 # ----------------------------------------------------------------------------- SGU gate
+def _sum_tol(start, ds_tm):
+    """Rounding bound of start + dS summed over batch and channels, in any order: per time,
+    a few units of the dtype's epsilon times the sum of the magnitudes."""
+    eps = np.finfo(ds_tm.dtype).eps
+    return 4 * eps * (np.abs(start) + np.abs(ds_tm).sum(axis=(1, 2))) + np.finfo(ds_tm.dtype).tiny
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("btc", [(0, 3, 5), (1, 1, 1), (2, 3, 17), (5, 67, 40)])
 def test_sgu_gate_matches_reference_with_strided_u(dtype, btc, split_small):
+    # Check the gate forward and backward against the NumPy reference at 1 and 2 threads:
+    # a, dS (over S's own buffer) and dU bit for bit; db (row sums, then batch order) close.
     rng = np.random.default_rng(3)
     b, t, c = btc
     z = rng.standard_normal((b, t, 2 * c)).astype(dtype)
     u = z[:, :, :c]                                   # strided, as in the block
     s_tm = rng.standard_normal((t, b, c)).astype(dtype)
+    bias = rng.standard_normal(t).astype(dtype)
     da = rng.standard_normal((b, t, c)).astype(dtype)
-    ref = [np.empty((b, t, c), dtype), np.empty((b, t, c), dtype)]
-    reference.sgu_gate_forward(ref[0], ref[1], s_tm, u)
-    ref_ds, ref_du = np.empty((t, b, c), dtype), np.empty((b, t, c), dtype)
-    reference.sgu_gate_backward(ref_du, ref_ds, None, da, ref[1], u)
+    db0 = rng.standard_normal(t).astype(dtype)
+    ref_a = reference.sgu_gate_forward(np.empty((b, t, c), dtype), s_tm, bias, u)
+    ref_ds, ref_du, ref_db = s_tm.copy(), np.empty((b, t, c), dtype), db0.copy()
+    reference.sgu_gate_backward(ref_du, ref_ds, ref_db, None, da, bias, u)
     for threads in (1, 2):
         with num_threads(threads):
-            a, s_bt = np.empty((b, t, c), dtype), np.empty((b, t, c), dtype)
-            token_mix.sgu_gate_forward(a, s_bt, s_tm, u)
-            np.testing.assert_array_equal(a, ref[0])
-            np.testing.assert_array_equal(s_bt, ref[1])
-            zz = z.copy()
-            ds = np.empty((t, b, c), dtype)
+            a = np.empty((b, t, c), dtype)
+            token_mix.sgu_gate_forward(a, s_tm, bias, u)
+            np.testing.assert_array_equal(a, ref_a)
+            zz, ds, db = z.copy(), s_tm.copy(), db0.copy()
             # du written over u's own strided view, as the block does
-            token_mix.sgu_gate_backward(zz[:, :, :c], ds, np.empty((b, t, c), dtype), da,
-                                        s_bt, zz[:, :, :c])
+            res = token_mix.sgu_gate_backward(zz[:, :, :c], ds, db, np.empty((b, t, c), dtype),
+                                              da, bias, zz[:, :, :c])
+            assert res is ds
             np.testing.assert_array_equal(ds, ref_ds)
             np.testing.assert_array_equal(zz[:, :, :c], ref_du)
             np.testing.assert_array_equal(zz[:, :, c:], z[:, :, c:])  # the other half untouched
+            assert np.all(np.abs(db - ref_db) <= _sum_tol(db0, ref_ds)), (db, ref_db)
+            if threads == 1:
+                db_one = db
+            else:
+                np.testing.assert_array_equal(db, db_one)     # the split changes no bit
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -126,18 +140,21 @@ def test_sgu_gate_other_layouts_match_reference(dtype):
     b, t, c = 3, 5, 7
     u = np.swapaxes(rng.standard_normal((t, b, c)).astype(dtype), 0, 1)
     s_tm = rng.standard_normal((t, b, c)).astype(dtype)
+    bias = rng.standard_normal(t).astype(dtype)
     da = rng.standard_normal((b, t, c)).astype(dtype)
-    a, s_bt, ra, rs = (np.empty((b, t, c), dtype) for _ in range(4))
-    token_mix.sgu_gate_forward(a, s_bt, s_tm, u)
-    reference.sgu_gate_forward(ra, rs, s_tm, u)
+    a, ra = np.empty((b, t, c), dtype), np.empty((b, t, c), dtype)
+    token_mix.sgu_gate_forward(a, s_tm, bias, u)
+    reference.sgu_gate_forward(ra, s_tm, bias, u)
     np.testing.assert_array_equal(a, ra)
     du = np.swapaxes(np.empty((t, b, c), dtype), 0, 1)
     rdu = np.empty((b, t, c), dtype)
-    ds, rds = np.empty((t, b, c), dtype), np.empty((t, b, c), dtype)
-    token_mix.sgu_gate_backward(du, ds, np.empty((b, t, c), dtype), da, s_bt, u)
-    reference.sgu_gate_backward(rdu, rds, None, da, rs, u)
+    ds, rds = s_tm.copy(), s_tm.copy()
+    db, rdb = np.zeros(t, dtype), np.zeros(t, dtype)
+    token_mix.sgu_gate_backward(du, ds, db, np.empty((b, t, c), dtype), da, bias, u)
+    reference.sgu_gate_backward(rdu, rds, rdb, None, da, bias, u)
     np.testing.assert_array_equal(du, rdu)
     np.testing.assert_array_equal(ds, rds)
+    assert np.all(np.abs(db - rdb) <= _sum_tol(np.zeros(t, dtype), rds)), (db, rdb)
 
 
 # ----------------------------------------------------------------------------- embedding

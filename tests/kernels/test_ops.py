@@ -145,13 +145,13 @@ _ROWWISE_GLU_TOKEN_MIX_EMBEDDING = {
     "swap01": lambda rng, x, y: (
         lambda: ops.swap01(np.empty((2, 2, 3)), x.reshape(2, 2, 3)), _swap(x.reshape(2, 2, 3))),
     "sgu_gate_forward": lambda rng, x, y: (
-        lambda: ops.sgu_gate_forward(np.empty((2, 2, 3)), np.empty((2, 2, 3)),
-                                     y.reshape(2, 2, 3), x.reshape(2, 2, 3)),
-        x.reshape(2, 2, 3) * _swap(y.reshape(2, 2, 3))),
+        lambda: ops.sgu_gate_forward(np.empty((2, 2, 3)), y.reshape(2, 2, 3), np.full(2, 0.5),
+                                     x.reshape(2, 2, 3)),
+        x.reshape(2, 2, 3) * (_swap(y.reshape(2, 2, 3)) + 0.5)),
     "sgu_gate_backward": lambda rng, x, y: (
-        lambda: ops.sgu_gate_backward(np.empty((2, 2, 3)), np.empty((2, 2, 3)),
-                                      np.empty((2, 2, 3)), y.reshape(2, 2, 3),
-                                      np.ones((2, 2, 3)), x.reshape(2, 2, 3)),
+        lambda: ops.sgu_gate_backward(np.empty((2, 2, 3)), np.ones((2, 2, 3)), np.zeros(2),
+                                      np.empty((2, 2, 3)), y.reshape(2, 2, 3), np.ones(2),
+                                      x.reshape(2, 2, 3)),
         _swap(x.reshape(2, 2, 3) * y.reshape(2, 2, 3))),
     "causal_weight": lambda rng, x, y: (
         lambda: ops.causal_weight(np.empty((3, 3)), x[:3], np.tri(3)), np.tril(x[:3])),

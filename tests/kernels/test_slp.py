@@ -9,7 +9,7 @@ import pytest
 from numba.core import config as numba_config
 
 from kernels import jit as J
-from kernels import lanes, layernorm, losses, optim, softmax
+from kernels import lanes, layernorm, losses, optim, softmax, token_mix
 
 DTYPES = [np.float32, np.float64]
 WIDTHS = [1, 7, 8, 9, 17, 130]
@@ -76,6 +76,14 @@ def _sumsq_blocks(rng, d, dtype):
     return np.zeros(nb + 1), 1, g, 0, nb
 
 
+def _gate_bwd(rng, d, dtype):
+    b, t = 2, 3
+    s_tm = _rows(rng, t * b, d, dtype).reshape(t, b, d)
+    return (np.empty((b * t, d), dtype), s_tm, np.empty(b * t, dtype),
+            rng.standard_normal((b * t, d)).astype(dtype), rng.standard_normal(t).astype(dtype),
+            rng.standard_normal((b * t, d)).astype(dtype), 0, b * t)
+
+
 CASES = {
     layernorm._fwd_rows: _layernorm_fwd,
     layernorm._bwd_blocks: _layernorm_bwd,
@@ -83,6 +91,7 @@ CASES = {
     losses._mse_sums: _mse_sums,
     losses._mse_fwd_bwd: _mse_fwd_bwd,
     optim._sumsq_blocks: _sumsq_blocks,
+    token_mix._gate_bwd: _gate_bwd,
 }
 
 

@@ -235,22 +235,22 @@ def test_token_mix_kernels_match_reference():
     z = rng.standard_normal((b, t, 2 * c))
     u = z[:, :, :c]
     s_tm, da = rng.standard_normal((t, b, c)), rng.standard_normal((b, t, c))
+    bias = rng.standard_normal(t)
     w = rng.standard_normal((t + 2, t + 2))[:t, :t]  # a strided corner, as W[:T, :T]
     mask = np.tri(t)
     out = {}
     for name, mod in (("fast", token_mix), ("ref", reference)):
         sw = mod.swap01(np.empty((t, b, c)), z[:, :, c:])
-        a, s_bt = np.empty((b, t, c)), np.empty((b, t, c))
-        mod.sgu_gate_forward(a, s_bt, s_tm, u)
+        a = mod.sgu_gate_forward(np.empty((b, t, c)), s_tm, bias, u)
         dz = np.zeros((b, t, 2 * c))
-        ds_tm = np.empty((t, b, c))
-        mod.sgu_gate_backward(dz[:, :, :c], ds_tm, np.empty((b, t, c)), da, s_bt, u)
+        ds_tm, db = s_tm.copy(), np.ones(t)
+        mod.sgu_gate_backward(dz[:, :, :c], ds_tm, db, np.empty((b, t, c)), da, bias, u)
         wm = mod.causal_weight(np.empty((t, t)), w, mask)
         dw = np.ones((t, t))
         mod.causal_grad_add(dw, w.copy(), mask)
-        out[name] = (sw, a, s_bt, dz, ds_tm, wm, dw)
+        out[name] = (sw, a, dz, ds_tm, db, wm, dw)
     for f, r in zip(out["fast"], out["ref"]):
-        np.testing.assert_allclose(f, r, rtol=1e-15)
+        np.testing.assert_allclose(f, r, rtol=1e-14)
     np.testing.assert_array_equal(out["fast"][3][:, :, c:], 0.0)  # only dU's half written
 
 
@@ -258,9 +258,13 @@ def test_token_mix_checked_kernels_reject_bad_shapes():
     # Check that the checked kernels name the mismatched argument.
     with pytest.raises(ValueError, match="out"):
         token_mix.swap01(np.empty((3, 2, 4)), np.ones((3, 2, 4)))
-    with pytest.raises(ValueError, match="s_bt"):
-        token_mix.sgu_gate_forward(np.empty((2, 3, 4)), np.empty((3, 2, 4)), np.ones((3, 2, 4)),
+    with pytest.raises(ValueError, match="bias"):
+        token_mix.sgu_gate_forward(np.empty((2, 3, 4)), np.ones((3, 2, 4)), np.ones(2),
                                    np.ones((2, 3, 4)))
+    with pytest.raises(ValueError, match="dbias"):
+        token_mix.sgu_gate_backward(np.empty((2, 3, 4)), np.ones((3, 2, 4)), np.zeros(4),
+                                    np.empty((2, 3, 4)), np.ones((2, 3, 4)), np.ones(3),
+                                    np.ones((2, 3, 4)))
 
 
 # ----------------------------------------------------------------------------- allocation
