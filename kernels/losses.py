@@ -106,6 +106,17 @@ def _rows(kernel, n, c, args, cost):
         _par.split(lambda i0, i1, _: kernel(*args, i0, i1), n, c, k=k)
 
 
+def _labels(target):
+    """Labels as a C-contiguous int64 array: ``target`` itself, or its copy in a scratch
+    buffer, so that each kernel is compiled once per float dtype, not once per integer
+    type a caller's labels happen to have (each compile costs ~1 s)."""
+    if target.dtype == np.int64 and target.flags.c_contiguous:
+        return target
+    buf = scratch("losses.labels", target.shape[0], np.int64)
+    np.copyto(buf, target, casting="unsafe")
+    return buf
+
+
 def softmax_cross_entropy_forward_unchecked(probs, logits, target):
     """``softmax_cross_entropy_forward`` without checks (hot path). Labels must already be in
     range (out-of-range labels are clipped, not reported). ``probs`` may be ``logits``."""
@@ -113,8 +124,10 @@ def softmax_cross_entropy_forward_unchecked(probs, logits, target):
     if n == 0:
         return math.nan
     losses = scratch("losses.ce_rows", n, np.float64)  # (n,) each row's loss
-    kernel = _ce_labels_fwd if target.ndim == 1 else _ce_probs_fwd
-    _rows(kernel, n, c, (losses, probs, logits, target), CE_FWD_COST)
+    if target.ndim == 1:
+        _rows(_ce_labels_fwd, n, c, (losses, probs, logits, _labels(target)), CE_FWD_COST)
+    else:
+        _rows(_ce_probs_fwd, n, c, (losses, probs, logits, target), CE_FWD_COST)
     return float(lanes.sum_in_order(losses)) / n
 
 
@@ -124,8 +137,10 @@ def softmax_cross_entropy_backward_unchecked(dlogits, probs, target):
     n, c = probs.shape
     if n == 0:
         return dlogits
-    kernel = _ce_labels_bwd if target.ndim == 1 else _ce_probs_bwd
-    _rows(kernel, n, c, (dlogits, probs, target, n), CE_BWD_COST)
+    if target.ndim == 1:
+        _rows(_ce_labels_bwd, n, c, (dlogits, probs, _labels(target), n), CE_BWD_COST)
+    else:
+        _rows(_ce_probs_bwd, n, c, (dlogits, probs, target, n), CE_BWD_COST)
     return dlogits
 
 

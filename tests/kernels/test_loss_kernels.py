@@ -105,6 +105,12 @@ def test_ce_accepts_any_integer_label_dtype(dtype):
     loss2, probs2, dl2, _ = _ce(losses, logits, labels.astype(dtype))
     assert loss2 == loss
     np.testing.assert_array_equal(dl2, dl)
+    # every other label of a longer array: a strided view, read right too
+    wide = np.repeat(labels, 2).astype(dtype)
+    wide[1::2] = 3 - wide[1::2]
+    loss3, _, dl3, _ = _ce(losses, logits, wide[::2])
+    assert loss3 == loss
+    np.testing.assert_array_equal(dl3, dl)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
