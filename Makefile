@@ -2,28 +2,38 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+CORE   := $(VENV)/.installed-core
 STAMP  := $(VENV)/.installed
 
 .PHONY: install run test bench clean
 
 install: $(STAMP)
 
-# Re-install only when the project metadata changes; otherwise this is instant.
-$(STAMP): pyproject.toml
+# Re-install only when the project metadata changes; otherwise this is instant. The core
+# (numpy, scipy, threadpoolctl, numba) first: `make test` compiles the kernels beside the
+# install of the extras.
+$(CORE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(CORE)
+
+$(STAMP): $(CORE)
 	$(PY) -m pip install --quiet -e '.[test,plot,interop,mpi]'
 	touch $(STAMP)
 
 run: install
 	$(PY) -m engine train --verbose
 
-# The kernels the tests need are compiled beside them, over every CPU (numba compiles lazily,
-# one kernel at a time, in the test process otherwise; the tests leave a core mostly idle):
-# the tests compile what they reach first themselves and then load the rest from the shared
-# disk cache. With a warm cache this only loads them. The tests' exit status is make's.
-test: install
-	$(PY) -m kernels.precompile & $(PY) -m pytest -q tests; status=$$?; wait; exit $$status
+# The kernels the tests need are compiled beside the install of the extras and then beside
+# the tests, over every CPU (numba compiles lazily, one kernel at a time, in the test process
+# otherwise; the tests leave a core mostly idle): the tests compile what they reach first
+# themselves and then load the rest from the shared disk cache. With a warm cache this only
+# loads them. The exit status is the install's, else the tests'.
+test: $(CORE)
+	$(PY) -m kernels.precompile & \
+	$(MAKE) --no-print-directory install && $(PY) -m pytest -q tests; status=$$?; wait; \
+	exit $$status
 
 # QUICK=1 runs a shortened bench (fewer rounds, no large shapes on one thread, fewer
 # processes for the run-to-run spread, tiny shapes for the compile time).
