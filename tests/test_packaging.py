@@ -104,3 +104,16 @@ def test_license_text_ships_with_the_distribution():
     assert names, "no LICENSE among the distribution's files"
     text = names[0].locate().read_text()
     assert text.startswith("MIT License") and "the blasnet developers" in text
+
+
+def test_makefile_installs_the_build_backend_pyproject_asks_for():
+    # Check that the install without build isolation puts in the venv exactly the
+    # build-system requirements of pyproject.toml (a newer requirement there would otherwise
+    # go unmet on a fresh machine).
+    text = (ROOT / "pyproject.toml").read_text()
+    requires = re.search(r"^\[build-system\]\nrequires = \[([^\]]*)\]", text, re.M).group(1)
+    wanted = [r.strip().strip('"') for r in requires.split(",") if r.strip()]
+    makefile = (ROOT / "Makefile").read_text()
+    for req in wanted:
+        assert f"pip install --quiet '{req}'" in makefile, req
+    assert makefile.count("--no-build-isolation") == 2
