@@ -9,9 +9,10 @@ layout change is an ``np.copyto`` from a strided view: NumPy copies those withou
 whereas a ufunc with a strided operand allocates one per call (and runs several times
 slower). The gating passes are compiled (kernels.jit): one pass over the (B, T) rows reads
 S time-major (the GEMM's output, its bias added on the fly) and U strided and writes A; the
-backward reads S where it lies and overwrites it with dS, and sums each row of dS for the
-bias gradient. Rows are split over blasnet's threads when large (every row alone: results
-do not depend on the split). ``causal_weight`` /
+backward reads S where it lies and overwrites it with dS, adding it into per-block sums
+for the bias gradient. Rows are split over blasnet's threads when large (every row alone, and the
+bias gradient summed in blocks of batch elements fixed by the shape: results do not depend on
+the split). ``causal_weight`` /
 ``causal_grad_add`` apply the lower-triangular mask of a causal unit to W and to its
 gradient.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import lanes
+from . import fastmath, lanes
 from . import parallel as _par
 from .gemm import check_array
 from .jit import jit
@@ -59,37 +60,49 @@ def _gate_fwd(a, s_tm, bias, u, r0, r1):
     return 0
 
 
-@jit(slp=True)
-def _gate_bwd(du, s_tm, part, da, bias, u, r0, r1):
-    # s_tm: S before its bias in, dS out; part[r]: the sum of row r of dS; du, u: (B*T, >= c)
-    # rows with contiguous columns (du may be u); da: (B*T, c)
-    t_len, c = s_tm.shape[0], da.shape[1]
+@jit
+def _gate_bwd(du, s_tm, part, da, bias, u, per, k0, k1):
+    # s_tm: (T, B, c) S before its bias in, dS out; du, u: (B*T, >= c) rows with contiguous
+    # columns (du may be u); da: (B*T, c). Batch elements in blocks of ``per``, blocks k0..k1:
+    # part[k, t] = dS[t, b] summed over the b of block k, in order (elementwise: vectorises)
+    t_len, b_len, c = s_tm.shape
     same = du.ctypes.data == u.ctypes.data    # one name for in-place memory: vectorises
-    for r in range(r0, r1):
-        b, t = r // t_len, r % t_len
-        dur, dsr, dar, ur, bt = du[r], s_tm[t, b], da[r], u[r], bias[t]
-        if same:
+    zero = fastmath.const(0, da)
+    for k in range(k0, k1):
+        pk = part[k]
+        for t in range(t_len):
+            pt = pk[t]
             for j in range(c):
-                g, sj = dar[j], dsr[j] + bt
-                dsr[j] = g * ur[j]
-                ur[j] = g * sj
-        else:
-            for j in range(c):
-                g, sj = dar[j], dsr[j] + bt
-                dsr[j] = g * ur[j]
-                dur[j] = g * sj
-        part[r] = lanes.row_sum(dsr)          # the row is still in L1
+                pt[j] = zero
+        for b in range(k * per, min(b_len, (k + 1) * per)):
+            for t in range(t_len):
+                r = b * t_len + t
+                dur, dsr, dar, ur, bt, pt = du[r], s_tm[t, b], da[r], u[r], bias[t], pk[t]
+                if same:
+                    for j in range(c):
+                        g, sj = dar[j], dsr[j] + bt
+                        ds = g * ur[j]
+                        dsr[j] = ds
+                        pt[j] += ds
+                        ur[j] = g * sj
+                else:
+                    for j in range(c):
+                        g, sj = dar[j], dsr[j] + bt
+                        ds = g * ur[j]
+                        dsr[j] = ds
+                        pt[j] += ds
+                        dur[j] = g * sj
     return 0
 
 
-@jit
-def _add_over_batch(dbias, part, b_len):
-    # dbias[t] += sum over b, in order, of part[b * T + t]
-    t_len = dbias.shape[0]
-    for b in range(b_len):
-        p = part[b * t_len:(b + 1) * t_len]
-        for t in range(t_len):
-            dbias[t] += p[t]
+@jit(slp=True)
+def _bias_from_blocks(dbias, part):
+    # dbias[t] += the sums of part[k, t] over the channels, added over the blocks in order
+    for t in range(dbias.shape[0]):
+        acc = fastmath.const(0, dbias)
+        for k in range(part.shape[0]):
+            acc += lanes.row_sum(part[k, t])
+        dbias[t] += acc
     return 0
 
 
@@ -134,8 +147,8 @@ def sgu_gate_forward_unchecked(a, s_tm, bias, u):
 def sgu_gate_backward_unchecked(du, s_tm, dbias, tmp, da, bias, u):
     """The gradients of ``A = U * S``, S = swap01(s_tm) + bias, for ``da`` = dL/dA: ``s_tm``
     (T, B, c) holds S without its bias on entry and dS = swap01(da * u) on return; ``du``
-    (B, T, c) = da * S; ``dbias`` (T,) += dS summed over the batch and the channels (each
-    row's sum, then the rows of one time in batch order). ``tmp`` (B, T, c) is scratch,
+    (B, T, c) = da * S; ``dbias`` (T,) += dS summed over the batch and the channels (over
+    blocks of about B/8 batch elements first, elementwise, then each block's channels). ``tmp`` (B, T, c) is scratch,
     used only for a ``du`` whose rows are not evenly spaced contiguous columns; ``da``
     C-contiguous; ``du`` may be the very view ``u`` was (it is read first). No checks."""
     b, t, c = da.shape
@@ -144,11 +157,20 @@ def sgu_gate_backward_unchecked(du, s_tm, dbias, tmp, da, bias, u):
         if u2 is None:  # other layouts (not the block's): through contiguous buffers
             u2 = np.ascontiguousarray(u).reshape(b * t, c)
         out = du2 if du2 is not None else tmp.reshape(b * t, c)
-        part = scratch("token_mix.row_sums", (b * t,), da.dtype)
-        _rows(_gate_bwd, b, t, c, (out, s_tm, part, da.reshape(b * t, c), bias, u2))
+        # the bias gradient's partial sums: blocks of batch elements fixed by B alone (about
+        # eight), so the order of additions does not depend on the thread count
+        per = max(1, b // 8)
+        nk = -(-b // per)
+        part = scratch("token_mix.block_sums", (nk, t, c), da.dtype)   # (blocks, T, c)
+        args = (out, s_tm, part, da.reshape(b * t, c), bias, u2, per)
+        k = min(_par.threads_for(b * t, c, passes=COST), nk)
+        if k == 1:
+            _gate_bwd(*args, 0, nk)
+        else:
+            _par.split(lambda k0, k1, _: _gate_bwd(*args, k0, k1), nk, per * t * c, k=k)
         if du2 is None:
             np.copyto(du, tmp)
-        _add_over_batch(dbias, part, b)
+        _bias_from_blocks(dbias, part)
     return s_tm
 
 

@@ -97,7 +97,7 @@ def _sum_tol(start, ds_tm):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("btc", [(0, 3, 5), (1, 1, 1), (2, 3, 17), (5, 67, 40)])
+@pytest.mark.parametrize("btc", [(0, 3, 5), (1, 1, 1), (2, 3, 17), (5, 67, 40), (19, 3, 9)])
 def test_sgu_gate_matches_reference_with_strided_u(dtype, btc, split_small):
     # Check the gate forward and backward against the NumPy reference at 1 and 2 threads:
     # a, dS (over S's own buffer) and dU bit for bit; db (row sums, then batch order) close.

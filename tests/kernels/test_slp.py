@@ -75,12 +75,8 @@ def _sumsq_blocks(rng, d, dtype):
     return np.zeros(nb + 1), 1, g, 0, nb
 
 
-def _gate_bwd(rng, d, dtype):
-    b, t = 2, 3
-    s_tm = _rows(rng, t * b, d, dtype).reshape(t, b, d)
-    return (np.empty((b * t, d), dtype), s_tm, np.empty(b * t, dtype),
-            rng.standard_normal((b * t, d)).astype(dtype), rng.standard_normal(t).astype(dtype),
-            rng.standard_normal((b * t, d)).astype(dtype), 0, b * t)
+def _bias_from_blocks(rng, d, dtype):
+    return np.zeros(3, dtype), _rows(rng, 4 * 3, d, dtype).reshape(4, 3, d)
 
 
 CASES = {
@@ -90,7 +86,7 @@ CASES = {
     losses._mse_sums: _mse_sums,
     losses._mse_fwd_bwd: _mse_fwd_bwd,
     optim._sumsq_blocks: _sumsq_blocks,
-    token_mix._gate_bwd: _gate_bwd,
+    token_mix._bias_from_blocks: _bias_from_blocks,
 }
 
 
