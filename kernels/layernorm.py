@@ -148,8 +148,8 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
         return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
     rows = _block_rows(n, d)
     if rows == n:   # never split: the one block's sums go straight into dgamma and dbeta
-        _bwd_blocks(dgamma.reshape(1, d), dbeta.reshape(1, d), dx, dout, x, mean, rstd, gamma,
-                    n, False, 0, 1)
+        _bwd_blocks(dgamma[None], dbeta[None], dx, dout, x, mean, rstd, gamma, n, False,
+                    0, 1)   # [None]: a view whatever the strides (a reshape could copy)
         return dx
     nb = -(-n // rows)
     part_g = scratch("layernorm.part_g", (nb, d), x.dtype)    # (nb, d) block sums

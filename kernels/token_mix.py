@@ -10,11 +10,10 @@ whereas a ufunc with a strided operand allocates one per call (and runs several 
 slower). The gating passes are compiled (kernels.jit): one pass over the (B, T) rows reads
 S time-major (the GEMM's output, its bias added on the fly) and U strided and writes A; the
 backward reads S where it lies and overwrites it with dS, adding it into per-block sums
-for the bias gradient. Rows are split over blasnet's threads when large (every row alone, and the
-bias gradient summed in blocks of batch elements fixed by the shape: results do not depend on
-the split). ``causal_weight`` /
-``causal_grad_add`` apply the lower-triangular mask of a causal unit to W and to its
-gradient.
+for the bias gradient. Rows are split over blasnet's threads when large (every row alone,
+and the bias gradient summed in blocks of batch elements fixed by the shape: results do not
+depend on the split). ``causal_weight`` / ``causal_grad_add`` apply the lower-triangular
+mask of a causal unit to W and to its gradient.
 """
 from __future__ import annotations
 
@@ -60,6 +59,18 @@ def _gate_fwd(a, s_tm, bias, u, r0, r1):
     return 0
 
 
+@jit(inline="always")
+def _gate_bwd_row(dur, dsr, pt, dar, ur, bt):
+    # one row: dS = da * u over S (+ its bias), into the block sum; dU = da * S. ``dur`` may
+    # be ``ur`` itself (the caller passes the same name then: one name vectorises)
+    for j in range(dar.shape[0]):
+        g, sj = dar[j], dsr[j] + bt
+        ds = g * ur[j]
+        dsr[j] = ds
+        pt[j] += ds
+        dur[j] = g * sj
+
+
 @jit
 def _gate_bwd(du, s_tm, part, da, bias, u, per, k0, k1):
     # s_tm: (T, B, c) S before its bias in, dS out; du, u: (B*T, >= c) rows with contiguous
@@ -77,21 +88,11 @@ def _gate_bwd(du, s_tm, part, da, bias, u, per, k0, k1):
         for b in range(k * per, min(b_len, (k + 1) * per)):
             for t in range(t_len):
                 r = b * t_len + t
-                dur, dsr, dar, ur, bt, pt = du[r], s_tm[t, b], da[r], u[r], bias[t], pk[t]
+                dsr, dar, ur, bt, pt = s_tm[t, b], da[r], u[r], bias[t], pk[t]
                 if same:
-                    for j in range(c):
-                        g, sj = dar[j], dsr[j] + bt
-                        ds = g * ur[j]
-                        dsr[j] = ds
-                        pt[j] += ds
-                        ur[j] = g * sj
+                    _gate_bwd_row(ur, dsr, pt, dar, ur, bt)
                 else:
-                    for j in range(c):
-                        g, sj = dar[j], dsr[j] + bt
-                        ds = g * ur[j]
-                        dsr[j] = ds
-                        pt[j] += ds
-                        dur[j] = g * sj
+                    _gate_bwd_row(du[r], dsr, pt, dar, ur, bt)
     return 0
 
 
@@ -148,9 +149,10 @@ def sgu_gate_backward_unchecked(du, s_tm, dbias, tmp, da, bias, u):
     """The gradients of ``A = U * S``, S = swap01(s_tm) + bias, for ``da`` = dL/dA: ``s_tm``
     (T, B, c) holds S without its bias on entry and dS = swap01(da * u) on return; ``du``
     (B, T, c) = da * S; ``dbias`` (T,) += dS summed over the batch and the channels (over
-    blocks of about B/8 batch elements first, elementwise, then each block's channels). ``tmp`` (B, T, c) is scratch,
-    used only for a ``du`` whose rows are not evenly spaced contiguous columns; ``da``
-    C-contiguous; ``du`` may be the very view ``u`` was (it is read first). No checks."""
+    blocks of about B/8 batch elements first, elementwise, then each block's channels).
+    ``tmp`` (B, T, c) is scratch, used only for a ``du`` whose rows are not evenly spaced
+    contiguous columns; ``da`` C-contiguous; ``du`` may be the very view ``u`` was (it is
+    read first). No checks."""
     b, t, c = da.shape
     if b * t and c:
         u2, du2 = _rows_view(u), _rows_view(du)
