@@ -26,14 +26,25 @@ against a compile without SLP).
 ``NUMBA_DISABLE_JIT=1`` in the environment runs the same kernels as plain Python (slow; for
 debugging with pdb or prints). Factories that close over a function defeat numba's disk
 cache (the captured function is part of the key): generate source instead.
+
+The disk cache is keyed on more than numba's own key. numba reuses a cached kernel while its
+own file is unchanged (modification time and size) and its bytecode is the same, so an edit
+to a helper it inlines from another file (``kernels.fmath``'s approximations, the lanes of
+``kernels.lanes``) or to the options here would leave it running the old machine code. So
+every kernel's cache entry also carries a hash of the sources (``source_fingerprint``) of
+this package and of the kernel's own package: an edit to any of them recompiles the kernels
+that could depend on it, once.
 """
 from __future__ import annotations
+
+import hashlib
+import os
 
 import numba
 from numba.core import config as _numba_config
 from numba.core.compiler_lock import global_compiler_lock
 
-__all__ = ["jit", "FASTMATH", "OPTIONS", "SLP_KERNELS", "disabled"]
+__all__ = ["jit", "FASTMATH", "OPTIONS", "SLP_KERNELS", "disabled", "source_fingerprint"]
 
 FASTMATH = frozenset({"contract", "afn", "arcp"})
 OPTIONS = {"nopython": True, "nogil": True, "cache": True, "error_model": "numpy",
@@ -64,6 +75,8 @@ def jit(fn=None, *, slp=False, **overrides):
 
     def wrap(f):
         d = numba.jit(**options)(f)
+        if options["cache"] and not disabled():
+            _key_cache_on_sources(d)
         if slp and not disabled():
             _compile_with_slp(d)
             SLP_KERNELS.append(d)
@@ -88,3 +101,36 @@ def _compile_with_slp(dispatcher):
                 _numba_config.SLP_VECTORIZE = before
 
     dispatcher.compile = compile
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_fingerprints: dict = {}
+
+
+def source_fingerprint(folder: str) -> str:
+    """sha256 of the names and contents of the ``.py`` files directly in ``folder`` (read
+    once per process and folder)."""
+    folder = os.path.abspath(folder)
+    found = _fingerprints.get(folder)
+    if found is None:
+        h = hashlib.sha256()
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    data = f.read()
+                h.update(f"{name}\0{len(data)}\0".encode())
+                h.update(data)
+        found = _fingerprints[folder] = h.hexdigest()
+    return found
+
+
+def _key_cache_on_sources(dispatcher):
+    """Add the fingerprints of this package and of the kernel's own package to the freshness
+    stamp of ``dispatcher``'s cache index: numba treats an index whose stamp differs as empty,
+    recompiles, and overwrites it. (Where a numba has no such index, its own rule stays.)"""
+    index = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if index is None or not hasattr(index, "_source_stamp"):
+        return
+    folders = {_HERE, os.path.dirname(os.path.abspath(dispatcher.py_func.__code__.co_filename))}
+    index._source_stamp = (index._source_stamp,
+                           tuple(source_fingerprint(d) for d in sorted(folders)))

@@ -139,3 +139,79 @@ def test_disable_jit_runs_the_same_kernel_as_python(tmp_path):
     r = _run(code, {"NUMBA_DISABLE_JIT": "1"}, str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split(" ", 2) == ["True", "function", "[0.0, 3.0, 6.0, 9.0, 12.0]\n"]
+
+
+def _write_helper_and_kernel(pkg, offset):
+    pkg.mkdir(exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text(textwrap.dedent(f"""
+        from kernels.jit import jit
+
+        @jit(inline="always")
+        def shift(x):
+            return x + {offset}
+        """))
+    (pkg / "kern.py").write_text(textwrap.dedent("""
+        from kernels.jit import jit
+        from .helper import shift
+
+        @jit
+        def apply(x):
+            return shift(x)
+        """))
+
+
+def test_cache_recompiles_a_kernel_after_an_edit_to_a_helper_in_another_file(tmp_path):
+    # Check that the disk cache does not serve machine code built from an old version of
+    # an inlined helper (numba alone keys on the kernel's own file), and still serves a
+    # kernel whose sources did not change.
+    pkg = tmp_path / "stalepkg"
+    _write_helper_and_kernel(pkg, 1.0)
+    code = ("from stalepkg.kern import apply; s = apply.stats; "
+            "print(apply(1.0), sum(s.cache_hits.values()), sum(s.cache_misses.values()))")
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    runs = []
+    for offset in (None, None, 2.0, None):
+        if offset is not None:
+            (pkg / "helper.py").write_text((pkg / "helper.py").read_text().replace("1.0", "2.0"))
+        r = _run(code, env, str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        runs.append(r.stdout.split())
+    assert runs[0] == ["2.0", "0", "1"]      # compiled and saved
+    assert runs[1] == ["2.0", "1", "0"]      # loaded: an unchanged tree keeps its cache
+    assert runs[2] == ["3.0", "0", "1"]      # the helper changed: compiled again
+    assert runs[3] == ["3.0", "1", "0"]
+    data = [p.name for p in (tmp_path / "cache").rglob("*.nbc")]
+    assert len(data) == 1, f"the stale entry was kept beside the new one: {data}"
+
+
+def test_source_fingerprint_follows_every_python_file_of_a_folder(tmp_path):
+    # Check that the fingerprint changes with a file's content, a new file and a rename,
+    # and ignores files that are not Python sources.
+    def fresh():
+        J._fingerprints.pop(str(tmp_path), None)
+        return J.source_fingerprint(str(tmp_path))
+
+    (tmp_path / "a.py").write_text("x = 1\n")
+    first = fresh()
+    assert fresh() == first
+    (tmp_path / "notes.txt").write_text("not a source")
+    assert fresh() == first
+    (tmp_path / "a.py").write_text("x = 2\n")
+    second = fresh()
+    assert second != first
+    (tmp_path / "b.py").write_text("")
+    third = fresh()
+    assert third != second
+    (tmp_path / "b.py").rename(tmp_path / "c.py")
+    assert fresh() != third
+
+
+def test_every_kernel_cache_is_keyed_on_the_kernels_sources():
+    # Check that the blasnet kernels' cache stamps carry the fingerprint of kernels/ (what
+    # the kernels inline from kernels.fmath and kernels.lanes lives there).
+    from kernels import layernorm, optim
+    here = J.source_fingerprint(os.path.join(ROOT, "kernels"))
+    for kernel in (optim._adamw_range, layernorm._fwd_rows):
+        stamp = kernel._cache._cache_file._source_stamp
+        assert here in stamp[1], f"{kernel.py_func.__name__}: stamp {stamp!r}"
