@@ -2,7 +2,9 @@
 
 A case is (block, shape). Each builds the engine module, its input, a target, the loss and an
 AdamW optimizer, all float32 by default, from a fixed seed, so every run times the same
-numbers. Its training step is the one ``engine.train.fit`` runs (``step_fn``). The blocks,
+numbers. Its training step is the one ``engine.train.fit`` runs (``step_fn``), with the
+input gradient computed: a block inside a network (fit leaves it out for the model's first
+layer, whose input is data: ``backward(dy, input_grad=False)``). The blocks,
 their modules, naive twins and GEMM lists come from the block registry (``engine.registry``:
 each entry's ``bench`` rows); a bench block is a registry entry plus its options and loss.
 Engine imports are deferred so that this module loads before the engine does.
@@ -190,8 +192,9 @@ def fwd_bwd_fn(module, x, dy):
 
 def step_fn(module, x, target, loss, opt):
     """One full training step as ``engine.train.fit`` runs it when the optimizer updates
-    exactly the model's parameters: forward, loss forward, loss backward, backward, and the
-    AdamW step with the gradients zeroed inside its pass (``opt.step(zero_grad=True)``)."""
+    exactly the model's parameters: forward, loss forward, loss backward, backward (with the
+    input gradient, which fit leaves out for its model's first layer), and the AdamW step
+    with the gradients zeroed inside its pass (``opt.step(zero_grad=True)``)."""
     fwd, bwd = module.forward, module.backward
     lfwd, lbwd, ostep = loss.forward, loss.backward, opt.step
 

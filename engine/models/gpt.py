@@ -15,7 +15,7 @@ from ..nn.blocks import Dropout, LayerNorm
 from ..nn.embedding import Embedding, check_id_range, check_integer_ids
 from ..nn.layers import Linear, Sequential
 from .._checks import check_bool, check_positive_int, check_real
-from ..nn.module import Module, make_rng
+from ..nn.module import Module, check_input_grad, make_rng
 from ..nn.transformer import TransformerBlock
 
 __all__ = ["GPT"]
@@ -143,9 +143,11 @@ class GPT(Module):
         s.out_shape, s.ready = (b, t, v), True
         return logits.reshape(b, t, v)
 
-    def backward(self, dy, *, dx_acc=None):
-        """Adds every parameter's gradient for dlogits ``dy`` (B, T, vocab_size); None."""
+    def backward(self, dy, *, dx_acc=None, input_grad=True):
+        """Adds every parameter's gradient for dlogits ``dy`` (B, T, vocab_size); None (token
+        ids have no gradient, whatever ``input_grad`` says)."""
         s = self._calls
+        check_input_grad(input_grad)
         if not s.ready:
             raise self._no_forward()
         if dx_acc is not None:

@@ -15,8 +15,8 @@ import numpy as np
 from kernels import ops
 
 from .layers import check_activation, sign_from_output
-from .module import (INITS, Module, Parameter, as_rows, check_float, check_init, check_positive_int,
-                     init_weight, make_rng, rows_of, shaped)
+from .module import (INITS, SKIP_DX, Module, Parameter, as_rows, check_float, check_init,
+                     check_positive_int, init_weight, make_rng, rows_of, shaped)
 from .registry import linear_gemms, register_block
 
 __all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "ChannelGatedMLP", "AddNorm", "FFNSublayer", "INITS"]
@@ -143,6 +143,7 @@ class FFN(Module):
     fuses_residual = True
     fuses_dx_acc = True
     acc_alias_safe = True  # dy is read only before dx_acc is written
+    skips_input_grad = True
     # PyTorch: nn.Sequential(nn.Linear(d_model, d_ff), act, nn.Linear(d_ff, d_model)).
     torch_layout = (("0.weight", "W_in", True), ("0.bias", "b1", False),
                     ("2.weight", "W_out", True), ("2.bias", "b2", False))
@@ -237,7 +238,8 @@ class FFN(Module):
         else:
             ops.act_backward_cached(dh, dh, v.z, db1)                       # v.z is act'(z)
         ops.gemm(self.W_in.grad, self._saved.x, dh, True, False, 1.0, 1.0)
-        ops.gemm(dx, dh, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
+        if dx is not SKIP_DX:
+            ops.gemm(dx, dh, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx
 
@@ -342,6 +344,7 @@ class FFNSublayer(Module):
     """
 
     torch_layout = (("ffn.", "ffn"), ("norm.", "norm"))  # children under their own names
+    skips_input_grad = True  # post-norm: the FFN's input GEMM; pre-norm: the residual add
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
                  norm: str = "post", eps: float = 1e-5, dtype=np.float32, rng=None):
@@ -384,13 +387,17 @@ class FFNSublayer(Module):
 
     def _backward(self, dy2, acc2):
         ffn, norm = self.ffn, self.norm
+        skip = acc2 is SKIP_DX
         if self.norm_mode == "post":
             ds = norm.backward(dy2)
             dsub = self.drop.backward(ds) if self._saved.dropped else ds
+            if skip:
+                return ffn.backward(dsub, input_grad=False)
             return ffn.backward(dsub, dx_acc=ds)  # dx = ds + FFN'(x)^T dsub, in one GEMM
         dmid = self.drop.backward(dy2) if self._saved.dropped else dy2
-        dx = norm.backward(ffn.backward(dmid))
-        return ops.add(dx, dx, dy2)
+        # pre-norm: the norm's parameter gradients need the FFN's input gradient
+        dx = norm.backward(ffn.backward(dmid), input_grad=not skip)
+        return None if skip else ops.add(dx, dx, dy2)
 
 
 # GMLP lived here; imported for the path it had (engine.blocks.GMLP).

@@ -10,7 +10,7 @@ import numpy as np
 
 from kernels import ops
 
-from .module import Module, Parameter, check_positive_int, init_weight, make_rng
+from .module import SKIP_DX, Module, Parameter, check_positive_int, init_weight, make_rng
 from .registry import register_block
 
 __all__ = ["GMLP", "ChannelGatedMLP"]
@@ -47,6 +47,7 @@ class GMLP(Module):
     fuses_residual = True
     fuses_dx_acc = True
     acc_alias_safe = True  # dy is read only by the first two backward GEMMs
+    skips_input_grad = True
 
     def __init__(self, d_in: int, d_hidden: int, d_ffn: int, d_out: int, dtype=np.float32,
                  rng=None):
@@ -137,7 +138,8 @@ class GMLP(Module):
             ops.gemm(z, v.gpt, self.Wgp_T, True, False, 0.5, 0.0)      # dZ = dGP Wgp_T over Z
             ops.act_backward_cached(z, z, v.u)                          # dU in place
             ops.gemm(self.W_in.grad, self._saved.x, z, True, False, 1.0, 1.0)
-            ops.gemm(dx, z, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
+            if dx is not SKIP_DX:
+                ops.gemm(dx, z, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx
 

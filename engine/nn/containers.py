@@ -8,8 +8,8 @@ from kernels.activations import ACTIVATIONS
 
 from .._checks import check_bool
 from .layers import ROWWISE_ACTIVATIONS, Activation, Identity, Linear, RowwiseActivation
-from .module import (Module, Workspace, check_float, check_init, check_positive_int, input_spec,
-                     make_rng, mode_version, rows_of)
+from .module import (Module, Workspace, check_float, check_init, check_input_grad,
+                     check_positive_int, input_spec, make_rng, mode_version, rows_of)
 from .registry import linear_gemms, register_block
 
 __all__ = ["Sequential", "MLP"]
@@ -156,9 +156,11 @@ class Sequential(Module):
         s.lead, s.in_dim, s.ready = x.shape[:-1], x.shape[-1], True
         return y
 
-    def backward(self, dy, *, dx_acc=None):
-        """Each child's backward in reverse order (``dx_acc`` fused into the first one)."""
+    def backward(self, dy, *, dx_acc=None, input_grad=True):
+        """Each child's backward in reverse order (``dx_acc`` and ``input_grad`` go to the
+        first one; with ``input_grad=False`` it returns None)."""
         s = self._calls
+        input_grad = check_input_grad(input_grad, dx_acc)
         if not s.ready:
             raise self._no_forward()
         if isinstance(dy, np.ndarray):
@@ -169,13 +171,13 @@ class Sequential(Module):
             rows_of(dx_acc, (*s.lead, s.in_dim), self.dtype, "dx_acc")
             self._no_overlap("dx_acc", dx_acc)
         if self.checkpoint and self._seq:
-            return self._backward_checkpointed(dy, dx_acc)
+            return self._backward_checkpointed(dy, dx_acc, input_grad)
         if self._seq:
             for m in self._rev[:-1]:
                 dy = m.backward(dy)
-            dy = self._seq[0].backward(dy, dx_acc=dx_acc)
+            dy = self._seq[0].backward(dy, dx_acc=dx_acc, input_grad=input_grad)
         s.ready = False
-        return dy
+        return dy if input_grad else None
 
     # -- checkpointing ----------------------------------------------------------------------
     def _snap(self, i) -> None:
@@ -219,7 +221,7 @@ class Sequential(Module):
         c.modes, c.modes_gen = modes, gen
         return y
 
-    def _backward_checkpointed(self, dy, dx_acc):
+    def _backward_checkpointed(self, dy, dx_acc, input_grad):
         s, seq, inputs = self._calls, self._seq, self._inputs
         c = self._saved
         if c.modes_gen != mode_version() and [m.training for m in self._moded] != c.modes:
@@ -236,7 +238,7 @@ class Sequential(Module):
             np.copyto(dy, d)
             self._rewind(i - 1)
             seq[i - 1].forward(inputs[i - 1])
-        dx = seq[0].backward(dy, dx_acc=dx_acc)
+        dx = seq[0].backward(dy, dx_acc=dx_acc, input_grad=input_grad)
         self._rewind(len(seq))
         inputs[0] = None
         s.ready = False

@@ -8,7 +8,8 @@ import numpy as np
 
 from kernels import ops
 
-from .module import Module, Parameter, Workspace, rows_of, check_positive_int, make_rng
+from .module import (Module, Parameter, Workspace, check_input_grad, check_positive_int,
+                     make_rng, rows_of)
 
 __all__ = ["Embedding", "check_integer_ids", "check_id_range"]
 
@@ -102,9 +103,11 @@ class Embedding(Module):
         s.out_shape, s.ready = out_shape, True
         return y.reshape(out_shape)
 
-    def backward(self, dy, *, dx_acc=None):
-        """Adds ``dy``'s rows into ``W.grad`` at the last forward's ids; returns None."""
+    def backward(self, dy, *, dx_acc=None, input_grad=True):
+        """Adds ``dy``'s rows into ``W.grad`` at the last forward's ids; returns None (ids
+        have no gradient, whatever ``input_grad`` says)."""
         s = self._calls
+        check_input_grad(input_grad)
         if not s.ready:
             raise self._no_forward()
         if dx_acc is not None:

@@ -17,8 +17,8 @@ from kernels import ops
 
 from .._checks import check_bool
 from .layers import check_activation
-from .module import (Module, Parameter, check_float, check_init, check_positive_int, init_weight,
-                     make_rng)
+from .module import (SKIP_DX, Module, Parameter, check_float, check_init, check_positive_int,
+                     init_weight, make_rng)
 from .registry import register_block
 
 __all__ = ["GatedFFN"]
@@ -47,6 +47,7 @@ class GatedFFN(Module):
     fuses_residual = True
     fuses_dx_acc = True
     acc_alias_safe = True  # dy is read only by the first two backward GEMMs
+    skips_input_grad = True
     # PyTorch: LLaMA's MLP, down_proj(act(gate_proj(x)) * up_proj(x)) (nn.Linear each).
     torch_layout = (("gate_proj.weight", "W_gate", True), ("gate_proj.bias", "b_gate", False),
                     ("up_proj.weight", "W_up", True), ("up_proj.bias", "b_up", False),
@@ -156,6 +157,7 @@ class GatedFFN(Module):
         if self.bias:
             ops.rowsum(self.db_gu, v.zt, 1.0)
         ops.gemm(self.dWgu_T, v.zt, self._saved.x, False, False, 1.0, 1.0)  # both halves
-        ops.gemm(dx, v.zt, self.Wgu_T, True, False, 1.0, 0.0 if acc2 is None else 1.0)
+        if dx is not SKIP_DX:
+            ops.gemm(dx, v.zt, self.Wgu_T, True, False, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx

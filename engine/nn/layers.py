@@ -13,8 +13,8 @@ import numpy as np
 from kernels import ops
 from kernels.activations import ACTIVATIONS, REGISTRY
 
-from .module import (INITS, Module, Parameter, check_float, check_init, check_positive_int,
-                     init_weight, make_rng)
+from .module import (INITS, SKIP_DX, Module, Parameter, check_float, check_init,
+                     check_positive_int, init_weight, make_rng)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
            "Tanh", "Identity", "Softmax", "LogSoftmax", "Sequential", "MLP", "check_activation",
@@ -58,6 +58,7 @@ class Linear(Module):
     """
 
     fuses_dx_acc = True
+    skips_input_grad = True
     torch_layout = (("weight", "W", True), ("bias", "b", False))  # nn.Linear(d_in, d_out)
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True, init: str = "he",
@@ -135,7 +136,8 @@ class Linear(Module):
             ops.gemm(self.W.grad, self._saved.x, dz, True, False, 1.0, 1.0)  # dW += x^T dz
             if self.b is not None and (act is None or self._rowwise):
                 ops.colsum(self.b.grad, dz, 1.0)                        # db += dz.sum(0)
-            ops.gemm(dx, dz, self.W.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
+            if dx is not SKIP_DX:
+                ops.gemm(dx, dz, self.W.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx
 

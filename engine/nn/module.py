@@ -20,7 +20,7 @@ import numpy as np
 
 from kernels import ops
 
-from .._checks import check_array_like, check_dtype, check_positive_int
+from .._checks import check_array_like, check_bool, check_dtype, check_positive_int
 from .._checks import check_real as check_float
 from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
                     arena_layout_version, bump_arena_layout, runs, shaped_like)
@@ -28,8 +28,8 @@ from .calls import CallState
 from .rows import (INITS, as_rows, check_array, check_init, check_sequences, describes_input, flat3,
                    init_weight, input_spec, make_rng, rows_of, shaped)
 
-__all__ = ["Parameter", "Arena", "adjacent_views", "arena_layout_version", "mode_version",
-           "rows_of", "shaped", "shaped_like", "Module", "Workspace", "make_rng", "check_dtype",
+__all__ = ["SKIP_DX", "check_input_grad", "Parameter", "Arena", "adjacent_views",
+           "arena_layout_version", "mode_version", "rows_of", "shaped", "shaped_like", "Module", "Workspace", "make_rng", "check_dtype",
            "check_positive_int", "check_float", "as_rows", "INITS", "check_init", "init_weight",
            "check_sequences", "runs", "describes_input", "input_spec"]
 
@@ -37,10 +37,32 @@ __all__ = ["Parameter", "Arena", "adjacent_views", "arena_layout_version", "mode
 _MODE_VERSION = [0]  # bumped by every train()/eval() call
 
 
+class _SkipDx:
+    """The ``acc2`` a ``_backward`` gets when nobody reads the input gradient
+    (``backward(dy, input_grad=False)``) and its class sets ``skips_input_grad``."""
+
+    def __repr__(self):
+        return "SKIP_DX"
+
+
+SKIP_DX = _SkipDx()
+
+
 def mode_version() -> int:
     """Changes whenever any module's train()/eval() is called: a cache of modes read at
     one version is current while this returns the same number."""
     return _MODE_VERSION[0]
+
+
+def check_input_grad(input_grad, dx_acc=None) -> bool:
+    """``backward``'s ``input_grad`` as a bool, checked not to be False beside a ``dx_acc``
+    (which asks for the input gradient)."""
+    if input_grad is not True:
+        input_grad = check_bool("input_grad", input_grad)
+        if not input_grad and dx_acc is not None:
+            raise ValueError("dx_acc: input_grad=False computes no input gradient to add "
+                             "into dx_acc; pass one or the other")
+    return input_grad
 
 
 # ----------------------------------------------------------------------------- Module
@@ -86,7 +108,9 @@ class Module(metaclass=_ModuleMeta):
 
     Class attributes a subclass may set: ``fuses_residual`` / ``fuses_dx_acc`` (its
     ``_forward``/``_backward`` honour the options themselves; otherwise the base class adds),
-    ``acc_alias_safe`` (its fused ``dx_acc`` may be ``dy`` itself).
+    ``acc_alias_safe`` (its fused ``dx_acc`` may be ``dy`` itself), ``skips_input_grad``
+    (its ``_backward`` takes ``acc2 is SKIP_DX`` to mean: leave out the input gradient; the
+    value it returns is then ignored).
 
     Shared with subclasses, in any file (the underscore keeps them off the public API):
     ``_ws`` (the work pool), ``_views``/``_make_views`` (buffer views per batch shape),
@@ -98,6 +122,7 @@ class Module(metaclass=_ModuleMeta):
     fuses_residual = False
     fuses_dx_acc = False
     acc_alias_safe = False
+    skips_input_grad = False
     in_features = None   # last input dimension (None: any)
 
     def __init__(self, dtype=np.float32):
@@ -192,15 +217,23 @@ class Module(metaclass=_ModuleMeta):
         s.lead, s.out_shape, s.in_dim, s.ready = lead, (*lead, y2.shape[1]), x2.shape[1], True
         return x if y2 is x2 else shaped(y2, lead)
 
-    def backward(self, dy, *, dx_acc=None):
+    def backward(self, dy, *, dx_acc=None, input_grad=True):
         """The input gradient for output gradient ``dy`` (the last forward's output shape);
         parameter gradients are added into ``p.grad``. With ``dx_acc`` (an array of the
-        input's shape) the input gradient is added into it and ``dx_acc`` is returned."""
+        input's shape) the input gradient is added into it and ``dx_acc`` is returned.
+        With ``input_grad=False`` (the input is data, as an input without ``requires_grad``
+        in PyTorch) only the parameter gradients are computed, the same ones, and None is
+        returned; a layer whose input gradient is a GEMM of its own leaves that GEMM out."""
         s = self._calls
+        input_grad = check_input_grad(input_grad, dx_acc)
         if not s.ready:
             raise self._no_forward()
         lead = s.lead
         dy2 = self._dy_rows(dy, s.out_shape)
+        if not input_grad:
+            self._backward(dy2, SKIP_DX if self.skips_input_grad else None)
+            s.ready = False
+            return None
         if dx_acc is None:
             dx2 = self._backward(dy2, None)
         else:

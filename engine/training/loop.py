@@ -12,6 +12,7 @@ epoch allocates no batch-sized arrays; the model's own work buffers do the rest.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import time
 
@@ -98,7 +99,8 @@ def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> Histor
 
     ``epochs`` is the run's total (Keras's): a run resumed after k epochs trains epochs
     k+1..``epochs``. Each step: forward, ``loss.forward``, a finiteness check,
-    ``loss.backward``, ``model.backward``, ``optimizer.step()``, ``model.zero_grad()``.
+    ``loss.backward``, ``model.backward`` (with ``input_grad=False``: the batch is data,
+    its gradient is not computed), ``optimizer.step()``, ``model.zero_grad()``.
 
     Options (keyword only; checked into a ``FitPlan``):
 
@@ -279,6 +281,16 @@ class _Batches:
         return self.X[s:e], self.Y[s:e]
 
 
+def _takes_input_grad(model) -> bool:
+    """Whether ``model.backward`` accepts ``input_grad`` (a user's module may override
+    ``backward`` with the older signature)."""
+    try:
+        params = inspect.signature(model.backward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "input_grad" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 class _Step:
     """One training step on a batch (a call), and the start and end of an epoch: its running
     loss and hits, its History row, its callbacks."""
@@ -290,6 +302,9 @@ class _Step:
         # The optimizer zeroes the gradients inside its update pass, while they are in cache,
         # when it updates exactly the model's parameters; otherwise model.zero_grad() after it.
         self.fused_zero = self.groups is not None and _same_parameters(optimizer, model)
+        # The batch is data: its gradient is never read, so the first layer's input-gradient
+        # GEMM is left out where the model's backward takes input_grad (as every blasnet one).
+        self.backward_options = {"input_grad": False} if _takes_input_grad(model) else {}
         self.per_step = plan.scheduler_steps_every("step")
         self.n = n  # samples per epoch
         self.begin_epoch()
@@ -315,7 +330,7 @@ class _Step:
         if self.plan.classify:
             self.hit += self.hits.count(pred, yb)
             self.rows += scored_rows(pred)
-        model.backward(self.loss.backward())
+        model.backward(self.loss.backward(), **self.backward_options)
         # the gradient of the global batch, on every process
         dp.reduce_gradients(None if m % dp.size == 0 else xb.shape[0] / m)
         if self.plan.clip_grad_norm is not None:  # the global gradient's norm
