@@ -20,11 +20,11 @@ import numpy as np
 
 from kernels import ops
 
-from .._checks import check_array_like, check_bool, check_dtype, check_positive_int
+from .._checks import check_array_like, check_dtype, check_positive_int
 from .._checks import check_real as check_float
 from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
                     arena_layout_version, bump_arena_layout, runs, shaped_like)
-from .calls import CallState
+from .calls import SKIP_DX, CallState, check_input_grad
 from .rows import (INITS, as_rows, check_array, check_init, check_sequences, describes_input, flat3,
                    init_weight, input_spec, make_rng, rows_of, shaped)
 
@@ -37,32 +37,11 @@ __all__ = ["SKIP_DX", "check_input_grad", "Parameter", "Arena", "adjacent_views"
 _MODE_VERSION = [0]  # bumped by every train()/eval() call
 
 
-class _SkipDx:
-    """The ``acc2`` a ``_backward`` gets when nobody reads the input gradient
-    (``backward(dy, input_grad=False)``) and its class sets ``skips_input_grad``."""
-
-    def __repr__(self):
-        return "SKIP_DX"
-
-
-SKIP_DX = _SkipDx()
-
 
 def mode_version() -> int:
     """Changes whenever any module's train()/eval() is called: a cache of modes read at
     one version is current while this returns the same number."""
     return _MODE_VERSION[0]
-
-
-def check_input_grad(input_grad, dx_acc=None) -> bool:
-    """``backward``'s ``input_grad`` as a bool, checked not to be False beside a ``dx_acc``
-    (which asks for the input gradient)."""
-    if input_grad is not True:
-        input_grad = check_bool("input_grad", input_grad)
-        if not input_grad and dx_acc is not None:
-            raise ValueError("dx_acc: input_grad=False computes no input gradient to add "
-                             "into dx_acc; pass one or the other")
-    return input_grad
 
 
 # ----------------------------------------------------------------------------- Module

@@ -98,9 +98,8 @@ def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> Histor
     """Train ``model`` on ``(X, Y)`` until epoch ``epochs``; return the ``History``.
 
     ``epochs`` is the run's total (Keras's): a run resumed after k epochs trains epochs
-    k+1..``epochs``. Each step: forward, ``loss.forward``, a finiteness check,
-    ``loss.backward``, ``model.backward`` (with ``input_grad=False``: the batch is data,
-    its gradient is not computed), ``optimizer.step()``, ``model.zero_grad()``.
+    k+1..``epochs``. Each step: forward, ``loss.forward``, a finiteness check, ``loss.backward``,
+    ``model.backward(dy, input_grad=False)``, ``optimizer.step()``, ``model.zero_grad()``.
 
     Options (keyword only; checked into a ``FitPlan``):
 
