@@ -2,9 +2,11 @@
 module protocol's bookkeeping, engine/nn/module.py); ``backward``'s ``input_grad`` option."""
 from __future__ import annotations
 
+import inspect
+
 from .._checks import check_bool
 
-__all__ = ["CallState", "SKIP_DX", "check_input_grad"]
+__all__ = ["CallState", "SKIP_DX", "check_input_grad", "takes_input_grad"]
 
 
 class CallState:
@@ -44,3 +46,22 @@ def check_input_grad(input_grad, dx_acc=None) -> bool:
             raise ValueError("dx_acc: input_grad=False computes no input gradient to add "
                              "into dx_acc; pass one or the other")
     return input_grad
+
+
+_TAKES: dict = {}  # class -> whether its backward takes input_grad
+
+
+def takes_input_grad(module) -> bool:
+    """Whether ``module.backward`` accepts ``input_grad`` (a user's module may override
+    ``backward`` with the older signature); read once per class."""
+    cls = type(module)
+    found = _TAKES.get(cls)
+    if found is None:
+        try:
+            params = inspect.signature(cls.backward).parameters
+            found = "input_grad" in params or any(p.kind is p.VAR_KEYWORD
+                                                  for p in params.values())
+        except (TypeError, ValueError, AttributeError):
+            found = False
+        _TAKES[cls] = found
+    return found

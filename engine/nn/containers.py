@@ -9,7 +9,8 @@ from kernels.activations import ACTIVATIONS
 from .._checks import check_bool
 from .layers import ROWWISE_ACTIVATIONS, Activation, Identity, Linear, RowwiseActivation
 from .module import (Module, Workspace, check_float, check_init, check_input_grad,
-                     check_positive_int, input_spec, make_rng, mode_version, rows_of)
+                     check_positive_int, input_spec, make_rng, mode_version, rows_of,
+                     takes_input_grad)
 from .registry import linear_gemms, register_block
 
 __all__ = ["Sequential", "MLP"]
@@ -47,6 +48,17 @@ def _generators(modules) -> list:
                 if isinstance(v, np.random.Generator):
                     seen.setdefault(id(v), v)
     return list(seen.values())
+
+
+def _first_backward(first, dy, dx_acc, input_grad):
+    """The first child's backward; ``input_grad=False`` goes to it where its backward takes
+    the option (a user's module may not: its input gradient is then computed and dropped)."""
+    if input_grad:
+        return first.backward(dy, dx_acc=dx_acc)
+    if takes_input_grad(first):
+        return first.backward(dy, input_grad=False)
+    first.backward(dy)
+    return None
 
 
 class Sequential(Module):
@@ -175,7 +187,7 @@ class Sequential(Module):
         if self._seq:
             for m in self._rev[:-1]:
                 dy = m.backward(dy)
-            dy = self._seq[0].backward(dy, dx_acc=dx_acc, input_grad=input_grad)
+            dy = _first_backward(self._seq[0], dy, dx_acc, input_grad)
         s.ready = False
         return dy if input_grad else None
 
@@ -238,7 +250,7 @@ class Sequential(Module):
             np.copyto(dy, d)
             self._rewind(i - 1)
             seq[i - 1].forward(inputs[i - 1])
-        dx = seq[0].backward(dy, dx_acc=dx_acc, input_grad=input_grad)
+        dx = _first_backward(seq[0], dy, dx_acc, input_grad)
         self._rewind(len(seq))
         inputs[0] = None
         s.ready = False

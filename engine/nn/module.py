@@ -24,18 +24,18 @@ from .._checks import check_array_like, check_dtype, check_positive_int
 from .._checks import check_real as check_float
 from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
                     arena_layout_version, bump_arena_layout, runs, shaped_like)
-from .calls import SKIP_DX, CallState, check_input_grad
+from .calls import SKIP_DX, CallState, check_input_grad, takes_input_grad
 from .rows import (INITS, as_rows, check_array, check_init, check_sequences, describes_input, flat3,
                    init_weight, input_spec, make_rng, rows_of, shaped)
 
-__all__ = ["SKIP_DX", "check_input_grad", "Parameter", "Arena", "adjacent_views",
-           "arena_layout_version", "mode_version", "rows_of", "shaped", "shaped_like", "Module", "Workspace", "make_rng", "check_dtype",
-           "check_positive_int", "check_float", "as_rows", "INITS", "check_init", "init_weight",
-           "check_sequences", "runs", "describes_input", "input_spec"]
+__all__ = ["SKIP_DX", "check_input_grad", "takes_input_grad", "Parameter", "Arena",
+           "adjacent_views", "arena_layout_version", "mode_version", "rows_of", "shaped",
+           "shaped_like", "Module", "Workspace", "make_rng", "check_dtype", "check_positive_int",
+           "check_float", "as_rows", "INITS", "check_init", "init_weight", "check_sequences",
+           "runs", "describes_input", "input_spec"]
 
 
 _MODE_VERSION = [0]  # bumped by every train()/eval() call
-
 
 
 def mode_version() -> int:

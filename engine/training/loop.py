@@ -12,13 +12,13 @@ epoch allocates no batch-sized arrays; the model's own work buffers do the rest.
 """
 from __future__ import annotations
 
-import inspect
 import math
 import time
 
 import numpy as np
 
 from ..data.entry import as_eval_arrays, as_fit_arrays, as_inputs
+from ..nn.calls import takes_input_grad
 from ..nn.losses import CrossEntropyLoss
 from ..optim.optimizers import defer_keyboard_interrupt
 from .checks import batch_size_for, check_data, check_loss, check_model, check_x
@@ -280,16 +280,6 @@ class _Batches:
         return self.X[s:e], self.Y[s:e]
 
 
-def _takes_input_grad(model) -> bool:
-    """Whether ``model.backward`` accepts ``input_grad`` (a user's module may override
-    ``backward`` with the older signature)."""
-    try:
-        params = inspect.signature(model.backward).parameters
-    except (TypeError, ValueError):
-        return False
-    return "input_grad" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 class _Step:
     """One training step on a batch (a call), and the start and end of an epoch: its running
     loss and hits, its History row, its callbacks."""
@@ -303,7 +293,7 @@ class _Step:
         self.fused_zero = self.groups is not None and _same_parameters(optimizer, model)
         # The batch is data: its gradient is never read, so the first layer's input-gradient
         # GEMM is left out where the model's backward takes input_grad (as every blasnet one).
-        self.backward_options = {"input_grad": False} if _takes_input_grad(model) else {}
+        self.backward_options = {"input_grad": False} if takes_input_grad(model) else {}
         self.per_step = plan.scheduler_steps_every("step")
         self.n = n  # samples per epoch
         self.begin_epoch()

@@ -189,3 +189,34 @@ def test_fit_trains_a_model_whose_backward_has_the_older_signature():
     before = m.inner.W.data.copy()
     fit(m, MSELoss(), SGD(m.parameters(), lr=1e-2), X, Y, epochs=1, progress=False)
     assert not np.array_equal(m.inner.W.data, before)
+
+
+class _OldSignature(Module):
+    """A user's module written before input_grad: backward(dy, *, dx_acc=None)."""
+
+    def __init__(self, seed):
+        super().__init__()
+        from engine.nn.layers import Linear
+        self.inner = Linear(6, 5, rng=seed)
+
+    def forward(self, x, *, residual=None):
+        return self.inner.forward(x, residual=residual)
+
+    def backward(self, dy, *, dx_acc=None):
+        return self.inner.backward(dy, dx_acc=dx_acc)
+
+
+def test_sequential_whose_first_child_has_the_older_signature():
+    # Check that a Sequential calls such a child as before (no input_grad passed when the
+    # input gradient is wanted), and with input_grad=False computes its gradient and drops
+    # it: the same parameter gradients, None returned, no TypeError.
+    from engine.nn.layers import Linear, Sequential
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    dy = rng.standard_normal((4, 3)).astype(np.float32)
+    m, twin = (Sequential(_OldSignature(0), Linear(5, 3, rng=1)) for _ in range(2))
+    m.forward(x)
+    twin.forward(x)
+    assert m.backward(dy, input_grad=False) is None
+    assert twin.backward(dy).shape == x.shape
+    assert_same_state(m, twin)
