@@ -109,18 +109,22 @@ _fingerprints: dict = {}
 
 def source_fingerprint(folder: str) -> str:
     """sha256 of the names and contents of the ``.py`` files directly in ``folder`` (read
-    once per process and folder)."""
+    once per process and folder); "" where the folder or a file cannot be read."""
     folder = os.path.abspath(folder)
     found = _fingerprints.get(folder)
     if found is None:
         h = hashlib.sha256()
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".py"):
-                with open(os.path.join(folder, name), "rb") as f:
-                    data = f.read()
-                h.update(f"{name}\0{len(data)}\0".encode())
-                h.update(data)
-        found = _fingerprints[folder] = h.hexdigest()
+        try:
+            for name in sorted(os.listdir(folder)):
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name), "rb") as f:
+                        data = f.read()
+                    h.update(f"{name}\0{len(data)}\0".encode())
+                    h.update(data)
+            found = h.hexdigest()
+        except OSError:  # a folder that cannot be listed or read: numba's own rule alone
+            found = ""
+        _fingerprints[folder] = found
     return found
 
 

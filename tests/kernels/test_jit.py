@@ -204,6 +204,8 @@ def test_source_fingerprint_follows_every_python_file_of_a_folder(tmp_path):
     assert third != second
     (tmp_path / "b.py").rename(tmp_path / "c.py")
     assert fresh() != third
+    J._fingerprints.pop(str(tmp_path / "missing"), None)
+    assert J.source_fingerprint(str(tmp_path / "missing")) == ""  # unreadable: no key part
 
 
 def test_every_kernel_cache_is_keyed_on_the_kernels_sources():
