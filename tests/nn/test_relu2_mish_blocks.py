@@ -2,11 +2,11 @@
 every block that takes an activation, added as registry entries only: the activation module
 built by name, FFN, FFNSublayer (post and pre, with dropout too) and MLP, in float64 against
 central finite differences and the formulas written out here; and the CLI's --activation."""
+import contextlib
+import io
 import math
-import os
 import re
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +20,6 @@ from modules_zoo import randomize
 
 F64 = np.float64
 NEW = ("relu2", "mish")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _act(z, name):
@@ -171,9 +170,17 @@ def test_activation_module_computes_the_named_function(act):
 
 # ----------------------------------------------------------------------------- CLI
 def _cli(*args):
-    env = dict(os.environ, BLASNET_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    # The CLI's own main in this process, on one thread (the same code `python -m engine`
+    # runs; tests/cli and tests/test_packaging start it as a process).
+    from engine.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            kernels.num_threads(1):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's --help and usage errors
+            code = e.code
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_cli_help_lists_the_new_activations():
