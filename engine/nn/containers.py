@@ -8,9 +8,9 @@ from kernels.activations import ACTIVATIONS
 
 from .._checks import check_bool
 from .layers import ROWWISE_ACTIVATIONS, Activation, Identity, Linear, RowwiseActivation
-from .module import (Module, Workspace, check_float, check_init, check_input_grad,
-                     check_positive_int, input_spec, make_rng, mode_version, rows_of,
-                     takes_input_grad)
+from .module import (Module, Workspace, arena_layout_version, check_float, check_init,
+                     check_input_grad, check_positive_int, input_spec, make_rng, mode_version,
+                     rows_of, takes_input_grad)
 from .registry import linear_gemms, register_block
 
 __all__ = ["Sequential", "MLP"]
@@ -169,8 +169,10 @@ class Sequential(Module):
         return y
 
     def backward(self, dy, *, dx_acc=None, input_grad=True):
-        """Each child's backward in reverse order (``dx_acc`` and ``input_grad`` go to the
-        first one; with ``input_grad=False`` it returns None)."""
+        """Each child's backward in reverse order (``dx_acc`` goes to the first one). With
+        ``input_grad=False`` it returns None, and the backward stops at the first child with
+        parameters, which gets ``input_grad=False``: the children before it (dropout or an
+        activation on the data) have no gradient to add."""
         s = self._calls
         input_grad = check_input_grad(input_grad, dx_acc)
         if not s.ready:
@@ -184,12 +186,24 @@ class Sequential(Module):
             self._no_overlap("dx_acc", dx_acc)
         if self.checkpoint and self._seq:
             return self._backward_checkpointed(dy, dx_acc, input_grad)
-        if self._seq:
-            for m in self._rev[:-1]:
+        seq = self._seq
+        stop = 0 if input_grad else self._first_with_parameters()
+        if stop < len(seq):
+            for m in self._rev[:len(seq) - 1 - stop]:
                 dy = m.backward(dy)
-            dy = _first_backward(self._seq[0], dy, dx_acc, input_grad)
+            dy = _first_backward(seq[stop], dy, dx_acc, input_grad)
         s.ready = False
         return dy if input_grad else None
+
+    def _first_with_parameters(self) -> int:
+        """The index of the first child with parameters (len: none has any), read again only
+        when some module's parameters change (the arena layout's version)."""
+        c, gen = self._saved, arena_layout_version()
+        if getattr(c, "first_param_gen", None) != gen:
+            c.first_param = next((i for i, m in enumerate(self._seq) if m.parameters()),
+                                 len(self._seq))
+            c.first_param_gen = gen
+        return c.first_param
 
     # -- checkpointing ----------------------------------------------------------------------
     def _snap(self, i) -> None:
@@ -242,7 +256,8 @@ class Sequential(Module):
                                "changed since forward; the recomputed activations would not "
                                "be the forward's. Restore the mode of the forward, or run "
                                "forward again")
-        for i in range(len(seq) - 1, 0, -1):
+        stop = 0 if input_grad else self._first_with_parameters()
+        for i in range(len(seq) - 1, stop, -1):
             d = seq[i].backward(dy)
             # Child i's input is dead now: its buffer keeps the gradient safe from the rerun
             # below, which overwrites the pooled buffers d lives in.
@@ -250,7 +265,7 @@ class Sequential(Module):
             np.copyto(dy, d)
             self._rewind(i - 1)
             seq[i - 1].forward(inputs[i - 1])
-        dx = _first_backward(seq[0], dy, dx_acc, input_grad)
+        dx = _first_backward(seq[stop], dy, dx_acc, input_grad) if stop < len(seq) else None
         self._rewind(len(seq))
         inputs[0] = None
         s.ready = False

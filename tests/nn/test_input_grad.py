@@ -220,3 +220,45 @@ def test_sequential_whose_first_child_has_the_older_signature():
     assert m.backward(dy, input_grad=False) is None
     assert twin.backward(dy).shape == x.shape
     assert_same_state(m, twin)
+
+
+def _leading_dropout(checkpoint):
+    from engine.nn.blocks import Dropout
+    from engine.nn.layers import Linear, ReLU, Sequential
+    return Sequential(Dropout(0.3, dtype=np.float64, rng=4), ReLU(dtype=np.float64),
+                      Linear(6, 5, dtype=np.float64, rng=1), ReLU(dtype=np.float64),
+                      Linear(5, 3, dtype=np.float64, rng=2), checkpoint=checkpoint)
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_sequential_stops_at_its_first_child_with_parameters(checkpoint):
+    # Check that children before the first one with parameters (dropout and an activation
+    # on the data) run no backward, that one gets input_grad=False (its dx GEMM left out),
+    # and every parameter gradient is the full backward's, bit for bit.
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((7, 6))
+    dy = rng.standard_normal((7, 3))
+    m, twin = _leading_dropout(checkpoint), _leading_dropout(checkpoint)
+    m.forward(x)
+    twin.forward(x)
+    with record() as rec:
+        assert m.backward(dy, input_grad=False) is None
+    with record() as full:
+        twin.backward(dy)
+    assert_same_state(m, twin)
+    names, full_names = rec.names(), full.names()
+    assert "dropout_backward" in full_names and "dropout_backward" not in names
+    assert len(rec.of("gemm")) == len(full.of("gemm")) - 1
+
+
+def test_sequential_without_parameters_runs_no_backward():
+    from engine.nn.blocks import Dropout
+    from engine.nn.layers import ReLU, Sequential
+    m = Sequential(Dropout(0.5, rng=0), ReLU())
+    x = np.ones((4, 3), np.float32)
+    m.forward(x)
+    with record() as rec:
+        assert m.backward(np.ones((4, 3), np.float32), input_grad=False) is None
+    assert rec.calls == []
+    with pytest.raises(RuntimeError, match="no forward"):
+        m.backward(np.ones((4, 3), np.float32))
