@@ -75,8 +75,8 @@ def test_quick_run_writes_the_json_and_the_table(tmp_path):
     # the total, the make run wall times, and the table names every row.
     out = tmp_path / "compile_time.json"
     r = subprocess.run([sys.executable, "bench/compile_time.py", "--quick", "--blocks",
-                        "FFN-relu", "MLP", "--dtypes", "float32", "--epochs", "2", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        "FFN-relu", "MLP", "--dtypes", "float32", "--epochs", "2", "--out",
+                        str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert data["quick"] is True and data["blocks"] == ["FFN-relu", "MLP"]
