@@ -180,9 +180,16 @@ def make_optimizer(module):
     return AdamW(module.parameters(), lr=LR)
 
 
-def fwd_bwd_fn(module, x, dy):
-    """One forward + backward (parameter gradients accumulate; nothing else)."""
+def fwd_bwd_fn(module, x, dy, input_grad: bool = True):
+    """One forward + backward (parameter gradients accumulate; nothing else); with
+    ``input_grad=False`` the backward leaves out the input gradient (x is data)."""
     fwd, bwd = module.forward, module.backward
+
+    if not input_grad:
+        def run():
+            fwd(x)
+            bwd(dy, input_grad=False)
+        return run
 
     def run():
         fwd(x)
@@ -190,13 +197,21 @@ def fwd_bwd_fn(module, x, dy):
     return run
 
 
-def step_fn(module, x, target, loss, opt):
+def step_fn(module, x, target, loss, opt, input_grad: bool = True):
     """One full training step as ``engine.train.fit`` runs it when the optimizer updates
     exactly the model's parameters: forward, loss forward, loss backward, backward (with the
-    input gradient, which fit leaves out for its model's first layer), and the AdamW step
-    with the gradients zeroed inside its pass (``opt.step(zero_grad=True)``)."""
+    input gradient, which fit leaves out for its model's first layer: ``input_grad=False``
+    is fit's step itself), and the AdamW step with the gradients zeroed inside its pass
+    (``opt.step(zero_grad=True)``)."""
     fwd, bwd = module.forward, module.backward
     lfwd, lbwd, ostep = loss.forward, loss.backward, opt.step
+
+    if not input_grad:
+        def run():
+            lfwd(fwd(x), target)
+            bwd(lbwd(), input_grad=False)
+            ostep(zero_grad=True)
+        return run
 
     def run():
         lfwd(fwd(x), target)
@@ -205,16 +220,18 @@ def step_fn(module, x, target, loss, opt):
     return run
 
 
-def build_case(block: str, shape, dtype=np.float32, seed: int = 0):
+def build_case(block: str, shape, dtype=np.float32, seed: int = 0, input_grad: bool = True):
     """Everything one case needs: a dict with module, x, target, dy, loss, opt, and the
-    ``fwd_bwd`` and ``step`` callables. ``shape``: a name in SHAPES or a Shape."""
+    ``fwd_bwd`` and ``step`` callables (with the input gradient unless ``input_grad=False``).
+    ``shape``: a name in SHAPES or a Shape."""
     shape = SHAPES[shape] if isinstance(shape, str) else shape
     module = build_module(block, shape, dtype, seed)
     x, target, dy = make_data(block, shape, dtype, seed + 1)
     loss = make_loss(block)
     opt = make_optimizer(module)
     return dict(shape=shape, module=module, x=x, target=target, dy=dy, loss=loss, opt=opt,
-                fwd_bwd=fwd_bwd_fn(module, x, dy), step=step_fn(module, x, target, loss, opt))
+                fwd_bwd=fwd_bwd_fn(module, x, dy, input_grad),
+                step=step_fn(module, x, target, loss, opt, input_grad))
 
 
 def write_json(obj, path=None) -> None:

@@ -152,14 +152,15 @@ def copy_weights(tmod, pmap, bmod) -> None:
             tparams[name].copy_(torch.from_numpy(np.ascontiguousarray(w.T if transposed else w)))
 
 
-def torch_case(c, block: str, set_to_none: bool = True, adamw: str = "default"):
+def torch_case(c, block: str, set_to_none: bool = True, adamw: str = "default",
+               input_grad: bool = True):
     """The torch counterpart of ``cases.build_case``'s dict ``c``, weights copied from it:
-    module, x (requires grad: blasnet's backward computes dx too), target, dy, loss, opt and
-    the ``fwd_bwd`` and ``step`` callables."""
+    module, x (requires grad as blasnet's backward computes dx: ``input_grad``), target, dy,
+    loss, opt and the ``fwd_bwd`` and ``step`` callables."""
     import torch
     tmod, pmap = torch_module(block, c["shape"])
     copy_weights(tmod, pmap, c["module"])
-    x = torch.from_numpy(c["x"]).requires_grad_(True)  # shares memory with blasnet's x
+    x = torch.from_numpy(c["x"]).requires_grad_(input_grad)  # shares memory with blasnet's x
     dy = torch.from_numpy(c["dy"])
     if block == "MLP":
         target = torch.from_numpy(np.asarray(c["target"], np.int64))
@@ -184,21 +185,22 @@ def torch_case(c, block: str, set_to_none: bool = True, adamw: str = "default"):
                 fwd_bwd=fwd_bwd, step=step)
 
 
-def check_same(c, t) -> dict:
-    """Both sides from the same weights: the loss, every parameter gradient and input gradient,
-    and the loss after one AdamW step. Leaves both with zeroed gradients (one step taken)."""
+def check_same(c, t, input_grad: bool = True) -> dict:
+    """Both sides from the same weights: the loss, every parameter gradient and input gradient
+    (with ``input_grad``), and the loss after one AdamW step. Leaves both with zeroed
+    gradients (one step taken)."""
     bmod, tmod = c["module"], t["module"]
     bmod.zero_grad()
     t["opt"].zero_grad(set_to_none=True)
     t["x"].grad = None
     lb = c["loss"].forward(bmod.forward(c["x"]), c["target"])
-    dx = bmod.backward(c["loss"].backward())
+    dx = bmod.backward(c["loss"].backward(), input_grad=input_grad)
     lt_t = t["loss"](tmod(t["x"]), t["target"])
     lt_t.backward()
     lt = float(lt_t.detach())
     bparams = dict(bmod.named_parameters())
     grad_err = 0.0  # max over tensors of max|g_torch - g_blasnet| / max|g_blasnet|
-    pairs = [(dx, t["x"].grad.numpy())]
+    pairs = [(dx, t["x"].grad.numpy())] if input_grad else []
     for name, p in tmod.named_parameters():
         bname, transposed = t["pmap"][name]
         g = p.grad.numpy()
@@ -330,12 +332,14 @@ def child(args) -> dict:
     torch.set_num_threads(n)
     info = dict(threads=n, blasnet_threads=kernels.get_num_threads(),
                 torch_threads=torch.get_num_threads(), torch=torch.__version__,
-                set_to_none=args.set_to_none, adamw=args.adamw, quick=args.quick)
+                set_to_none=args.set_to_none, adamw=args.adamw, quick=args.quick,
+                input_grad=args.input_grad)
     out = dict(info=info, checks=[], rows=[], gemms=[])
     for block, shape_name in selected_cases(args):
-        c = cases.build_case(block, shape_name)
-        t = torch_case(c, block, args.set_to_none, args.adamw)
-        out["checks"].append(dict(block=block, shape=shape_name, **check_same(c, t)))
+        c = cases.build_case(block, shape_name, input_grad=args.input_grad)
+        t = torch_case(c, block, args.set_to_none, args.adamw, args.input_grad)
+        out["checks"].append(dict(block=block, shape=shape_name,
+                                  **check_same(c, t, args.input_grad)))
         label = f"{block} {shape_name} threads={n}"
         print(f"  [{label}] timing", file=sys.stderr, flush=True)
         row = dict(block=block, shape=shape_name, threads=n)
@@ -382,7 +386,8 @@ def run_child(threads: int, argv: list) -> dict:
 
 def child_argv(args) -> list:
     """The options a child needs (its thread count comes with --child)."""
-    out = ["--set-to-none", str(int(args.set_to_none)), "--adamw", args.adamw]
+    out = ["--set-to-none", str(int(args.set_to_none)), "--adamw", args.adamw,
+           "--input-grad", str(int(args.input_grad))]
     out += ["--quick"] * args.quick + ["--no-gemm"] * args.no_gemm
     if args.block:
         out += ["--block", *args.block]
@@ -397,12 +402,15 @@ def report(results: list) -> str:
     lines = []
     first = results[0]
     i = first["info"]
+    dx = ("x.requires_grad (dx computed, as blasnet)" if i.get("input_grad", True) else
+          "x is data: no dx on either side (blasnet: input_grad=False, as fit)")
     lines.append(f"blasnet vs PyTorch {i['torch']} (eager, CPU), float32; torch/blasnet > 1: "
                  f"blasnet faster. torch step: zero_grad(set_to_none={i['set_to_none']}), "
-                 f"AdamW({i['adamw']}), x.requires_grad (dx computed, as blasnet). "
+                 f"AdamW({i['adamw']}), {dx}. "
                  f"Medians of alternating bursts{' (quick)' if i['quick'] else ''}.")
     lines.append("")
-    lines.append("Same weights, same numbers (float32): loss, max grad error (params and dx, "
+    lines.append(f"Same weights, same numbers (float32): loss, max grad error (params"
+                 f"{' and dx' if i.get('input_grad', True) else ''}, "
                  "relative to max|grad|), loss after one AdamW step")
     hdr = f"{'block':<22} {'shape':<8} {'loss blasnet':>13} {'loss torch':>13} {'rel':>8} " \
           f"{'grad err':>9} {'loss2 rel':>9}"
@@ -453,11 +461,15 @@ def parse(argv):
                    help="torch zero_grad(set_to_none=...) (default 1, torch's default)")
     p.add_argument("--adamw", choices=("default", "foreach", "fused"), default="default",
                    help="torch AdamW implementation (default: torch's choice, for-loop on CPU)")
+    p.add_argument("--input-grad", type=int, choices=(0, 1), default=1,
+                   help="1: both compute the input gradient (a block inside a network); 0: x is "
+                        "data, as in fit (no requires_grad; backward(dy, input_grad=False))")
     p.add_argument("--no-gemm", action="store_true", help="skip the raw GEMM table")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.set_to_none = bool(args.set_to_none)
+    args.input_grad = bool(args.input_grad)
     return args
 
 

@@ -51,6 +51,24 @@ def test_bench_step_makes_the_kernel_calls_of_a_fit_step(block, shape):
     assert adamw.args[1] is True
 
 
+@pytest.mark.parametrize("block,shape", BLOCKS, ids=[b for b, _ in BLOCKS])
+def test_bench_step_without_the_input_gradient_is_fits_step(block, shape):
+    # Check that build_case(input_grad=False) gives exactly fit's kernel calls, and a
+    # forward+backward one GEMM short of the one with the input gradient.
+    per_fit_step = Counter(c.name for c in _fit_calls(block, shape, 2))
+    per_fit_step.subtract(Counter(c.name for c in _fit_calls(block, shape, 1)))
+    c = cases.build_case(block, shape, np.float64, input_grad=False)
+    with record() as rec:
+        c["step"]()
+    assert Counter(call.name for call in rec.calls) == +per_fit_step
+    full = cases.build_case(block, shape, np.float64)
+    with record() as with_dx:
+        full["fwd_bwd"]()
+    with record() as without:
+        c["fwd_bwd"]()
+    assert len(without.of("gemm")) == len(with_dx.of("gemm")) - 1
+
+
 def test_bench_step_leaves_zero_gradients_and_updated_parameters():
     # Check that after a bench step every gradient is zero and every parameter moved (the
     # AdamW update was applied before the gradients were cleared).

@@ -68,6 +68,38 @@ def test_report_flags_a_check_mismatch():
     assert "MISMATCH" in text and "(2, 'FFN-relu', 'seed000')" in text
 
 
+def test_the_report_and_the_children_say_whether_x_is_data():
+    # Check that --input-grad 0 reaches the child processes and the report's header (which
+    # then claims no dx on either side and compares parameter gradients only).
+    args = vs.argparse.Namespace(set_to_none=True, adamw="default", input_grad=False,
+                                 quick=True, no_gemm=True, block=None, shape=None)
+    argv = vs.child_argv(args)
+    assert argv[argv.index("--input-grad") + 1] == "0"
+    check = dict(block="MLP", shape="batch64", loss_blasnet=1.0, loss_torch=1.0, loss_rel=0.0,
+                 grad_err=0.0, loss2_blasnet=1.0, loss2_torch=1.0, loss2_rel=0.0)
+    timing = dict(blasnet_ms=1.0, torch_ms=2.0, ratio=2.0)
+    row = dict(block="MLP", shape="batch64", threads=1, step=timing, fwd_bwd=timing,
+               floor=timing)
+    info = dict(threads=1, torch="x", set_to_none=True, adamw="default", quick=True)
+    data = vs.report([dict(info=dict(info, input_grad=False), checks=[check], rows=[row],
+                           gemms=[])])
+    assert "x is data: no dx on either side" in data and "(params," in data
+    with_dx = vs.report([dict(info=dict(info, input_grad=True), checks=[check], rows=[row],
+                              gemms=[])])
+    assert "x.requires_grad (dx computed" in with_dx and "(params and dx," in with_dx
+
+
+@pytest.mark.parametrize("input_grad", [True, False])
+@pytest.mark.parametrize("block", cases.BLOCKS)
+def test_same_loss_gradients_and_step_whether_or_not_x_is_data(block, input_grad):
+    # The same with x as data (no input gradient on either side).
+    pytest.importorskip("torch")
+    c = cases.build_case(block, TINY_MLP if block == "MLP" else TINY, input_grad=input_grad)
+    t = vs.torch_case(c, block, input_grad=input_grad)
+    r = vs.check_same(c, t, input_grad)
+    assert r["loss_rel"] < 1e-5 and r["grad_err"] < 1e-4 and r["loss2_rel"] < 1e-5, r
+
+
 @pytest.mark.parametrize("block", cases.BLOCKS)
 def test_same_loss_gradients_and_step(block):
     # Check that from blasnet's weights the torch module gives the same loss, parameter and
