@@ -185,15 +185,9 @@ def fwd_bwd_fn(module, x, dy, input_grad: bool = True):
     ``input_grad=False`` the backward leaves out the input gradient (x is data)."""
     fwd, bwd = module.forward, module.backward
 
-    if not input_grad:
-        def run():
-            fwd(x)
-            bwd(dy, input_grad=False)
-        return run
-
     def run():
         fwd(x)
-        bwd(dy)
+        bwd(dy, input_grad=input_grad)
     return run
 
 
@@ -206,16 +200,9 @@ def step_fn(module, x, target, loss, opt, input_grad: bool = True):
     fwd, bwd = module.forward, module.backward
     lfwd, lbwd, ostep = loss.forward, loss.backward, opt.step
 
-    if not input_grad:
-        def run():
-            lfwd(fwd(x), target)
-            bwd(lbwd(), input_grad=False)
-            ostep(zero_grad=True)
-        return run
-
     def run():
         lfwd(fwd(x), target)
-        bwd(lbwd())
+        bwd(lbwd(), input_grad=input_grad)
         ostep(zero_grad=True)  # the call fit makes
     return run
 
