@@ -29,13 +29,13 @@ run: install
 	$(PY) -m engine train --verbose
 
 # The kernels the tests need are compiled beside the install of the extras and then beside
-# the tests, over every CPU (numba compiles lazily, one kernel at a time, in the test process
-# otherwise; the tests leave a core mostly idle): the tests compile what they reach first
-# themselves and then load the rest from the shared disk cache. With a warm cache this only
-# loads them. The exit status is the install's, else the tests'.
+# the tests, over every CPU (numba compiles lazily, one kernel at a time, in each test process
+# otherwise): the tests compile what they reach first themselves and then load the rest from
+# the shared disk cache. With a warm cache this only loads them. The tests run as two pytest
+# processes at once (tests/run_groups.py). The exit status is the install's, else the tests'.
 test: $(CORE)
 	$(PY) -m kernels.precompile & \
-	$(MAKE) --no-print-directory install && $(PY) -m pytest -q tests; status=$$?; wait; \
+	$(MAKE) --no-print-directory install && $(PY) tests/run_groups.py -q; status=$$?; wait; \
 	exit $$status
 
 # QUICK=1 runs a shortened bench (fewer rounds, no large shapes on one thread, fewer
