@@ -62,10 +62,27 @@ CASE_OF = {
 }
 
 
+# The activation kernels' chains, per activation (bench.step_profile.variant names the rows):
+# ``python -m bench.activation_cost``'s logic on 9bc26fb, 2026-11-25 18:20 UTC, 1024x128
+# float32, 1 thread (docs/performance.md, "Compiled activation kernels"; not measured at 2
+# threads). Forward: bias + act in place (relu) or act with act' cached (the others); the
+# relu backward recomputes act' in place; "+db" adds the bias gradient's gemv. The cached
+# backward is one multiply whatever the activation (measured with GELU's derivative).
+ACTIVATION_NS_1THREAD = {
+    "bias_act relu": 0.574, "bias_act gelu": 3.148, "bias_act gelu_tanh": 1.788,
+    "bias_act silu": 1.887, "bias_act mish": 2.586, "bias_act tanh": 0.771,
+    "bias_act sigmoid": 1.606, "bias_act relu2": 0.803, "bias_act leaky_relu": 0.366,
+    "act_backward relu": 0.365, "act_backward relu +db": 0.423,
+    "act_backward gelu": 2.777, "act_backward gelu_tanh": 1.521, "act_backward silu": 1.669,
+    "act_backward_cached": 0.096, "act_backward_cached +db": 0.147,
+}
+
+
 def ns_per_element(op: str, threads: int):
-    """The NumPy chain's ns per element for ``kernels.ops`` entry ``op`` at ``threads``
-    (1 or 2; more threads read the 2-thread figure), or None when it had no chain here."""
+    """The NumPy chain's ns per element for ``kernels.ops`` entry ``op`` (or its per-element
+    row, ``bench.step_profile.variant``) at ``threads`` (1 or 2; more threads read the
+    2-thread figure), or None when it had no chain here or none was measured at ``threads``."""
     case = CASE_OF.get(op)
     if case is None:
-        return None
+        return ACTIVATION_NS_1THREAD.get(op) if threads <= 1 else None
     return NS_PER_ELEMENT[case].get(min(max(threads, 1), 2))

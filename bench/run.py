@@ -613,7 +613,9 @@ def format_costs(profiles) -> str:
              "profiled steps\n(time per call / elements it processes: parameters for adamw, "
              "the largest array otherwise),\nmedian [min-max] over the profiled cases, beside "
              "the NumPy chain it replaced (ns per element at\nits own size, measured once: "
-             "bench/baselines.py and docs/performance.md, \"Compiled kernels\").\n"
+             "bench/baselines.py and docs/performance.md, \"Compiled kernels\"; the\n"
+             "activation kernels per activation, \"+db\" with the bias gradient, chains "
+             "measured at 1 thread only).\n"
              "Small calls are bound by their fixed cost per call, not per element."]
     hdr = ["kernel"]
     for t in threads:

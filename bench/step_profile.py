@@ -63,17 +63,36 @@ def elements_of(name: str, args) -> int:
     return max((a.size for a in args if isinstance(a, np.ndarray)), default=0)
 
 
+# kernels.ops name -> (index of the activation, index of db) in the call's full arguments
+_VARIANT_ARGS = {"bias_act": (3, None), "act_backward": (3, 6), "act_backward_cached": (None, 3),
+                 "glu_forward": (3, None)}
+
+
+def variant(name: str, args) -> str:
+    """The per-element row a ``kernels.ops`` call ``name(*args)`` belongs to: its name, with
+    the activation of the activation kernels and "+db" where the bias gradient is summed in
+    the same pass ("bias_act gelu", "act_backward relu +db", "act_backward_cached +db"): the
+    NumPy chains they replaced cost per activation (bench/baselines.py)."""
+    act, db = _VARIANT_ARGS.get(name, (None, None))
+    if act is not None:
+        name = f"{name} {args[act]}"
+    if db is not None and args[db] is not None:
+        name += " +db"
+    return name
+
+
 def order_parts(names) -> list:
-    """Kernel part names in ``kernels.ops.NAMES`` order (gemm first), unknown ones last."""
+    """Kernel part names in ``kernels.ops.NAMES`` order (gemm first), unknown ones last; a
+    variant ("bias_act gelu") after its kernel's place."""
     rank = {n: i for i, n in enumerate((GEMM,) + tuple(n for n in ops.NAMES if n != GEMM))}
-    return sorted(set(names), key=lambda n: (rank.get(n, len(rank)), n))
+    return sorted(set(names), key=lambda n: (rank.get(n.split(" ")[0], len(rank)), n))
 
 
 def instrumented_step(case: dict):
     """cases.step_fn's step inside ``record(timed=True)``: returns (wall seconds of the step,
     {phase: seconds} for each call of PHASES, {ops name: seconds} and {ops name: calls} of the
     kernels that forward and backward called, {phase: kernels.ops calls made inside it},
-    {ops name: (seconds, elements)} over every call of the whole step)."""
+    {variant of the ops name: (seconds, elements)} over every call of the whole step)."""
     module, x, target = case["module"], case["x"], case["target"]
     fwd, bwd = module.forward, module.backward
     lfwd, lbwd, ostep = case["loss"].forward, case["loss"].backward, case["opt"].step
@@ -104,8 +123,9 @@ def instrumented_step(case: dict):
         per_element = {}
         for c in rec.calls:
             if c.name != GEMM:
-                s, n = per_element.get(c.name, (0.0, 0))
-                per_element[c.name] = (s + c.seconds, n + elements_of(c.name, c.args))
+                key = variant(c.name, c.args)
+                s, n = per_element.get(key, (0.0, 0))
+                per_element[key] = (s + c.seconds, n + elements_of(c.name, c.args))
         return wall, phase, kernel_s, kernel_n, ops_n, per_element
     return run
 

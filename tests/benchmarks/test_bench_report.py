@@ -246,3 +246,43 @@ def test_cost_table_gives_ns_per_element_beside_the_numpy_chain():
     assert f"{baselines.ns_per_element('adamw', 1):.3f}" in row
     assert "1,000-3,000" in row
     assert run.format_costs([dict(block="A", shape="s", threads=1)]) == ""
+
+
+def test_cost_table_gives_each_activation_its_own_row_and_chain():
+    # Check that the activation kernels' rows carry the activation (and "+db"), sorted after
+    # their kernel's place, each beside its own activation's chain at 1 thread and none at 2
+    # (the chains were measured at 1 thread only).
+    from bench import baselines
+    ns = {"bias_act gelu": 0.6, "bias_act relu": 0.1, "act_backward_cached +db": 0.2,
+          "adamw": 0.3}
+    profs = [dict(block="A", shape="s", threads=t, ns_per_element=ns,
+                  elements=dict.fromkeys(ns, 640)) for t in (1, 2)]
+    lines = run.format_costs(profs).splitlines()
+    rows = {k: ln for ln in lines for k in ns if ln.startswith(k + "  ")}  # in line order
+    assert list(rows) == ["bias_act gelu", "bias_act relu", "act_backward_cached +db", "adamw"]
+    for key in ("bias_act gelu", "bias_act relu", "act_backward_cached +db"):
+        chain = baselines.ACTIVATION_NS_1THREAD[key]
+        cells = rows[key].split()
+        assert f"{chain:.3f}" in cells and cells.count("-") == 1, rows[key]
+    assert baselines.ACTIVATION_NS_1THREAD["bias_act gelu"] != \
+        baselines.ACTIVATION_NS_1THREAD["bias_act relu"]
+    assert baselines.ns_per_element("bias_act gelu", 2) is None
+
+
+@pytest.mark.parametrize("block, want", [
+    ("FFN-relu", {"bias_act relu", "act_backward relu +db"}),
+    ("FFN-gelu", {"bias_act gelu", "act_backward_cached +db"}),
+    ("GatedFFN-silu", {"glu_forward silu"})])
+def test_profile_keys_activation_kernels_by_activation_and_bias_gradient(block, want):
+    # Check on a real step that the per-element rows name the activation each call ran and
+    # whether it summed the bias gradient, and that every such row of these blocks but the
+    # GLU's has a NumPy chain to stand beside.
+    import numpy as np
+    from bench import baselines
+    tiny = cases.Shape("tiny", (6,), d_model=12, d_ff=20)
+    c = cases.build_case(block, tiny, np.float32)
+    rows = set(step_profile.instrumented_step(c)()[5])
+    assert want <= rows
+    assert not rows & {"bias_act", "act_backward", "act_backward_cached", "glu_forward"}
+    for key in want - {"glu_forward silu"}:
+        assert baselines.ns_per_element(key, 1) is not None, key
