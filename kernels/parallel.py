@@ -10,13 +10,12 @@ one setting governs GEMMs and elementwise passes.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 
 from . import threads as _threads
 
-__all__ = ["split", "split_blocks", "threads_for", "chunks", "handoffs",
+__all__ = ["split", "threads_for", "chunks", "handoffs",
            "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
 # Elements per thread below which ``chunks`` does not split (kernels that give no cost).
@@ -156,23 +155,3 @@ def split(fn, n: int, row_len: int = 1, min_elements: int = SPLIT_MIN, k: int | 
         return 1
     _fork(lambda s: fn(n * s // k, n * (s + 1) // k, s), k)
     return k
-
-
-def _taken(counter, nblocks):
-    for b in counter:
-        if b >= nblocks:
-            return
-        yield b
-
-
-def split_blocks(fn, nblocks: int, k: int) -> None:
-    """Dynamic split: ``fn(blocks, slot)`` on ``k`` threads (slot 0 the caller), where
-    ``blocks`` yields block indices in increasing order, each of ``range(nblocks)`` to exactly
-    one thread, from one shared counter. A thread that starts late (a pool thread must wake
-    up first, or its core is busy) takes fewer blocks, so the caller never waits for more
-    than the block another thread is finishing. ``k`` comes from ``threads_for``."""
-    if k <= 1:
-        fn(range(nblocks), 0)
-        return
-    counter = itertools.count()  # next() is atomic under the GIL
-    _fork(lambda s: fn(_taken(counter, nblocks), s), k)

@@ -121,35 +121,6 @@ def test_threads_for_is_the_count_split_uses():
         assert parallel.threads_for(100, 10**6, min_elements=10**9) == 1
 
 
-@pytest.mark.parametrize("nblocks,k", [(0, 2), (1, 2), (57, 2), (57, 1), (5, 4)])
-def test_split_blocks_hands_out_each_block_once_in_order(nblocks, k):
-    # Check that every block index goes to exactly one thread and each thread sees its own
-    # blocks in increasing order.
-    seen, lock = {}, threading.Lock()
-
-    def fn(blocks, slot):
-        mine = list(blocks)
-        with lock:
-            seen[slot] = mine
-    parallel.split_blocks(fn, nblocks, k)
-    assert sorted(seen) == list(range(k))
-    assert all(b == sorted(b) for b in seen.values())
-    assert sorted(i for b in seen.values() for i in b) == list(range(nblocks))
-
-
-def test_split_blocks_reraises_worker_errors_after_all_finish():
-    # Check that an error on a pool thread reaches the caller after the caller's part ran.
-    done = []
-
-    def fn(blocks, slot):
-        if slot:
-            raise ZeroDivisionError("worker")
-        done.extend(blocks)
-    with pytest.raises(ZeroDivisionError, match="worker"):
-        parallel.split_blocks(fn, 10, 2)
-    assert done == list(range(10))  # the failed thread took no block: the caller took all
-
-
 def test_threads_for_splits_by_work_when_passes_are_given():
     # Check that with passes the split follows elements x passes against SPLIT_WORK, and
     # that one thread never splits.
