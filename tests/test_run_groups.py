@@ -107,7 +107,8 @@ class _Runs:
 
 
 @pytest.mark.parametrize("statuses, expected", [((0, 0), 0), ((1, 0), 1), ((0, 2), 2),
-                                                ((1, 2), 1)])
+                                                ((1, 2), 1), ((5, 0), 0), ((0, 5), 0),
+                                                ((5, 1), 1), ((5, 5), 5)])
 def test_two_cpus_run_both_groups_at_once_and_fail_if_either_fails(monkeypatch, capsys,
                                                                    statuses, expected):
     runs = _Runs(dict(zip(conftest.GROUPS, statuses)))
