@@ -7,7 +7,7 @@ start other Python processes and all the others; together they are every test of
 tests``. A pytest process runs its tests one after another on one core, so on a machine with
 two or more CPUs the second group runs beside the first, its report printed after the first's.
 With one CPU this is plain ``pytest tests``. The exit status is the first nonzero one of the
-two runs (0 when both pass); a group left without tests by a selection (``-k``) does not
+two runs (0 when both pass); a group left without tests by a selection (``-k``, ``-m``) does not
 count, unless neither group has any.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main(argv: list) -> int:
         log.seek(0)
         print(f"\n---- the tests of --group {GROUPS[1]}, run beside the others ----", flush=True)
         sys.stdout.write(log.read())
-    # A selection (-k, a path) may leave one group without tests: that is not a failure.
+    # A selection (-k, -m) may leave one group without tests: that is not a failure.
     ran = [s for s in (first, second) if s != NO_TESTS] or [NO_TESTS]
     return next((s for s in ran if s), 0)
 
