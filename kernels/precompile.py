@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .threads import usable_cores
 
 __all__ = ["LIST", "read_list", "parse_types", "compile_entries", "partition", "main"]
 
@@ -91,16 +92,10 @@ def partition(entries, jobs: int) -> list:
     return [[entries[i] for i in sorted(p)] for p in parts]
 
 
-def _cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernels.precompile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=int, default=_cpus(),
+    p.add_argument("--jobs", type=int, default=usable_cores(),
                    help="processes compiling at once (default: the CPUs this process may use)")
     p.add_argument("--list", default=str(LIST), help="the list of kernels and argument types")
     p.add_argument("--part", type=str, default=None, help=argparse.SUPPRESS)  # "i/n": a worker

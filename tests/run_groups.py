@@ -12,23 +12,16 @@ count, unless neither group has any.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from conftest import GROUPS  # this file's folder is sys.path[0]; the foreground group first
+from kernels.threads import usable_cores as _cpus
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_TESTS = 5  # pytest's exit status when nothing was collected (pytest.ExitCode)
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def main(argv: list) -> int:
