@@ -26,6 +26,7 @@ from ..nn.losses import CrossEntropyLoss
 from ..nn.module import Module, check_dtype, check_float, check_positive_int, make_rng
 from ..optim.optimizers import AdamW
 from ..training.loop import evaluate, fit
+from .tokenizer import Vocabulary
 
 __all__ = ["TextConfig", "LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split", "windows",
            "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train",
@@ -90,49 +91,6 @@ def corpus_description(text: str) -> str:
     from pydoc_data.topics import topics
     return (f"pydoc_data.topics of Python {platform.python_version()}: {len(topics)} help "
             f"topics, {len(text):,} characters")
-
-
-class Vocabulary:
-    """The distinct characters of a text, sorted, each with its id (its index)."""
-
-    def __init__(self, chars):
-        if not isinstance(chars, str):
-            raise TypeError(f"chars: expected a str (a text), got {type(chars).__name__}")
-        chars = "".join(sorted(set(chars)))
-        if not chars:
-            raise ValueError("chars: expected at least one character")
-        self.chars = chars
-        self._index = {c: i for i, c in enumerate(chars)}
-
-    def __len__(self) -> int:
-        return len(self.chars)
-
-    def encode(self, text: str) -> np.ndarray:
-        """The ids of ``text`` as an int64 array; ValueError naming characters not in the
-        vocabulary."""
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        missing = sorted(set(text) - set(self._index))
-        if missing:
-            raise ValueError(f"text: characters not in the vocabulary: {''.join(missing)!r}")
-        index = self._index
-        return np.fromiter((index[c] for c in text), np.int64, len(text))
-
-    def decode(self, ids) -> str:
-        """The text of integer ``ids`` (a sequence or array), each in [0, len(self));
-        TypeError/ValueError naming the first that is not (no wrap-around, no truncation)."""
-        chars, n = self.chars, len(self.chars)
-        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-            raise TypeError(f"ids: expected a sequence of integer ids, got {type(ids).__name__}")
-        out = []
-        for k, i in enumerate(ids):
-            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-                raise TypeError(f"ids[{k}]: expected an integer id, got {i!r} "
-                                f"({type(i).__name__})")
-            if not 0 <= i < n:
-                raise ValueError(f"ids[{k}]: expected an id in [0, {n}), got {i}")
-            out.append(chars[i])
-        return "".join(out)
 
 
 def split(ids: np.ndarray, held_out: float = 0.1, block: int = 4096):
