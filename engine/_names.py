@@ -57,9 +57,13 @@ def import_kernels():
         mod = importlib.import_module("kernels")
     except ValueError:
         raise
-    except Exception as e:  # noqa: BLE001  (another package's files, failing in their own way)
-        raise ImportError(f"blasnet: 'kernels' at {origin} failed to import ({type(e).__name__}: "
-                          f"{e}); " + _fix()) from None
+    except ModuleNotFoundError as e:  # blasnet's own kernels, missing a dependency
+        raise ImportError(f"blasnet: a required package is not installed: {e.name!r} (imported "
+                          f"by {origin}); install it (`pip install {e.name}`) or reinstall "
+                          f"blasnet with its dependencies") from e
+    except Exception as e:  # noqa: BLE001  (blasnet's own files, failing in their own way)
+        raise ImportError(f"blasnet: its 'kernels' at {origin} failed to import "
+                          f"({type(e).__name__}: {e})") from e
     missing = [n for n in _OURS if not hasattr(mod, n)]
     if missing:
         raise ImportError(f"blasnet: 'kernels' at {origin} is not blasnet's (it has no "

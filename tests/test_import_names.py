@@ -56,3 +56,24 @@ def test_blasnets_own_kernels_imports_cleanly(tmp_path):
     r = _import_engine(ROOT, "import engine, kernels; print(kernels.__file__)")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == os.path.join(ROOT, "kernels", "__init__.py")
+
+
+def test_a_missing_dependency_is_named_not_blamed_on_shadowing():
+    # Check that blasnet's own kernels failing to import numba (not installed) gives an
+    # ImportError that names numba and does not blame a shadowing 'kernels' package.
+    block = ("import sys, importlib.abc\n"
+             "class NoNumba(importlib.abc.MetaPathFinder):\n"
+             "    def find_spec(self, name, path, target=None):\n"
+             "        if name == 'numba' or name.startswith('numba.'):\n"
+             "            raise ModuleNotFoundError(\"No module named 'numba'\", name='numba')\n"
+             "for m in [m for m in sys.modules if m == 'numba' or m.startswith('numba.')]:\n"
+             "    del sys.modules[m]\n"
+             "sys.meta_path.insert(0, NoNumba())\n"
+             "import engine\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", block], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: blasnet: a required package is not installed: 'numba'")
+    assert "shadows" not in last and "Hugging Face" not in last
