@@ -27,7 +27,7 @@ import numpy as np
 from kernels import memory, parallel
 from kernels.jit import jit
 
-# Row names of the kernel table (bench/test_bench_kernels.py) that run.py reads.
+# Row names of the kernel table (bench/test_bench_kernels.py) that bench/analysis.py reads.
 TRIAD_ROW = "memory triad a=b+s*c"
 UPDATE_ROW = "memory update a+=s*c"
 ADAMW_ROW = "AdamW.step (engine)"

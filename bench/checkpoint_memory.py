@@ -10,7 +10,7 @@ pairs' ratios.
 Targets: peak with checkpointing <= 1/6 of without, time <= 1.4x.
 
 Run as a script it prints JSON: ``python -m bench.checkpoint_memory [--quick] [--out PATH]``;
-``measure()`` returns the same dict for bench/run.py's memory table.
+``measure()`` returns the same dict for the bench report's memory table.
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def measure(blocks: int = 12, n: int = 2048, d: int = 512, f: int = 2048,
 
 
 def format_rows(r: dict) -> list:
-    """Table lines for bench/run.py's memory table."""
+    """Table lines for the bench report's memory table."""
     mib = 1024 * 1024
     p, c = r["plain"], r["checkpoint"]
     return [

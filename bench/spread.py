@@ -155,7 +155,7 @@ def format_report(rows: list, runs: int, quick: bool) -> str:
                      "met" if met else "MISSED",
                      _pct(floor and floor["spread"]), _pct(ratio and ratio["spread"]),
                      " ".join(f"{1e3 * m:.3f}" for m in r["medians"])])
-    from bench.run import table  # the bench's one table layout
+    from bench.report import table  # the bench's one table layout
     lines.append(table(hdr, body, left=2))
     ok = sum(1 for r in rows if r["spread"] is not None and r["spread"] <= SPREAD_MAX)
     lines.append(f"{ok}/{len(rows)} within {100 * SPREAD_MAX:.0f}%.")

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import cases, run, step_profile  # noqa: E402
+from bench import cases, report, run, step_profile, targets  # noqa: E402
 
 OPT = step_profile.OPTIMIZER
 
@@ -61,7 +61,7 @@ def test_small_shape_step_targets_have_the_issues_limits(tmp_path):
         assert (c["limit"], c["op"], c["met"]) == (limit, "<=", met), (block, shape)
         assert c["measured"] == pytest.approx(paired[(block, shape)])
     for block in ("FFN-gelu", "GMLP", "FFNSublayer-post-gelu", "GatedFFN-silu"):
-        assert run.STEP_SMALL_LIMIT[block] == {"seed000": 2.0, "seed001": 1.5}
+        assert targets.STEP_SMALL_LIMIT[block] == {"seed000": 2.0, "seed001": 1.5}
 
 
 def test_every_case_checks_that_two_threads_are_not_slower(tmp_path):
@@ -134,7 +134,7 @@ def test_small_profile_tables_give_calls_per_call_per_step_and_share():
     # Check one table per (shape, threads), one column group per block, and per part: calls
     # per step, µs per call (= µs per step / calls), µs per step and % of the instrumented
     # step; the total kernels.ops calls per step; '-' where a block lacks a kernel.
-    text = run.format_small_profiles(_small_profiles())
+    text = report.format_small_profiles(_small_profiles())
     heads = [s for s in text.splitlines() if s.endswith(":") and "thread" in s]
     assert [h.split(" =")[0] for h in heads] == ["seed000", "seed000", "run"]
     assert "1 thread:" in heads[0] and "2 threads:" in heads[1]
@@ -240,12 +240,12 @@ def test_cost_table_gives_ns_per_element_beside_the_numpy_chain():
                   elements={"adamw": 1000, "add": 64}),
              dict(block="B", shape="s", threads=1, ns_per_element={"adamw": 0.4},
                   elements={"adamw": 3000})]
-    text = run.format_costs(profs)
+    text = report.format_costs(profs)
     row = next(line for line in text.splitlines() if line.startswith("adamw"))
     assert "0.300 [0.200-0.400]" in row
     assert f"{baselines.ns_per_element('adamw', 1):.3f}" in row
     assert "1,000-3,000" in row
-    assert run.format_costs([dict(block="A", shape="s", threads=1)]) == ""
+    assert report.format_costs([dict(block="A", shape="s", threads=1)]) == ""
 
 
 def test_cost_table_gives_each_activation_its_own_row_and_chain():
@@ -257,7 +257,7 @@ def test_cost_table_gives_each_activation_its_own_row_and_chain():
           "adamw": 0.3}
     profs = [dict(block="A", shape="s", threads=t, ns_per_element=ns,
                   elements=dict.fromkeys(ns, 640)) for t in (1, 2)]
-    lines = run.format_costs(profs).splitlines()
+    lines = report.format_costs(profs).splitlines()
     rows = {k: ln for ln in lines for k in ns if ln.startswith(k + "  ")}  # in line order
     assert list(rows) == ["bias_act gelu", "bias_act relu", "act_backward_cached +db", "adamw"]
     for key in ("bias_act gelu", "bias_act relu", "act_backward_cached +db"):

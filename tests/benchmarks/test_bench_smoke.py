@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import bandwidth, cases, floors, memory, run, step_profile, timing  # noqa: E402
+from bench import bandwidth, cases, floors, memory, report, run, step_profile, timing  # noqa: E402
 
 # A small shape with every dimension distinct, so a transposed GEMM cannot pass for another.
 TINY = cases.Shape("tiny", (3, 5), d_model=12, d_ff=20)
@@ -534,7 +534,7 @@ def test_profile_table_has_one_row_per_kernel_called():
                           {"gemm": 6, "bias_act": 1}),
             _fake_profile("GMLP", 0.020, {"gemm": 0.020, "gate_forward": 0.002},
                           {"gemm": 9, "gate_forward": 1})]
-    text = run.format_profile(prof)
+    text = report.format_profile(prof)
     rows = {line.split("  ")[0]: line for line in text.splitlines()}
     assert "gemm (calls: 6/9)" in rows
     assert list(rows).index("gemm (calls: 6/9)") < list(rows).index("bias_act")
@@ -564,6 +564,6 @@ def test_report_profile_and_misses(tmp_path):
                                    paired_ratio_fallback=True)
     (tmp_path / "threads2.json").write_text(json.dumps(raw))
     text, data = run.report(tmp_path)
-    assert "1.30*" in text and run.NOISY_NOTE in text
+    assert "1.30*" in text and report.NOISY_NOTE in text
     assert "1/9" in text
     assert any("paired_ratio" in f for f in data["noise"]["fallbacks"])
