@@ -34,7 +34,8 @@ class GPT(Module):
     ``ln_f`` LayerNorm, and with ``tie_weights=False`` ``lm_head`` Linear(d_model,
     vocab_size, bias=False). With ``tie_weights=True`` the head is the token embedding
     itself, logits = h wte.W^T, and both uses add into the one gradient ``wte.W.grad``.
-    ``d_ff`` defaults to 4 d_model. Initialisation as nanoGPT: every weight and embedding
+    ``d_ff`` defaults to 4 d_model. ``bias=False`` (nanoGPT's) drops every bias: the
+    Linears' and the LayerNorms' (ln_1, ln_2, ln_f). Initialisation as nanoGPT: every weight and embedding
     N(0, 0.02^2), the residual projections (``attn.W_o``, the FFN's output weight)
     N(0, (0.02 / sqrt(2 n_layer))^2), biases 0, LayerNorms 1 and 0.
 
@@ -56,17 +57,19 @@ class GPT(Module):
         self.d_ff = 4 * d_model if d_ff is None else check_positive_int("d_ff", d_ff)
         p = check_real("dropout", dropout, 0.0, 1.0, high_open=True)
         check_bool("tie_weights", tie_weights)
+        check_bool("bias", bias)
+        check_bool("checkpoint", checkpoint)
         rng = make_rng(rng)
-        self.tie_weights, self.p, self.ffn = tie_weights, p, ffn
+        self.tie_weights, self.p, self.ffn, self.bias = tie_weights, p, ffn, bias
         dt = self.dtype
         self.wte = Embedding(vocab_size, d_model, dt, rng)
         self.wpe = Embedding(block_size, d_model, dt, rng)
         self.drop = Dropout(p, dt, rng)
         self.h = Sequential(*[TransformerBlock(d_model, n_head, self.d_ff, ffn, "pre", p,
                                                causal=True, bias=bias, init="normal", eps=eps,
-                                               dtype=dt, rng=rng)
+                                               dtype=dt, rng=rng, norm_bias=bias)
                               for _ in range(self.n_layer)], checkpoint=checkpoint)
-        self.ln_f = LayerNorm(d_model, eps, dt)
+        self.ln_f = LayerNorm(d_model, eps, dt, bias=bias)
         if not tie_weights:
             self.lm_head = Linear(d_model, vocab_size, bias=False, init="normal", dtype=dt,
                                   rng=rng)
