@@ -88,6 +88,32 @@ class GPT(Module):
             s = proj if name.endswith(_RESIDUAL_PROJECTIONS) else std
             prm.data = (rng.standard_normal(prm.shape) * s).astype(self.dtype)
 
+    def get_config(self) -> dict:
+        """The keyword arguments that rebuild this GPT (what a checkpoint stores; a stored
+        one is checked by ``engine.models.gpt_config`` before it is built)."""
+        return {"vocab_size": self.vocab_size, "block_size": self.block_size,
+                "n_layer": self.n_layer, "n_head": self.n_head, "d_model": self.d_model,
+                "d_ff": self.d_ff, "ffn": self.ffn, "dropout": self.p, "bias": self.bias,
+                "tie_weights": self.tie_weights, "checkpoint": self.h.checkpoint,
+                "eps": self.ln_f.eps, "dtype": self.dtype.name}
+
+    def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k=None,
+                 rng=None) -> np.ndarray:
+        """nanoGPT's ``generate``: ``max_new_tokens`` times, crop the context to the last
+        ``block_size`` ids, take the last position's logits / ``temperature``, keep the
+        ``top_k`` largest (clamped to vocab_size, as nanoGPT) when given, and draw the next
+        id from their softmax. ``ids`` (B, T) integer ids; returns a new int64 array (B, T +
+        max_new_tokens). Runs in eval mode (no dropout) and restores the mode after; ``rng``
+        a Generator or seed. A bad argument raises before anything changes."""
+        from .sampling import autoregress, check_sampling
+        check_integer_ids(ids, "ids", sequences=True)
+        check_id_range(ids, self.vocab_size, "ids")
+        if 0 in ids.shape:
+            raise ValueError(f"ids: expected at least one sequence of at least one id, got "
+                             f"shape {ids.shape}")
+        n, temperature, top_k = check_sampling(max_new_tokens, temperature, top_k)
+        return autoregress(self, ids, n, self.block_size, temperature, top_k, make_rng(rng))
+
     def extra_repr(self):
         return (f"vocab_size={self.vocab_size}, block_size={self.block_size}, n_layer="
                 f"{self.n_layer}, n_head={self.n_head}, d_model={self.d_model}, d_ff={self.d_ff}"
