@@ -100,10 +100,8 @@ class LayerNorm(Module):
         self._saved.x = None  # (n, d) the last input, by reference
 
     def get_config(self) -> dict:
-        cfg = {"d": self.d, "eps": self.eps, "dtype": self.dtype.name}
-        if self.beta is None:
-            cfg["bias"] = False
-        return cfg
+        return {"d": self.d, "eps": self.eps, "dtype": self.dtype.name,
+                "bias": self.beta is not None}
 
     def extra_repr(self):
         nobias = "" if self.beta is not None else ", bias=False"
