@@ -44,7 +44,8 @@ nanoGPT's own state dicts load as they are: its causal-mask buffers ``transforme
 bias`` (registered only without flash attention, PyTorch < 2.0) are checked to be causal
 masks and skipped, and the ``_orig_mod.`` prefix of a ``torch.compile``d model's keys (what
 its train.py saves with compile=True) is removed. ``to_torch_state_dict(gpt,
-causal_masks=True)`` writes those buffers for such a module.
+causal_masks=True)`` writes those buffers for such a module. ``gpt_from_nanogpt(
+model_args, state)`` builds the GPT a nanoGPT ``ckpt.pt`` describes and loads it.
 The arrays are NumPy; ``torch.from_numpy`` or ``safetensors.numpy.save_file`` take them as
 they are, and ``load_torch_state_dict`` also takes a torch module's ``state_dict()``.
 """
@@ -56,7 +57,8 @@ import numpy as np
 
 from .nn.module import Module
 
-__all__ = ["to_torch_state_dict", "load_torch_state_dict", "torch_names", "supported"]
+__all__ = ["to_torch_state_dict", "load_torch_state_dict", "torch_names", "supported",
+           "gpt_from_nanogpt"]
 
 
 def supported() -> tuple:
@@ -216,3 +218,32 @@ def load_torch_state_dict(model: Module, state) -> None:
                              f"state")
         converted[bname], source[bname] = a, tkey
     model.load_state_dict(converted)
+
+
+# nanoGPT's GPTConfig fields, as its train.py stores them in a checkpoint's "model_args".
+_NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+
+
+def gpt_from_nanogpt(model_args, state):
+    """A ``GPT`` holding a nanoGPT model: ``model_args`` its ``GPTConfig`` fields (the
+    ``"model_args"`` of a ``ckpt.pt`` its train.py wrote), ``state`` its state dict (the
+    ``"model"`` entry; torch tensors or numpy arrays, float32 or float64). The head is tied
+    to the token embedding, as nanoGPT's always is; every check of ``load_torch_state_dict``
+    applies."""
+    from .models.gpt import GPT
+    if not isinstance(model_args, dict):
+        raise TypeError(f"model_args: expected nanoGPT's dict of GPTConfig fields, got "
+                        f"{type(model_args).__name__}")
+    missing = [k for k in _NANOGPT_ARGS if k not in model_args]
+    if missing:
+        raise ValueError(f"model_args: missing nanoGPT's GPTConfig fields {missing}")
+    if not hasattr(state, "keys"):
+        raise TypeError(f"state: expected a mapping of name -> array, got {type(state).__name__}")
+    key = next((k for k in state.keys() if str(k).endswith("transformer.wte.weight")), None)
+    if key is None:
+        raise KeyError("state: no transformer.wte.weight: not a nanoGPT state dict")
+    a = model_args
+    g = GPT(a["vocab_size"], a["block_size"], a["n_layer"], a["n_head"], a["n_embd"],
+            bias=a["bias"], dropout=a["dropout"], dtype=_as_numpy(key, state[key]).dtype)
+    load_torch_state_dict(g, state)
+    return g

@@ -156,3 +156,25 @@ def test_causal_masks_option_is_for_a_gpt_only():
     from engine.nn.layers import Linear
     with pytest.raises(ValueError, match="causal_masks"):
         to_torch_state_dict(Linear(2, 3), causal_masks=True)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpt_from_nanogpt_checkpoint_entries(bias):
+    # Check that a ckpt.pt's model_args and model entries (here numpy, float64) give a GPT
+    # of that shape computing nanoGPT's logits, dropout and bias taken from the args.
+    from engine.interop import gpt_from_nanogpt
+    sd = _nanogpt_state(bias, masks=True)
+    args = dict(n_layer=L, n_head=H, n_embd=D, block_size=BS, bias=bias, vocab_size=V,
+                dropout=0.1)
+    g = gpt_from_nanogpt(args, {"_orig_mod." + k: v for k, v in sd.items()})
+    assert (g.n_layer, g.d_model, g.block_size, g.bias, g.p) == (L, D, BS, bias, 0.1)
+    ids = np.random.default_rng(1).integers(0, V, (2, 5))
+    np.testing.assert_allclose(g.eval()(ids), _nanogpt_logits(sd, ids), rtol=1e-10, atol=1e-12)
+
+
+def test_gpt_from_nanogpt_names_missing_config_fields():
+    # Check that model_args without nanoGPT's fields is a ValueError listing them.
+    from engine.interop import gpt_from_nanogpt
+    with pytest.raises(ValueError, match=r"\['bias', 'dropout'\]"):
+        gpt_from_nanogpt(dict(n_layer=L, n_head=H, n_embd=D, block_size=BS, vocab_size=V),
+                         _nanogpt_state(True))

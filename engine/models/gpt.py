@@ -35,9 +35,9 @@ class GPT(Module):
     vocab_size, bias=False). With ``tie_weights=True`` the head is the token embedding
     itself, logits = h wte.W^T, and both uses add into the one gradient ``wte.W.grad``.
     ``d_ff`` defaults to 4 d_model. ``bias=False`` (nanoGPT's) drops every bias: the
-    Linears' and the LayerNorms' (ln_1, ln_2, ln_f). Initialisation as nanoGPT: every weight and embedding
-    N(0, 0.02^2), the residual projections (``attn.W_o``, the FFN's output weight)
-    N(0, (0.02 / sqrt(2 n_layer))^2), biases 0, LayerNorms 1 and 0.
+    Linears' and the LayerNorms' (ln_1, ln_2, ln_f). Initialisation as nanoGPT: every weight
+    and embedding N(0, 0.02^2), the residual projections (``attn.W_o``, the FFN's output
+    weight) N(0, (0.02 / sqrt(2 n_layer))^2), biases 0, LayerNorms 1 and 0.
 
     ``backward(dlogits)`` adds every parameter gradient and returns None (ids have no
     gradient). Ids outside [0, vocab_size), T > block_size, or a non-integer ids array
@@ -56,9 +56,9 @@ class GPT(Module):
         self.d_model = check_positive_int("d_model", d_model)
         self.d_ff = 4 * d_model if d_ff is None else check_positive_int("d_ff", d_ff)
         p = check_real("dropout", dropout, 0.0, 1.0, high_open=True)
-        check_bool("tie_weights", tie_weights)
-        check_bool("bias", bias)
-        check_bool("checkpoint", checkpoint)
+        tie_weights = check_bool("tie_weights", tie_weights)
+        bias = check_bool("bias", bias)
+        checkpoint = check_bool("checkpoint", checkpoint)
         rng = make_rng(rng)
         self.tie_weights, self.p, self.ffn, self.bias = tie_weights, p, ffn, bias
         dt = self.dtype
@@ -118,7 +118,7 @@ class GPT(Module):
         return (f"vocab_size={self.vocab_size}, block_size={self.block_size}, n_layer="
                 f"{self.n_layer}, n_head={self.n_head}, d_model={self.d_model}, d_ff={self.d_ff}"
                 f", ffn={self.ffn!r}, dropout={self.p}, tie_weights={self.tie_weights}, "
-                f"dtype={self.dtype}")
+                f"dtype={self.dtype}" + ("" if self.bias else ", bias=False"))
 
     @property
     def torch_layout(self) -> list:
