@@ -47,7 +47,8 @@ def _options(args, metadata) -> dict:
     temperature = args.temperature
     if temperature is None:
         saved = config.get("temperature") if isinstance(config, dict) else None
-        temperature = saved if isinstance(saved, (int, float)) and 0 < saved < 1e308 else 0.8
+        # A saved value that is no usable temperature (bool, 0, inf) falls back to the default.
+        temperature = saved if type(saved) in (int, float) and 0 < saved < 1e308 else 0.8
     return dict(num_samples=args.num_samples, temperature=temperature, top_k=args.top_k,
                 seed=args.seed)
 
