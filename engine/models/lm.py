@@ -165,15 +165,18 @@ def bits_per_char(model, X, Y, batch_size: int = 64) -> float:
     return loss / LN2
 
 
-def sample(model, vocab: Vocabulary, prompt: str, length: int, seq_len: int,
+def sample(model, vocab, prompt: str, length: int, seq_len: int,
            temperature: float = 0.8, rng=None) -> str:
-    """``prompt`` followed by ``length`` characters drawn one at a time from the model's
-    next-character distribution (softmax of logits / ``temperature``), each conditioned on
-    the last ``seq_len`` characters (a causal model takes any shorter prefix as it is); the
-    loop of ``engine.generate`` (engine/models/sampling.py)."""
+    """``prompt`` followed by ``length`` tokens drawn one at a time from the model's
+    next-token distribution (softmax of logits / ``temperature``), each conditioned on the
+    last ``seq_len`` tokens (a causal model takes any shorter prefix as it is); ``vocab`` a
+    character ``Vocabulary`` or a ``ByteTokenizer``. The loop of ``engine.generate``
+    (engine/models/sampling.py)."""
     from .sampling import autoregress, encode_prompt
-    if not isinstance(vocab, Vocabulary):
-        raise TypeError(f"vocab: expected a Vocabulary, got {type(vocab).__name__}")
+    from .tokenizer import ByteTokenizer
+    if not isinstance(vocab, (Vocabulary, ByteTokenizer)):
+        raise TypeError(f"vocab: expected a Vocabulary or ByteTokenizer, got "
+                        f"{type(vocab).__name__}")
     prompt = _prompt(prompt)
     temperature = _temperature(temperature)
     length = _count("length", length, 0)

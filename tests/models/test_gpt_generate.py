@@ -179,3 +179,12 @@ def test_engine_generate_names_each_bad_argument(kw, kind, match):
     args.update(kw)
     with pytest.raises(kind, match=match):
         engine.generate(_gpt(), args.pop("tokenizer"), args.pop("prompt"), 3, **args)
+
+
+def test_lm_sample_takes_a_byte_tokenizer():
+    # Check lm.sample with a ByteTokenizer on a 256-id gMLP LM: the prompt continued, the
+    # text engine.generate draws for the same seed.
+    m = lm.build_model(256, seq_len=4, d_model=4, d_ffn=4, blocks=1, rng=0)
+    text = lm.sample(m, ByteTokenizer(), "ab", 6, 4, 1.0, np.random.default_rng(0))
+    assert text.startswith("ab")
+    assert text == engine.generate(m, ByteTokenizer(), "ab", 6, seed=0)[0]
