@@ -61,6 +61,7 @@ from .models import lm
 from .nn.attention import MultiHeadAttention
 from .nn.transformer import TransformerBlock
 from .models.gpt import GPT
+from .models.sampling import generate
 
 # --- module paths from before the sub-packages: the same module objects under their old names,
 # so `import engine.train`, `from engine import checkpoint` and monkeypatching through an old

@@ -27,7 +27,8 @@ and layouts (``nn.Linear.weight`` is (out, in), blasnet's ``W`` is (in, out): tr
     GPT                          nanoGPT's GPT: transformer.wte, .wpe,     transformer.h.<i>.*,
                                  .h.<i> (Blocks), .ln_f, lm_head           lm_head.weight
                                  (tied: lm_head.weight is wte's weight; both keys are written,
-                                 and on load both must be present and equal)
+                                 and on load both must be present and equal; bias=False: no
+                                 .bias keys, as nanoGPT's GPTConfig(bias=False))
 
 Activations, ``Dropout`` and ``Identity`` have no parameters (PyTorch's ``nn.GELU()``,
 ``nn.GELU(approximate="tanh")``, ``nn.ReLU()``, ``nn.SiLU()``, ... in the same slots). The
@@ -39,6 +40,12 @@ Each class states its row of this table as ``torch_layout`` (class data, or a pr
 it depends on the instance): ``(torch key, parameter, transposed)`` rows, a row skipped when
 its parameter is None (an optional bias), and ``(torch prefix, child)`` rows that take the
 child's own layout under the prefix; a new block adds its own and needs no edit here.
+nanoGPT's own state dicts load as they are: its causal-mask buffers ``transformer.h.<i>.attn.
+bias`` (registered only without flash attention, PyTorch < 2.0) are checked to be causal
+masks and skipped, and the ``_orig_mod.`` prefix of a ``torch.compile``d model's keys (what
+its train.py saves with compile=True) is removed. ``to_torch_state_dict(gpt,
+causal_masks=True)`` writes those buffers for such a module. ``gpt_from_nanogpt(
+model_args, state)`` builds the GPT a nanoGPT ``ckpt.pt`` describes and loads it.
 The arrays are NumPy; ``torch.from_numpy`` or ``safetensors.numpy.save_file`` take them as
 they are, and ``load_torch_state_dict`` also takes a torch module's ``state_dict()``.
 """
@@ -50,7 +57,8 @@ import numpy as np
 
 from .nn.module import Module
 
-__all__ = ["to_torch_state_dict", "load_torch_state_dict", "torch_names", "supported"]
+__all__ = ["to_torch_state_dict", "load_torch_state_dict", "torch_names", "supported",
+           "gpt_from_nanogpt"]
 
 
 def supported() -> tuple:
@@ -103,15 +111,66 @@ def torch_names(model: Module) -> list:
     return _map(model, "", "")
 
 
-def to_torch_state_dict(model: Module) -> "OrderedDict[str, np.ndarray]":
+def to_torch_state_dict(model: Module, *, causal_masks: bool = False
+                        ) -> "OrderedDict[str, np.ndarray]":
     """The model's parameters under PyTorch's names, in PyTorch's layouts (C-contiguous
     copies; Linear weights transposed to (out, in)). ``torch_module.load_state_dict(
-    {k: torch.from_numpy(v) for k, v in sd.items()}, strict=True)`` accepts it."""
+    {k: torch.from_numpy(v) for k, v in sd.items()}, strict=True)`` accepts it.
+
+    ``causal_masks=True`` (a GPT only) adds nanoGPT's ``transformer.h.<i>.attn.bias``
+    buffers, lower-triangular ones of shape (1, 1, block_size, block_size), which its
+    attention registers when flash attention is off (PyTorch < 2.0): that module's
+    ``strict=True`` load needs them; with flash attention it has none."""
     params = dict(model.named_parameters()) if isinstance(model, Module) else None
+    names = torch_names(model)
+    if causal_masks is not False:
+        _check_masks_option(model, causal_masks)
     out = OrderedDict()
-    for tkey, bname, transposed in torch_names(model):
+    for tkey, bname, transposed in names:
+        if causal_masks and tkey.endswith(_C_ATTN):
+            n = model.block_size
+            out[tkey[:-len(_C_ATTN)] + _MASK] = np.tril(np.ones((n, n), model.dtype))[None, None]
         a = params[bname].data
         out[tkey] = np.array(a.T if transposed else a, order="C", copy=True)
+    return out
+
+
+# nanoGPT's CausalSelfAttention: the c_attn weight, and the causal-mask buffer beside it.
+_C_ATTN, _MASK = "attn.c_attn.weight", "attn.bias"
+_COMPILED = "_orig_mod."  # key prefix of a torch.compile'd module's state dict
+
+
+def _check_masks_option(model, causal_masks) -> None:
+    from .models.gpt import GPT
+    if not isinstance(causal_masks, (bool, np.bool_)):
+        raise TypeError(f"causal_masks: expected True or False, got {causal_masks!r}")
+    if causal_masks and not isinstance(model, GPT):
+        raise ValueError(f"causal_masks: nanoGPT's mask buffers belong to a GPT, got a "
+                         f"{type(model).__name__}")
+
+
+def _nanogpt_buffers(state, want: list) -> dict:
+    """``state`` without nanoGPT's non-parameter entries: its ``_orig_mod.`` prefix removed
+    when every key has it, and each causal-mask buffer ``<block>.attn.bias`` (beside an
+    expected ``<block>.attn.c_attn.weight``) checked to be lower-triangular ones and
+    dropped (a mask of any other shape or value is a model this GPT is not)."""
+    keys = list(state.keys())
+    if keys and all(isinstance(k, str) and k.startswith(_COMPILED) for k in keys):
+        state = {k[len(_COMPILED):]: state[k] for k in keys}
+    wanted = set(want)
+    out = {}
+    for k in state.keys():
+        if (isinstance(k, str) and k.endswith(_MASK) and k not in wanted
+                and k[:-len(_MASK)] + _C_ATTN in wanted):
+            m = _as_numpy(k, state[k])
+            n = m.shape[-1] if m.ndim == 4 else -1
+            if (m.shape != (1, 1, n, n)
+                    or not np.array_equal(m[0, 0] != 0, np.tri(n, dtype=bool))):
+                raise ValueError(f"load_torch_state_dict: {k}: expected nanoGPT's causal mask "
+                                 f"(lower-triangular ones of shape (1, 1, T, T)), got an "
+                                 f"array of shape {tuple(m.shape)} that is not one")
+            continue
+        out[k] = state[k]
     return out
 
 
@@ -128,11 +187,13 @@ def load_torch_state_dict(model: Module, state) -> None:
     """Copy a state dict with PyTorch's names and layouts (numpy arrays or torch tensors) into
     ``model``. Strict: every key of the reference module present and no other, each shape
     PyTorch's and each dtype the model's (no silent casts); if any check fails nothing is
-    changed."""
+    changed. nanoGPT's causal-mask buffers and ``_orig_mod.`` prefix are read as the module
+    docstring says."""
     if not hasattr(state, "keys"):
         raise TypeError(f"state: expected a mapping of name -> array, got {type(state).__name__}")
     names = torch_names(model)
     want = [t for t, _, _ in names]
+    state = _nanogpt_buffers(state, want)
     missing = [k for k in want if k not in state]
     unexpected = [k for k in state.keys() if k not in set(want)]
     if missing or unexpected:
@@ -157,3 +218,32 @@ def load_torch_state_dict(model: Module, state) -> None:
                              f"state")
         converted[bname], source[bname] = a, tkey
     model.load_state_dict(converted)
+
+
+# nanoGPT's GPTConfig fields, as its train.py stores them in a checkpoint's "model_args".
+_NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+
+
+def gpt_from_nanogpt(model_args, state):
+    """A ``GPT`` holding a nanoGPT model: ``model_args`` its ``GPTConfig`` fields (the
+    ``"model_args"`` of a ``ckpt.pt`` its train.py wrote), ``state`` its state dict (the
+    ``"model"`` entry; torch tensors or numpy arrays, float32 or float64). The head is tied
+    to the token embedding, as nanoGPT's always is; every check of ``load_torch_state_dict``
+    applies."""
+    from .models.gpt import GPT
+    if not isinstance(model_args, dict):
+        raise TypeError(f"model_args: expected nanoGPT's dict of GPTConfig fields, got "
+                        f"{type(model_args).__name__}")
+    missing = [k for k in _NANOGPT_ARGS if k not in model_args]
+    if missing:
+        raise ValueError(f"model_args: missing nanoGPT's GPTConfig fields {missing}")
+    if not hasattr(state, "keys"):
+        raise TypeError(f"state: expected a mapping of name -> array, got {type(state).__name__}")
+    key = next((k for k in state.keys() if str(k).endswith("transformer.wte.weight")), None)
+    if key is None:
+        raise KeyError("state: no transformer.wte.weight: not a nanoGPT state dict")
+    a = model_args
+    g = GPT(a["vocab_size"], a["block_size"], a["n_layer"], a["n_head"], a["n_embd"],
+            bias=a["bias"], dropout=a["dropout"], dtype=_as_numpy(key, state[key]).dtype)
+    load_torch_state_dict(g, state)
+    return g

@@ -73,3 +73,15 @@ def test_old_paths_share_classes_with_new_ones():
     from engine.lr_scheduler import StepLR
     from engine.optim.lr_scheduler import StepLR as NewStepLR
     assert StepLR is NewStepLR
+
+
+# Exports added since the split, each the object of its defining module.
+ADDED = {"GPT": "engine.models.gpt", "generate": "engine.models.sampling",
+         "load_model": "engine.training.load_model", "LoadedModel": "engine.training.load_model"}
+
+
+@pytest.mark.parametrize("name", sorted(ADDED))
+def test_added_exports_are_their_modules_objects(name):
+    # Check `engine.X` is the object its module defines (e.g. engine.generate, the sampler
+    # of both language models).
+    assert getattr(engine, name) is getattr(importlib.import_module(ADDED[name]), name)

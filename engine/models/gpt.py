@@ -34,9 +34,10 @@ class GPT(Module):
     ``ln_f`` LayerNorm, and with ``tie_weights=False`` ``lm_head`` Linear(d_model,
     vocab_size, bias=False). With ``tie_weights=True`` the head is the token embedding
     itself, logits = h wte.W^T, and both uses add into the one gradient ``wte.W.grad``.
-    ``d_ff`` defaults to 4 d_model. Initialisation as nanoGPT: every weight and embedding
-    N(0, 0.02^2), the residual projections (``attn.W_o``, the FFN's output weight)
-    N(0, (0.02 / sqrt(2 n_layer))^2), biases 0, LayerNorms 1 and 0.
+    ``d_ff`` defaults to 4 d_model. ``bias=False`` (nanoGPT's) drops every bias: the
+    Linears' and the LayerNorms' (ln_1, ln_2, ln_f). Initialisation as nanoGPT: every weight
+    and embedding N(0, 0.02^2), the residual projections (``attn.W_o``, the FFN's output
+    weight) N(0, (0.02 / sqrt(2 n_layer))^2), biases 0, LayerNorms 1 and 0.
 
     ``backward(dlogits)`` adds every parameter gradient and returns None (ids have no
     gradient). Ids outside [0, vocab_size), T > block_size, or a non-integer ids array
@@ -55,18 +56,20 @@ class GPT(Module):
         self.d_model = check_positive_int("d_model", d_model)
         self.d_ff = 4 * d_model if d_ff is None else check_positive_int("d_ff", d_ff)
         p = check_real("dropout", dropout, 0.0, 1.0, high_open=True)
-        check_bool("tie_weights", tie_weights)
+        tie_weights = check_bool("tie_weights", tie_weights)
+        bias = check_bool("bias", bias)
+        checkpoint = check_bool("checkpoint", checkpoint)
         rng = make_rng(rng)
-        self.tie_weights, self.p, self.ffn = tie_weights, p, ffn
+        self.tie_weights, self.p, self.ffn, self.bias = tie_weights, p, ffn, bias
         dt = self.dtype
         self.wte = Embedding(vocab_size, d_model, dt, rng)
         self.wpe = Embedding(block_size, d_model, dt, rng)
         self.drop = Dropout(p, dt, rng)
         self.h = Sequential(*[TransformerBlock(d_model, n_head, self.d_ff, ffn, "pre", p,
                                                causal=True, bias=bias, init="normal", eps=eps,
-                                               dtype=dt, rng=rng)
+                                               dtype=dt, rng=rng, norm_bias=bias)
                               for _ in range(self.n_layer)], checkpoint=checkpoint)
-        self.ln_f = LayerNorm(d_model, eps, dt)
+        self.ln_f = LayerNorm(d_model, eps, dt, bias=bias)
         if not tie_weights:
             self.lm_head = Linear(d_model, vocab_size, bias=False, init="normal", dtype=dt,
                                   rng=rng)
@@ -85,11 +88,37 @@ class GPT(Module):
             s = proj if name.endswith(_RESIDUAL_PROJECTIONS) else std
             prm.data = (rng.standard_normal(prm.shape) * s).astype(self.dtype)
 
+    def get_config(self) -> dict:
+        """The keyword arguments that rebuild this GPT (what a checkpoint stores; a stored
+        one is checked by ``engine.models.gpt_config`` before it is built)."""
+        return {"vocab_size": self.vocab_size, "block_size": self.block_size,
+                "n_layer": self.n_layer, "n_head": self.n_head, "d_model": self.d_model,
+                "d_ff": self.d_ff, "ffn": self.ffn, "dropout": self.p, "bias": self.bias,
+                "tie_weights": self.tie_weights, "checkpoint": self.h.checkpoint,
+                "eps": self.ln_f.eps, "dtype": self.dtype.name}
+
+    def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k=None,
+                 rng=None) -> np.ndarray:
+        """nanoGPT's ``generate``: ``max_new_tokens`` times, crop the context to the last
+        ``block_size`` ids, take the last position's logits / ``temperature``, keep the
+        ``top_k`` largest (clamped to vocab_size, as nanoGPT) when given, and draw the next
+        id from their softmax. ``ids`` (B, T) integer ids; returns a new int64 array (B, T +
+        max_new_tokens). Runs in eval mode (no dropout) and restores the mode after; ``rng``
+        a Generator or seed. A bad argument raises before anything changes."""
+        from .sampling import autoregress, check_sampling
+        check_integer_ids(ids, "ids", sequences=True)
+        check_id_range(ids, self.vocab_size, "ids")
+        if 0 in ids.shape:
+            raise ValueError(f"ids: expected at least one sequence of at least one id, got "
+                             f"shape {ids.shape}")
+        n, temperature, top_k = check_sampling(max_new_tokens, temperature, top_k)
+        return autoregress(self, ids, n, self.block_size, temperature, top_k, make_rng(rng))
+
     def extra_repr(self):
         return (f"vocab_size={self.vocab_size}, block_size={self.block_size}, n_layer="
                 f"{self.n_layer}, n_head={self.n_head}, d_model={self.d_model}, d_ff={self.d_ff}"
                 f", ffn={self.ffn!r}, dropout={self.p}, tie_weights={self.tie_weights}, "
-                f"dtype={self.dtype}")
+                f"dtype={self.dtype}" + ("" if self.bias else ", bias=False"))
 
     @property
     def torch_layout(self) -> list:

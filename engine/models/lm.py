@@ -165,37 +165,26 @@ def bits_per_char(model, X, Y, batch_size: int = 64) -> float:
     return loss / LN2
 
 
-def sample(model, vocab: Vocabulary, prompt: str, length: int, seq_len: int,
+def sample(model, vocab, prompt: str, length: int, seq_len: int,
            temperature: float = 0.8, rng=None) -> str:
-    """``prompt`` followed by ``length`` characters drawn one at a time from the model's
-    next-character distribution (softmax of logits / ``temperature``), each conditioned on
-    the last ``seq_len`` characters (a causal model takes any shorter prefix as it is)."""
-    if not isinstance(vocab, Vocabulary):
-        raise TypeError(f"vocab: expected a Vocabulary, got {type(vocab).__name__}")
+    """``prompt`` followed by ``length`` tokens drawn one at a time from the model's
+    next-token distribution (softmax of logits / ``temperature``), each conditioned on the
+    last ``seq_len`` tokens (a causal model takes any shorter prefix as it is); ``vocab`` a
+    character ``Vocabulary`` or a ``ByteTokenizer``. The loop of ``engine.generate``
+    (engine/models/sampling.py)."""
+    from .sampling import autoregress, encode_prompt
+    from .tokenizer import ByteTokenizer
+    if not isinstance(vocab, (Vocabulary, ByteTokenizer)):
+        raise TypeError(f"vocab: expected a Vocabulary or ByteTokenizer, got "
+                        f"{type(vocab).__name__}")
     prompt = _prompt(prompt)
     temperature = _temperature(temperature)
     length = _count("length", length, 0)
     seq_len = _count("seq_len", seq_len)
     _check_vocab_fits(model, vocab, seq_len)
-    try:
-        ids = list(vocab.encode(prompt))
-    except ValueError as e:
-        raise ValueError(f"prompt: {str(e).partition(': ')[2]}") from None
-    rng = make_rng(rng)
-    was_training = model.training
-    model.eval()
-    ctx = np.empty((1, seq_len), np.int64)  # (1, <= seq_len) the context window
-    try:
-        for _ in range(length):
-            t = min(len(ids), seq_len)
-            ctx[0, :t] = ids[-t:]
-            logits = model.forward(ctx[:, :t])[0, -1].astype(np.float64)
-            z = logits / temperature
-            p = np.exp(z - z.max())
-            ids.append(int(rng.choice(len(vocab), p=p / p.sum())))
-    finally:
-        model.train(was_training)
-    return vocab.decode(ids)
+    ids = encode_prompt(vocab, prompt)
+    out = autoregress(model, ids[None], length, seq_len, temperature, None, make_rng(rng))
+    return vocab.decode(out[0])
 
 
 def _check_vocab_fits(model, vocab: Vocabulary, seq_len: int = 1) -> None:

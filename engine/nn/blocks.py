@@ -14,6 +14,7 @@ import numpy as np
 
 from kernels import ops
 
+from .._checks import check_bool
 from .layers import check_activation, sign_from_output
 from .module import (INITS, SKIP_DX, Module, Parameter, as_rows, check_float, check_init,
                      check_positive_int, init_weight, make_rng, rows_of, shaped)
@@ -81,24 +82,30 @@ class Dropout(Module):
 # ----------------------------------------------------------------------------- LayerNorm
 class LayerNorm(Module):
     """LayerNorm over the last axis (Ba et al. 2016): y = (x - mean) / sqrt(var + eps) * gamma
-    + beta, with per-feature ``gamma`` (ones) and ``beta`` (zeros)."""
+    + beta, with per-feature ``gamma`` (ones) and ``beta`` (zeros). ``bias=False`` has no
+    ``beta`` (None; nanoGPT's ``LayerNorm(ndim, bias=False)``): y = xhat * gamma."""
 
-    # PyTorch: nn.LayerNorm(d) (engine/interop.py).
+    # PyTorch: nn.LayerNorm(d) (engine/interop.py); without bias, no "bias" key.
     torch_layout = (("weight", "gamma", False), ("bias", "beta", False))
 
-    def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32):
+    def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32, bias: bool = True):
         super().__init__(dtype)
         self.d = self.in_features = check_positive_int("d", d)
         self.eps = _check_eps(eps)
         self.gamma = Parameter(np.ones(self.d, self.dtype))
-        self.beta = Parameter(np.zeros(self.d, self.dtype))
+        self.beta = Parameter(np.zeros(self.d, self.dtype)) if check_bool("bias", bias) else None
+        # Without bias the kernels still take a beta: zeros that are no parameter, and a
+        # dbeta they add into that is cleared and never read.
+        self._zeros = None if bias else np.zeros(self.d, self.dtype)  # (d,)
         self._saved.x = None  # (n, d) the last input, by reference
 
     def get_config(self) -> dict:
-        return {"d": self.d, "eps": self.eps, "dtype": self.dtype.name}
+        return {"d": self.d, "eps": self.eps, "dtype": self.dtype.name,
+                "bias": self.beta is not None}
 
     def extra_repr(self):
-        return f"d={self.d}, eps={self.eps}, dtype={self.dtype}"
+        nobias = "" if self.beta is not None else ", bias=False"
+        return f"d={self.d}, eps={self.eps}, dtype={self.dtype}{nobias}"
 
     def _make_views(self, n):
         ws, d = self._ws, self.d
@@ -109,13 +116,19 @@ class LayerNorm(Module):
 
     def _forward(self, x2, res2):
         v = self._views(x2.shape[0])
-        ops.layernorm_forward(v.y, v.mean, v.rstd, x2, self.gamma.data, self.beta.data, self.eps)
+        beta = self._zeros if self.beta is None else self.beta.data
+        ops.layernorm_forward(v.y, v.mean, v.rstd, x2, self.gamma.data, beta, self.eps)
         self._saved.x = x2
         return v.y
 
     def _backward(self, dy2, acc2):
         v = self._views(dy2.shape[0])
-        ops.layernorm_backward(v.dx, self.gamma.grad, self.beta.grad, dy2, self._saved.x, v.mean,
+        if self.beta is None:
+            dbeta = self._ws.get("dbeta", self.d)  # (d,) discarded
+            dbeta.fill(0.0)
+        else:
+            dbeta = self.beta.grad
+        ops.layernorm_backward(v.dx, self.gamma.grad, dbeta, dy2, self._saved.x, v.mean,
                                v.rstd, self.gamma.data)
         self._saved.x = None
         return v.dx

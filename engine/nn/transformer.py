@@ -39,13 +39,15 @@ class TransformerBlock(Module):
     drop(mlp(h)))``. Children ``ln_1``, ``attn`` (MultiHeadAttention, ``causal``, attention
     dropout ``dropout``), ``ln_2``, ``mlp``: ``FFN(d_model, d_ff, ffn)`` for a registered
     activation name ("gelu", "relu", ...), or ``GatedFFN`` for "swiglu", "geglu", "reglu";
-    ``drop_1``/``drop_2`` drop the residual branches (both ``dropout``).
+    ``drop_1``/``drop_2`` drop the residual branches (both ``dropout``). ``norm_bias=False``
+    leaves the LayerNorms without beta (nanoGPT's ``bias=False`` is ``bias=False,
+    norm_bias=False``).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, ffn: str = "gelu",
                  norm: str = "pre", dropout: float = 0.0, *, causal: bool = True,
                  bias: bool = True, init: str = "xavier", eps: float = 1e-5, dtype=np.float32,
-                 rng=None):
+                 rng=None, norm_bias: bool = True):
         super().__init__(dtype)
         check_choice("norm", norm, ("pre", "post"))
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
@@ -54,10 +56,10 @@ class TransformerBlock(Module):
         check_init(init)
         rng = make_rng(rng)
         self.norm, self.ffn, self.p = norm, ffn, p
-        self.ln_1 = LayerNorm(d_model, eps, dtype)
+        self.ln_1 = LayerNorm(d_model, eps, dtype, bias=norm_bias)
         self.attn = MultiHeadAttention(d_model, n_heads, causal, p, bias, init=init,
                                        dtype=dtype, rng=rng)
-        self.ln_2 = LayerNorm(d_model, eps, dtype)
+        self.ln_2 = LayerNorm(d_model, eps, dtype, bias=norm_bias)
         if ffn in GATED_FFNS:
             self.mlp = GatedFFN(d_model, d_ff, GATED_FFNS[ffn], bias, 0.0, init, dtype, rng)
         else:
@@ -75,7 +77,8 @@ class TransformerBlock(Module):
         a = self.attn
         return {"d_model": self.d_model, "n_heads": a.n_heads, "d_ff": self.d_ff,
                 "ffn": self.ffn, "norm": self.norm, "dropout": self.p, "causal": a.causal,
-                "bias": a.bias, "init": a.init, "eps": self.ln_1.eps, "dtype": self.dtype.name}
+                "bias": a.bias, "init": a.init, "eps": self.ln_1.eps, "dtype": self.dtype.name,
+                "norm_bias": self.ln_1.beta is not None}
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, ffn={self.ffn!r}, "

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from . import checkpoint
 
 __all__ = ["load_model", "LoadedModel"]
@@ -17,13 +19,16 @@ __all__ = ["load_model", "LoadedModel"]
 class LoadedModel:
     """What ``load_model`` rebuilt: ``model`` always; ``optimizer``, ``scheduler`` and
     ``standardizer`` when the checkpoint holds them (else None); ``metadata`` as ``load``
-    returns it; ``config``, the model's stored configuration."""
+    returns it; ``config``, the model's stored configuration; ``tokenizer``, a language
+    model's (from the metadata's ``tokenizer`` entry, else its legacy ``vocab`` characters;
+    None when it has neither)."""
     model: object
     optimizer: object = None
     scheduler: object = None
     standardizer: object = None
     metadata: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    tokenizer: object = None
 
 
 def _optimizer_types() -> dict:
@@ -114,8 +119,8 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
                                          f"({why}); build the model yourself and call "
                                          f"engine.load(path, model)")
     try:
-        model = from_config(node, custom_objects)
-    except ConfigError as e:
+        model = _build_lm(node, header) if _is_gpt(node) else from_config(node, custom_objects)
+    except (ConfigError, TypeError, ValueError) as e:
         raise checkpoint.CheckpointError(f"{path}: {e}") from None
     sched_state = header.get("scheduler") if scheduler else None
     opt = sched = None
@@ -131,4 +136,53 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
             standardizer = Standardizer.from_state_dict(metadata["standardizer"])
         except ValueError as e:
             raise checkpoint.CheckpointError(f"{path}: metadata 'standardizer': {e}") from None
-    return LoadedModel(model, opt, sched, standardizer, metadata, node)
+    return LoadedModel(model, opt, sched, standardizer, metadata, node,
+                       _lm_tokenizer(path, metadata, model))
+
+
+# ----------------------------------------------------------------------------- language models
+_GPT_TYPES = ("GPT", "engine.models.gpt.GPT")  # the stored name: bare or dotted
+
+
+def _is_gpt(node) -> bool:
+    return isinstance(node, dict) and node.get("type") in _GPT_TYPES
+
+
+def _build_lm(node, header):
+    """A GPT from its stored configuration, checked against the file's parameter shapes
+    before anything is allocated (engine/models/gpt_config.py)."""
+    from ..models.gpt_config import build_gpt
+    shapes = {name: shape for name, (shape, _) in header["params"].items()}
+    return build_gpt(node.get("config"), shapes)
+
+
+def _lm_tokenizer(path, metadata, model):
+    """The tokenizer in ``metadata`` (its ``tokenizer`` entry, else the legacy ``vocab``
+    characters of the gMLP LM's checkpoints) checked against the model's vocabulary size;
+    None when there is none."""
+    from ..models.tokenizer import tokenizer_from_meta
+    if not isinstance(metadata, dict):
+        return None
+    if "tokenizer" in metadata:
+        entry, where = metadata["tokenizer"], "tokenizer"
+    elif "vocab" in metadata:
+        entry, where = {"kind": "char", "chars": metadata["vocab"]}, "vocab"
+    else:
+        return None
+    try:
+        tok = tokenizer_from_meta(entry)
+    except (TypeError, ValueError) as e:
+        raise checkpoint.CheckpointError(f"{path}: metadata {where!r}: {e}") from None
+    size = getattr(model, "vocab_size", None)
+    if size is None:  # the gMLP LM: the size its output predicts for ids (asked, not read)
+        from ..models.sampling import context_length
+        try:
+            window = np.zeros((1, context_length(model)), np.int64)
+            size = model.check_input(window, "ids")[-1]
+        except (TypeError, ValueError):
+            raise checkpoint.CheckpointError(f"{path}: metadata {where!r} holds a tokenizer, "
+                                             f"but the model does not read token ids") from None
+    if size != len(tok):
+        raise checkpoint.CheckpointError(f"{path}: metadata {where!r}: a tokenizer of "
+                                         f"{len(tok)} tokens, the model's vocabulary has {size}")
+    return tok

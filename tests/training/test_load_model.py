@@ -30,7 +30,7 @@ EXAMPLES = {
     "MLP": dict(sizes=[3, 7, 2], activations=["gelu", "log_softmax"], init="xavier", bias=False,
                 negative_slope=[0.1, 0.2], dtype="float64"),
     "Dropout": dict(p=0.3, dtype="float64"),
-    "LayerNorm": dict(d=5, eps=1e-3, dtype="float64"),
+    "LayerNorm": dict(d=5, eps=1e-3, dtype="float64", bias=False),
     "FFN": dict(d_model=4, d_ff=6, activation="silu", dropout=0.1, bias=False, init="xavier",
                 dtype="float64"),
     "GMLP": dict(d_in=3, d_hidden=4, d_ffn=6, d_out=2, dtype="float64"),
@@ -48,7 +48,7 @@ EXAMPLES = {
                                init="he", max_scores_bytes=1 << 20, dtype="float64"),
     "TransformerBlock": dict(d_model=6, n_heads=3, d_ff=8, ffn="swiglu", norm="post",
                              dropout=0.1, causal=False, bias=False, init="normal", eps=1e-4,
-                             dtype="float64"),
+                             dtype="float64", norm_bias=False),
 }
 
 
@@ -92,7 +92,8 @@ def test_sequential_config_nests_its_children():
     inner = node["config"]["modules"][1]
     assert inner["type"] == "Sequential"
     assert inner["config"]["modules"][1] == {"type": "LayerNorm",
-                                             "config": {"d": 4, "eps": 1e-5, "dtype": "float32"}}
+                                             "config": {"d": 4, "eps": 1e-5, "dtype": "float32",
+                                                        "bias": True}}
     twin = from_config(node)
     assert len(twin) == 2 and len(twin[1]) == 2 and isinstance(twin[1][1], engine.LayerNorm)
 
