@@ -194,6 +194,8 @@ def _train(args) -> int:
         raise UsageError("--resume: continue a run on one process (not under mpiexec)")
     _set_threads(args, comm)
     d = load_data(args, np.dtype(args.dtype))
+    if args.resume is not None:  # the saved sizes, bounded by the file before building
+        resume_cmd.check_resumed_sizes(args, header, d.d_in, d.d_out)
     model = build_model(args, d.d_in, d.d_out, args.seed)
     loss = CrossEntropyLoss() if d.classify else MSELoss()
     try:
@@ -280,6 +282,11 @@ def _fit(args, comm, trained, d, stopper) -> tuple:
         if rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return None, 1
+    except checkpoint.CheckpointError as e:  # fit read args.resume's training state
+        if args.resume is None:
+            raise
+        print(f"error: --resume: {e}", file=sys.stderr)
+        return None, 2
     except ValueError as e:
         if not str(e).startswith("resume_from"):
             raise

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from . import checkpoint
+from .config_bounds import check_config_fits
 
 __all__ = ["load_model", "LoadedModel"]
 
@@ -113,6 +114,8 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
         raise checkpoint.CheckpointError(f"{path}: the checkpoint holds no model configuration "
                                          f"({why}); build the model yourself and call "
                                          f"engine.load(path, model)")
+    # Sizes bounded by what the file holds, before anything is allocated for them.
+    check_config_fits(path, node, (shape for shape, _ in header["params"].values()))
     try:
         model = from_config(node, custom_objects)
     except ConfigError as e:
@@ -129,6 +132,6 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
     if isinstance(metadata, dict) and "standardizer" in metadata:
         try:
             standardizer = Standardizer.from_state_dict(metadata["standardizer"])
-        except ValueError as e:
+        except (ValueError, TypeError) as e:  # a field of strings is a TypeError there
             raise checkpoint.CheckpointError(f"{path}: metadata 'standardizer': {e}") from None
     return LoadedModel(model, opt, sched, standardizer, metadata, node)

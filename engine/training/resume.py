@@ -253,6 +253,11 @@ def _check_state(path: str, doc, opts: dict) -> None:
             or any(type(hist.get(k)) is not int for k in ("steps", "samples")):
         raise checkpoint.CheckpointError(f"{path}: corrupt training state (its History does "
                                          f"not hold {done} epochs)")
+    for k in _HISTORY_LISTS:  # numbers (NaN and inf included: a diverged epoch's loss)
+        bad = [v for v in hist[k] if type(v) not in (int, float)]
+        if bad:
+            raise checkpoint.CheckpointError(f"{path}: corrupt training state (its History's "
+                                             f"{k} holds {_short(bad[0])}, not a number)")
     if epochs <= done:
         raise _fail(path, f"epochs={epochs} is the run's total number of epochs and the "
                           f"checkpoint has completed {done}; pass epochs > {done}")
@@ -270,6 +275,12 @@ def _check_state(path: str, doc, opts: dict) -> None:
                 for k in ("total", "hit", "rows", "seconds")):
             raise checkpoint.CheckpointError(f"{path}: corrupt training state (the epoch's "
                                              f"step {doc['step']} of {steps}, sums {sums})")
+
+
+def _short(v) -> str:
+    """``repr(v)`` cut to 40 characters (a file's value in a message)."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _checked_generators(path: str, doc, model, rng, arrays) -> list:
