@@ -316,6 +316,8 @@ def _metadata(args, d, epochs: int, final) -> dict:
             meta["classes"] = d.d_out
     if d.standardizer is not None:
         meta["standardizer"] = d.standardizer.state_dict()
+    if d.target_standardizer is not None:  # predict and LoadedModel.predict undo it
+        meta["target_standardizer"] = d.target_standardizer.state_dict()
     return meta
 
 

@@ -139,6 +139,7 @@ class TrainData:
     n_all: int               # samples before the split
     vf: float                # validation fraction
     standardizer: object
+    target_standardizer: object  # --data regression: Y standardised (the report un-scales)
     x_names: list | None
     y_names: list | None
     note: str | None         # how the kind was decided (--data)
@@ -182,6 +183,14 @@ def load_data(args, dt) -> TrainData:
         X = standardizer.transform(X)
         if val is not None:
             val = (standardizer.transform(val[0]), val[1])
+    targets = None
+    if own and kind == "regression":
+        # Targets such as prices (~1e5) are learnt as standardised values: at the default
+        # rate an output bias could not walk to their mean within the run.
+        targets = _data.Standardizer().fit(Y)
+        Y = targets.transform(Y)
+        if val is not None:
+            val = (val[0], targets.transform(val[1]))
     return TrainData(X=X, Y=Y, val=val, kind=kind, task_name=task_name, own=own, n_all=n_all,
-                     vf=vf, standardizer=standardizer, x_names=x_names, y_names=y_names,
-                     note=note)
+                     vf=vf, standardizer=standardizer, target_standardizer=targets,
+                     x_names=x_names, y_names=y_names, note=note)

@@ -16,15 +16,31 @@ __all__ = ["load_model", "LoadedModel"]
 
 @dataclass
 class LoadedModel:
-    """What ``load_model`` rebuilt: ``model`` always; ``optimizer``, ``scheduler`` and
-    ``standardizer`` when the checkpoint holds them (else None); ``metadata`` as ``load``
-    returns it; ``config``, the model's stored configuration."""
+    """What ``load_model`` rebuilt: ``model`` always; ``optimizer``, ``scheduler``,
+    ``standardizer`` (the inputs') and ``target_standardizer`` (a regression's targets,
+    which the model learnt standardised) when the checkpoint holds them (else None);
+    ``metadata`` as ``load`` returns it; ``config``, the model's stored configuration."""
     model: object
     optimizer: object = None
     scheduler: object = None
     standardizer: object = None
     metadata: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    target_standardizer: object = None
+
+    def predict(self, X, batch_size=None):
+        """The model's outputs for raw inputs ``X``, as ``blasnet predict`` computes them:
+        the stored input standardisation applied first, the stored target standardisation
+        undone after (so a regression's outputs are in the target's units; a classifier's
+        are its logits). ``engine.predict(self.model, X)`` applies neither."""
+        from ..data.entry import as_inputs
+        from ..training.loop import predict
+        if self.standardizer is not None:
+            X = self.standardizer.transform(as_inputs(self.model, X))
+        out = predict(self.model, X, batch_size)
+        if self.target_standardizer is not None:
+            out = self.target_standardizer.inverse_transform(out.reshape(out.shape[0], -1))
+        return out
 
 
 def _optimizer_types() -> dict:
@@ -128,10 +144,12 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
         if sched_state is not None:
             sched = _build_scheduler(path, sched_state, opt)
     metadata = checkpoint.load(path, model, opt, sched)
-    standardizer = None
-    if isinstance(metadata, dict) and "standardizer" in metadata:
-        try:
-            standardizer = Standardizer.from_state_dict(metadata["standardizer"])
-        except (ValueError, TypeError) as e:  # a field of strings is a TypeError there
-            raise checkpoint.CheckpointError(f"{path}: metadata 'standardizer': {e}") from None
-    return LoadedModel(model, opt, sched, standardizer, metadata, node)
+    found = {}
+    for key in ("standardizer", "target_standardizer"):
+        if isinstance(metadata, dict) and key in metadata:
+            try:
+                found[key] = Standardizer.from_state_dict(metadata[key])
+            except (ValueError, TypeError) as e:  # a field of strings is a TypeError there
+                raise checkpoint.CheckpointError(f"{path}: metadata {key!r}: {e}") from None
+    return LoadedModel(model, opt, sched, found.get("standardizer"), metadata, node,
+                       found.get("target_standardizer"))
