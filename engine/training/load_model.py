@@ -108,6 +108,22 @@ def _build_scheduler(path, saved, optimizer):
         raise checkpoint.CheckpointError(f"{path}: the {kind} cannot be rebuilt: {e}") from None
 
 
+def _check_custom_objects(custom_objects) -> None:
+    """TypeError naming ``custom_objects`` unless it is None or ``{name: Module subclass}``."""
+    from collections.abc import Mapping
+    from ..nn.module import Module
+    if custom_objects is None:
+        return
+    if not isinstance(custom_objects, Mapping):
+        raise TypeError(f"custom_objects: expected a dict {{'Name': ModuleClass}}, got "
+                        f"{type(custom_objects).__name__} {custom_objects!r:.60}")
+    for k, v in custom_objects.items():
+        if not isinstance(k, str):
+            raise TypeError(f"custom_objects: expected class names (str) as keys, got {k!r}")
+        if not (isinstance(v, type) and issubclass(v, Module)):
+            raise TypeError(f"custom_objects[{k!r}]: expected a Module subclass, got {v!r:.60}")
+
+
 def load_model(path, *, custom_objects=None, optimizer: bool = True,
                scheduler: bool = True) -> LoadedModel:
     """Rebuild the model saved at ``path`` from its stored configuration and load its
@@ -122,6 +138,7 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
     is returned, through ``engine.load``'s own."""
     from ..models.config import ConfigError, from_config
     from ..data import Standardizer
+    _check_custom_objects(custom_objects)
     header = checkpoint.read_header(path)  # a TypeError for a path that is not one
     path = os.fspath(path)
     node = header.get("model_config")

@@ -192,7 +192,11 @@ def prepare_resume(path, model, optimizer, plan_options: dict) -> ResumePoint:
     ValueError naming what differs, before anything changes."""
     from ..models.config import ConfigError, to_config
     from ..optim.optimizers import Optimizer
-    path = os.fspath(path)
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"resume_from: expected a checkpoint's path (str or os.PathLike), got "
+                        f"{type(path).__name__}") from None
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"resume_from: needs an engine optimizer (AdamW, SGD), got "
                         f"{type(optimizer).__name__}")
