@@ -3,6 +3,7 @@ data set (a synthetic task or the user's file), split and standardised."""
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,6 +141,7 @@ class TrainData:
     vf: float                # validation fraction
     standardizer: object
     target_standardizer: object  # --data regression: Y standardised (the report un-scales)
+    data_crc32: int | None   # --data: CRC-32 of the samples as read (a resumed run's check)
     x_names: list | None
     y_names: list | None
     note: str | None         # how the kind was decided (--data)
@@ -163,9 +165,11 @@ def load_data(args, dt) -> TrainData:
     """The task's or the file's samples, split (--val-fraction) and standardised."""
     own = args.data is not None
     x_names = y_names = note = None
+    crc = None
     if own:
         X, Y, kind, x_names, y_names, note = _own_data(args, dt)
         task_name = kind
+        crc = zlib.crc32(np.ascontiguousarray(Y).data, zlib.crc32(np.ascontiguousarray(X).data))
     else:
         task_name = args.task or "regression"
         X, Y, kind = make_task(task_name, args.samples, dtype=dt, rng=args.seed)
@@ -193,4 +197,5 @@ def load_data(args, dt) -> TrainData:
             val = (val[0], targets.transform(val[1]))
     return TrainData(X=X, Y=Y, val=val, kind=kind, task_name=task_name, own=own, n_all=n_all,
                      vf=vf, standardizer=standardizer, target_standardizer=targets,
+                     data_crc32=crc,
                      x_names=x_names, y_names=y_names, note=note)

@@ -5,7 +5,8 @@ writes a checkpoint that ``--resume`` continues exactly, with the history so far
 A checkpoint written by ``train`` holds the options of its run (``metadata["cli"]``): with
 ``--resume`` they are the run's options unless given again, and one given again with another
 value is a usage error naming the flag (the checkpoint's model wins); ``--data`` given again
-names where the data file is now. ``--epochs`` stays the
+names where the data file is now, and must hold the run's samples (their CRC-32 is saved).
+``--epochs`` stays the
 run's total; it may change only under a constant learning rate (a schedule is planned for
 the run's length).
 """
@@ -69,8 +70,12 @@ def apply_resume(args) -> dict:
             flag = "--" + key.replace("_", "-")
             raise UsageError(f"--resume: {args.resume}: its run's {flag} is {_short(value)}, "
                              f"not a value {flag} takes (a damaged or edited checkpoint)")
+        if _given(args, key) and key == "data" and value is None:
+            raise UsageError(f"--data: the checkpoint's run trained on the synthetic task "
+                             f"{saved.get('task')}; --resume continues it on that task "
+                             f"(leave --data out)")
         if _given(args, key) and key in _MAY_CHANGE:
-            continue  # the file may have moved; a run stopped mid-epoch checks its size
+            continue  # the file may have moved (check_resumed_data checks its samples)
         if _given(args, key) and getattr(args, key) != value and key != "epochs":
             flag = "--" + key.replace("_", "-")
             raise UsageError(f"{flag}: the checkpoint's run has {flag} {_show(value)}, "
@@ -123,6 +128,17 @@ def _item(action, v) -> bool:
 def _short(v) -> str:
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_resumed_data(args, header: dict, crc) -> None:
+    """UsageError unless the data read for a resumed run is the run's own (its CRC-32 as
+    the checkpoint recorded it): the file may have moved, not changed; the input and
+    target scalings and a cosine schedule's length were planned on it."""
+    saved = (header.get("metadata") or {}).get("data_crc32")
+    if saved is not None and saved != crc:
+        raise UsageError(f"--data: {args.data} holds other samples than the run's data "
+                         f"(CRC-32 {crc} where the checkpoint recorded {saved}); --resume "
+                         f"continues a run on its own data (the same file, moved or not)")
 
 
 def check_resumed_sizes(args, header: dict, d_in: int, d_out: int) -> None:
