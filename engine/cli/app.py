@@ -201,13 +201,31 @@ def _language_model(args):
     return None
 
 
+def _resume_header(args):
+    """The header of the checkpoint ``--resume`` names, once the run's options are taken
+    from it (None without --resume)."""
+    if args.resume is None:
+        return None
+    header = resume_cmd.apply_resume(args)
+    done = header["training"].get("history") or {}
+    args.resumed_at = (len(done.get("loss") or []), done.get("steps", 0),
+                       done.get("samples", 0))
+    return header
+
+
+def _checked_data(args, header):
+    """The run's data; resuming, it must be the run's own and the saved sizes must fit the
+    checkpoint's parameters (checked before the model is built from them)."""
+    d = load_data(args, np.dtype(args.dtype))
+    if header is not None:
+        resume_cmd.check_resumed_data(args, header, d.data_crc32)
+        resume_cmd.check_resumed_sizes(args, header, d.d_in, d.d_out)
+    return d
+
+
 def _train(args) -> int:
     t_all = time.perf_counter()
-    if args.resume is not None:
-        header = resume_cmd.apply_resume(args)  # the run's options, from its checkpoint
-        done = header["training"].get("history") or {}
-        args.resumed_at = (len(done.get("loss") or []), done.get("steps", 0),
-                           done.get("samples", 0))
+    header = _resume_header(args)  # the run's options, from its checkpoint
     check_args(args)
     code = _language_model(args)
     if code is not None:
@@ -218,10 +236,7 @@ def _train(args) -> int:
     if comm is not None and args.resume is not None:
         raise UsageError("--resume: continue a run on one process (not under mpiexec)")
     _set_threads(args, comm)
-    d = load_data(args, np.dtype(args.dtype))
-    if args.resume is not None:  # the same data; the saved sizes bounded by the file
-        resume_cmd.check_resumed_data(args, header, d.data_crc32)
-        resume_cmd.check_resumed_sizes(args, header, d.d_in, d.d_out)
+    d = _checked_data(args, header)
     model = build_model(args, d.d_in, d.d_out, args.seed)
     loss = CrossEntropyLoss() if d.classify else MSELoss()
     try:

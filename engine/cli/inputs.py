@@ -76,6 +76,8 @@ def val_fraction(args) -> float:
 def _own_data(args, dt):
     """``(X, Y, kind, x_names, y_names, note)`` from ``--data``; UsageError on any problem."""
     path = args.data
+    if os.path.isdir(path):
+        raise UsageError(f"--data: {path!r} is a directory; give a .csv or .npz file")
     if not os.path.isfile(path):
         raise UsageError(f"--data: no such file: {path!r}")
     is_csv = path.lower().endswith(".csv")
