@@ -52,7 +52,8 @@ def _add(out, a, b, i0, i1):
 def _add_plain(out, a, b, i0, i1):
     # For a read-only a or b: _add's in-place branches store through them and cannot be
     # compiled for a read-only array. Elementwise, one loop is right even when out is a or b.
-    for i in range(i0, i1):
+    out, a, b = out[i0:i1], a[i0:i1], b[i0:i1]
+    for i in range(i1 - i0):
         out[i] = a[i] + b[i]
     return 0
 
