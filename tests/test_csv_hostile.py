@@ -112,3 +112,14 @@ def test_large_unscaled_inputs_get_a_note(tmp_path, capsys):
                  "--epochs", "1"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^note      input sqft reaches .* give --standardize", out, re.M)
+
+
+def test_column_names_reach_the_terminal_escaped(tmp_path, capsys):
+    # Check that a CSV header holding ESC/BEL is printed escaped by train's report.
+    p = _write(tmp_path / "d.csv", "a,\x1b]0;x\x07y\n" + "".join(f"{i},{2 * i + 1}\n"
+                                                               for i in range(10)))
+    capsys.readouterr()
+    assert main(["train", "--data", p, "--y-cols", "\x1b]0;x\x07y", "--model", "mlp",
+                 "--hidden", "4", "--epochs", "1", "--task", "regression"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b]0;x\\x07y" in out

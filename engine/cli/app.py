@@ -218,7 +218,7 @@ def _checked_data(args, header):
     checkpoint's parameters (checked before the model is built from them)."""
     d = load_data(args, np.dtype(args.dtype))
     if header is not None:
-        resume_cmd.check_resumed_data(args, header, d.data_crc32)
+        resume_cmd.check_resumed_data(args, header, d)
         resume_cmd.check_resumed_sizes(args, header, d.d_in, d.d_out)
     return d
 

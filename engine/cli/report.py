@@ -28,6 +28,7 @@ def describe(args, model, d_in: int, d_out: int) -> str:
 
 
 def _report_regression(out, names, r2, mae, extra, extra_name) -> None:
+    names = [safe(n) for n in names]  # column names from the user's file
     width = max(len(s) for s in names)
     head = f"{'output':<7} {'target':<{width}}  {'R^2':>8}  {'MAE':>8}"
     print(head + (f"  {extra_name:>12}" if extra is not None else ""), file=out)
@@ -49,8 +50,8 @@ def banner(out, args, comm, model, d, opt_text: str, sched_text: str, bs) -> Non
     n = d.X.shape[0]
     if d.own:
         target = (f"{d.d_out} classes" if d.classify else f"{d.Y.shape[1]} output(s)")
-        print(f"data      {args.data}: {d.n_all} samples, {d.d_in} inputs -> "
-              f"{', '.join(d.y_names)} ({d.kind}, {d.note}; {target})", file=out)
+        print(f"data      {safe(args.data)}: {d.n_all} samples, {d.d_in} inputs -> "
+              f"{', '.join(map(safe, d.y_names))} ({d.kind}, {d.note}; {target})", file=out)
     else:
         task = {"regression": f"X uniform in [-3, 3]^{d.d_in} -> {d.d_out} smooth targets",
                 "spiral": "two interleaved spirals, 2 classes", "xor": "the XOR truth table",

@@ -130,11 +130,17 @@ def _short(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_resumed_data(args, header: dict, crc) -> None:
-    """UsageError unless the data read for a resumed run is the run's own (its CRC-32 as
-    the checkpoint recorded it): the file may have moved, not changed; the input and
-    target scalings and a cosine schedule's length were planned on it."""
-    saved = (header.get("metadata") or {}).get("data_crc32")
+def check_resumed_data(args, header: dict, d) -> None:
+    """UsageError unless the data ``d`` read for a resumed run is the run's own (its CRC-32
+    as the checkpoint recorded it): the file may have moved, not changed; the input and
+    target scalings and a cosine schedule's length were planned on it. A regression saved
+    before targets were standardised cannot continue on standardised targets."""
+    meta = header.get("metadata") or {}
+    if d.target_standardizer is not None and "target_standardizer" not in meta:
+        raise UsageError(f"--resume: {args.resume} was trained on unscaled targets (written "
+                         f"before train standardised a regression's targets); start a new "
+                         f"run")
+    saved, crc = meta.get("data_crc32"), d.data_crc32
     if saved is not None and saved != crc:
         raise UsageError(f"--data: {args.data} holds other samples than the run's data "
                          f"(CRC-32 {crc} where the checkpoint recorded {saved}); --resume "

@@ -101,3 +101,21 @@ def test_resume_of_a_synthetic_run_with_data_is_refused(tmp_path, capsys):
     assert main(["train", "--resume", str(ck), "--data", str(tmp_path / "a.csv"), "--epochs",
                  "2", "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("error: --data: the checkpoint's run trained")
+
+
+def test_resume_of_a_regression_saved_with_unscaled_targets_is_refused(run_on_a, tmp_path,
+                                                                       capsys):
+    # Check that a checkpoint without the target scaling (an older train's) is not resumed
+    # on standardised targets.
+    import json
+    d, ck = run_on_a
+    with np.load(ck) as z:
+        arrays = {k: z[k] for k in z.files}
+    h = json.loads(str(arrays["__header__"][()]))
+    del h["metadata"]["target_standardizer"]
+    arrays["__header__"] = np.array(json.dumps(h))
+    np.savez(tmp_path / "old.npz", **arrays)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "old.npz"), "--epochs", "3",
+                 "--quiet"]) == 2
+    assert "unscaled targets" in capsys.readouterr().err
