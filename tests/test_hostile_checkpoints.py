@@ -4,6 +4,7 @@ checksums recomputed, in a ``train`` run's saved options), configurations of man
 JSON nested past any stack, and stored values of the wrong type. Each is a CheckpointError
 (or one ``error:`` line and exit 2 from the CLI) raised before anything is built."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -207,3 +208,34 @@ def test_resume_of_an_edited_run_is_one_usage_error_line(run_checkpoint, tmp_pat
 def test_resume_of_the_unedited_run_still_continues(run_checkpoint, capsys):
     # Check that the checks pass the file train wrote.
     assert main(["train", "--resume", str(run_checkpoint), "--epochs", "3", "--quiet"]) == 0
+
+
+_UNDER_A_MEMORY_LIMIT = r"""
+import resource, sys
+import engine
+from engine import CheckpointError
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+with open("/proc/self/statm") as f:
+    used = int(f.read().split()[0]) * resource.getpagesize()
+limit = used + (1 << 30)  # 1 GiB above what the interpreter holds: far below 4 GB
+resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+try:
+    engine.load_model(sys.argv[1])
+except CheckpointError as e:
+    print("refused:", e)
+"""
+
+
+def test_an_oversized_configuration_is_refused_under_a_memory_limit(small, tmp_path):
+    # Check end to end, in a process whose address space cannot hold the 4 GB a LayerNorm
+    # of 10**9 features would take, that load_model refuses the file rather than allocate.
+    import subprocess
+    import sys
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("no /proc here")
+    path = _edited_npz(small, tmp_path / "x.npz", OVERSIZED["layernorm_width"])
+    env = dict(os.environ, BLASNET_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT, str(path)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("refused:") and "implies" in p.stdout
