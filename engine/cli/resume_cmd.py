@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from ..training import checkpoint
 from .inputs import UsageError
 
-__all__ = ["CLI_KEYS", "saved_options", "apply_resume", "check_resumed_sizes", "preemption",
-           "interrupted_path", "save_interrupted"]
+__all__ = ["CLI_KEYS", "saved_options", "apply_resume", "check_resumed_data",
+           "check_resumed_sizes", "preemption", "interrupted_path", "save_interrupted"]
 
 # The options that make a run: its model, data and training (not outputs, threads, logging).
 CLI_KEYS = ("model", "d_hidden", "d_ff", "hidden", "activation", "norm", "dtype", "task",
