@@ -48,6 +48,16 @@ def _add(out, a, b, i0, i1):
     return 0
 
 
+@jit
+def _add_plain(out, a, b, i0, i1):
+    # For a read-only a or b: _add's in-place branches store through them and cannot be
+    # compiled for a read-only array. Elementwise, one loop is right even when out is a or b.
+    out, a, b = out[i0:i1], a[i0:i1], b[i0:i1]
+    for i in range(i1 - i0):
+        out[i] = a[i] + b[i]
+    return 0
+
+
 def _rows(kernel, n, d, args):
     k = _par.threads_for(n, d, passes=COST)
     if k == 1:
@@ -84,13 +94,15 @@ def _copy_rows(y, res, i0, i1):
 
 
 def add(out, a, b):
-    """``out = a + b`` for C-contiguous arrays of one shape (out may be a or b; no checks)."""
+    """``out = a + b`` for C-contiguous arrays of one shape (out may be a or b; a and b may be
+    read-only; no checks)."""
     n = out.size
     if n:
         o, x, y = out.reshape(-1), a.reshape(-1), b.reshape(-1)
+        kernel = _add if x.flags.writeable and y.flags.writeable else _add_plain
         k = _par.threads_for(n, passes=COST)
         if k == 1:
-            _add(o, x, y, 0, n)
+            kernel(o, x, y, 0, n)
         else:
-            _par.split(lambda i0, i1, _: _add(o, x, y, i0, i1), n, k=k)
+            _par.split(lambda i0, i1, _: kernel(o, x, y, i0, i1), n, k=k)
     return out

@@ -51,7 +51,7 @@ def test_errors_keep_their_line_and_column_with_any_delimiter(tmp_path):
     with pytest.raises(ValueError, match=r"line 3: expected 3 values"):
         data.load(p, y="y")
     p = _write(tmp_path, "a,b,y\n1,2,3\n4,nan,6\n", name="n.csv")
-    with pytest.raises(ValueError, match=r"line 3, column 2 \('b'\): expected a finite number"):
+    with pytest.raises(ValueError, match=r"line 3, column 2 \('b'\): a missing value"):
         data.load(p, y="y")
 
 

@@ -41,7 +41,7 @@ def test_csv_float_or_several_targets_are_a_regression(tmp_path):
 @pytest.mark.parametrize("text, match", [
     ("a,b,y\n1,2,3\n4,x,6\n", r"line 3, column 2 \('b'\).*'x'"),
     ("a,b,y\n1,2,3\n4,,6\n", r"line 3, column 2 \('b'\)"),
-    ("a,b,y\n1,nan,3\n", r"line 2, column 2 \('b'\).*finite"),
+    ("a,b,y\n1,nan,3\n", r"line 2, column 2 \('b'\).*missing value"),
     ("a,b,y\n1,2,3\n4,5\n", r"line 3: expected 3 values"),
     ("a,a,y\n1,2,3\n", "duplicate column names"),
     ("", "line 1: expected a header"),

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 import kernels
+from kernels.threads import usable_cores
 
 from .. import __version__
 from .. import distributed
@@ -62,6 +63,24 @@ def build_model(args, d_in: int, d_out: int, seed: int):
     first = Linear(d_in, d, dtype=dt, rng=rng)
     middle = block.build(sizes, dtype=dt, rng=rng, **options)
     return Sequential(first, middle, Linear(d, d_out, init="xavier", dtype=dt, rng=rng))
+
+
+# The CLI's size flags and the registry size each sets (build_model reads them so).
+_SIZE_FLAGS = {"hidden": "sizes", "d_hidden": "d_model", "d_ff": "d_ff"}
+
+
+def check_model_flags(args) -> None:
+    """UsageError for a size or block flag given on the command line that ``--model`` does
+    not read (``--hidden`` with gmlp, ``--norm`` with mlp, ...): the README's rule that an
+    option a run would ignore is an error, not a silent no-op."""
+    block = block_models()[args.model]
+    reads = {dest for dest, dim in _SIZE_FLAGS.items() if dim in block.dims}
+    reads |= {k for k in _BLOCK_FLAGS if k in block.options}
+    for dest in (*_SIZE_FLAGS, *_BLOCK_FLAGS):
+        if dest in args.given and dest not in reads:
+            flags = ", ".join(sorted("--" + r.replace("_", "-") for r in reads))
+            raise UsageError(f"{args.given[dest]}: --model {args.model} does not read it "
+                             f"(it reads {flags})")
 
 
 def _optimizer(args, model, comm=None):
@@ -157,6 +176,11 @@ def train(args) -> int:
 
 def _set_threads(args, comm) -> None:
     if args.threads is not None:
+        cores = usable_cores()
+        if args.threads > cores and (comm is None or comm.Get_rank() == 0):
+            print(f"warning: --threads {args.threads} is more than the {cores} core(s) this "
+                  f"process may run on; the extra threads only take turns with the others",
+                  file=sys.stderr)
         kernels.set_num_threads(args.threads)
     elif comm is not None and kernels.ENV_VAR not in os.environ:
         local = int(os.environ.get("MPI_LOCALNRANKS", "1"))  # ranks on this machine (hydra)
@@ -177,23 +201,42 @@ def _language_model(args):
     return None
 
 
+def _resume_header(args):
+    """The header of the checkpoint ``--resume`` names, once the run's options are taken
+    from it (None without --resume)."""
+    if args.resume is None:
+        return None
+    header = resume_cmd.apply_resume(args)
+    done = header["training"].get("history") or {}
+    args.resumed_at = (len(done.get("loss") or []), done.get("steps", 0),
+                       done.get("samples", 0))
+    return header
+
+
+def _checked_data(args, header):
+    """The run's data; resuming, it must be the run's own and the saved sizes must fit the
+    checkpoint's parameters (checked before the model is built from them)."""
+    d = load_data(args, np.dtype(args.dtype))
+    if header is not None:
+        resume_cmd.check_resumed_data(args, header, d)
+        resume_cmd.check_resumed_sizes(args, header, d.d_in, d.d_out)
+    return d
+
+
 def _train(args) -> int:
     t_all = time.perf_counter()
-    if args.resume is not None:
-        header = resume_cmd.apply_resume(args)  # the run's options, from its checkpoint
-        done = header["training"].get("history") or {}
-        args.resumed_at = (len(done.get("loss") or []), done.get("steps", 0),
-                           done.get("samples", 0))
+    header = _resume_header(args)  # the run's options, from its checkpoint
     check_args(args)
     code = _language_model(args)
     if code is not None:
         return code
+    check_model_flags(args)
     comm = distributed.world()  # K > 1 ranks under mpiexec: data parallel, else None
     rank = 0 if comm is None else comm.Get_rank()
     if comm is not None and args.resume is not None:
         raise UsageError("--resume: continue a run on one process (not under mpiexec)")
     _set_threads(args, comm)
-    d = load_data(args, np.dtype(args.dtype))
+    d = _checked_data(args, header)
     model = build_model(args, d.d_in, d.d_out, args.seed)
     loss = CrossEntropyLoss() if d.classify else MSELoss()
     try:
@@ -280,6 +323,11 @@ def _fit(args, comm, trained, d, stopper) -> tuple:
         if rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return None, 1
+    except checkpoint.CheckpointError as e:  # fit read args.resume's training state
+        if args.resume is None:
+            raise
+        print(f"error: --resume: {e}", file=sys.stderr)
+        return None, 2
     except ValueError as e:
         if not str(e).startswith("resume_from"):
             raise
@@ -304,11 +352,14 @@ def _metadata(args, d, epochs: int, final) -> dict:
     meta = dict(task=d.task_name, model=args.model, epochs=epochs, seed=args.seed, loss=final,
                 cli=resume_cmd.saved_options(args))
     if d.own:
-        meta.update(data=args.data, x_cols=d.x_names, y_cols=d.y_names, kind=d.kind)
+        meta.update(data=args.data, x_cols=d.x_names, y_cols=d.y_names, kind=d.kind,
+                    data_crc32=d.data_crc32)
         if d.classify:
             meta["classes"] = d.d_out
     if d.standardizer is not None:
         meta["standardizer"] = d.standardizer.state_dict()
+    if d.target_standardizer is not None:  # predict and LoadedModel.predict undo it
+        meta["target_standardizer"] = d.target_standardizer.state_dict()
     return meta
 
 

@@ -3,6 +3,7 @@ data set (a synthetic task or the user's file), split and standardised."""
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,8 @@ def val_fraction(args) -> float:
 def _own_data(args, dt):
     """``(X, Y, kind, x_names, y_names, note)`` from ``--data``; UsageError on any problem."""
     path = args.data
+    if os.path.isdir(path):
+        raise UsageError(f"--data: {path!r} is a directory; give a .csv or .npz file")
     if not os.path.isfile(path):
         raise UsageError(f"--data: no such file: {path!r}")
     is_csv = path.lower().endswith(".csv")
@@ -139,6 +142,8 @@ class TrainData:
     n_all: int               # samples before the split
     vf: float                # validation fraction
     standardizer: object
+    target_standardizer: object  # --data regression: Y standardised (the report un-scales)
+    data_crc32: int | None   # --data: CRC-32 of the samples as read (a resumed run's check)
     x_names: list | None
     y_names: list | None
     note: str | None         # how the kind was decided (--data)
@@ -162,9 +167,11 @@ def load_data(args, dt) -> TrainData:
     """The task's or the file's samples, split (--val-fraction) and standardised."""
     own = args.data is not None
     x_names = y_names = note = None
+    crc = None
     if own:
         X, Y, kind, x_names, y_names, note = _own_data(args, dt)
         task_name = kind
+        crc = zlib.crc32(np.ascontiguousarray(Y).data, zlib.crc32(np.ascontiguousarray(X).data))
     else:
         task_name = args.task or "regression"
         X, Y, kind = make_task(task_name, args.samples, dtype=dt, rng=args.seed)
@@ -182,6 +189,15 @@ def load_data(args, dt) -> TrainData:
         X = standardizer.transform(X)
         if val is not None:
             val = (standardizer.transform(val[0]), val[1])
+    targets = None
+    if own and kind == "regression":
+        # Targets such as prices (~1e5) are learnt as standardised values: at the default
+        # rate an output bias could not walk to their mean within the run.
+        targets = _data.Standardizer().fit(Y)
+        Y = targets.transform(Y)
+        if val is not None:
+            val = (val[0], targets.transform(val[1]))
     return TrainData(X=X, Y=Y, val=val, kind=kind, task_name=task_name, own=own, n_all=n_all,
-                     vf=vf, standardizer=standardizer, x_names=x_names, y_names=y_names,
-                     note=note)
+                     vf=vf, standardizer=standardizer, target_standardizer=targets,
+                     data_crc32=crc,
+                     x_names=x_names, y_names=y_names, note=note)

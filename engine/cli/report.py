@@ -10,6 +10,7 @@ import numpy as np
 from .. import __version__
 from ..data import REGRESSION_OUTPUTS, make_task
 from ..training.loop import evaluate, mean_absolute_error, predict, r2_score
+from .safe_text import safe
 
 __all__ = ["HELD_OUT", "describe", "banner", "results", "early_stop", "timing", "outputs"]
 
@@ -27,6 +28,7 @@ def describe(args, model, d_in: int, d_out: int) -> str:
 
 
 def _report_regression(out, names, r2, mae, extra, extra_name) -> None:
+    names = [safe(n) for n in names]  # column names from the user's file
     width = max(len(s) for s in names)
     head = f"{'output':<7} {'target':<{width}}  {'R^2':>8}  {'MAE':>8}"
     print(head + (f"  {extra_name:>12}" if extra is not None else ""), file=out)
@@ -48,21 +50,26 @@ def banner(out, args, comm, model, d, opt_text: str, sched_text: str, bs) -> Non
     n = d.X.shape[0]
     if d.own:
         target = (f"{d.d_out} classes" if d.classify else f"{d.Y.shape[1]} output(s)")
-        print(f"data      {args.data}: {d.n_all} samples, {d.d_in} inputs -> "
-              f"{', '.join(d.y_names)} ({d.kind}, {d.note}; {target})", file=out)
+        print(f"data      {safe(args.data)}: {d.n_all} samples, {d.d_in} inputs -> "
+              f"{', '.join(map(safe, d.y_names))} ({d.kind}, {d.note}; {target})", file=out)
     else:
         task = {"regression": f"X uniform in [-3, 3]^{d.d_in} -> {d.d_out} smooth targets",
                 "spiral": "two interleaved spirals, 2 classes", "xor": "the XOR truth table",
                 "sine": "y = sin(x), x uniform in [-pi, pi]"}[d.task_name]
         print(f"task      {d.task_name}: {n} samples, {task}", file=out)
-    if d.val is not None or d.standardizer is not None:
+    if d.val is not None or d.standardizer is not None or d.target_standardizer is not None:
         parts = []
         if d.val is not None:
             parts.append(f"{n} for training, {d.val[0].shape[0]} for validation "
                          f"(val fraction {d.vf:g}, seed {args.seed})")
         if d.standardizer is not None:
             parts.append("inputs standardised with the training split's mean and std")
+        if d.target_standardizer is not None:
+            parts.append("targets standardised with the training split's mean and std "
+                         "(the loss is in those units; R^2, MAE and predictions in the "
+                         "target's own)")
         print(f"split     {'; '.join(parts)}", file=out)
+    _scale_note(out, d)
     extras = [sched_text]
     if args.clip_grad_norm is not None:
         extras.append(f"grad norm clipped at {args.clip_grad_norm:g}")
@@ -71,6 +78,23 @@ def banner(out, args, comm, model, d, opt_text: str, sched_text: str, bs) -> Non
     print(f"training  {opt_text}, {'full batch' if bs is None else f'batches of {bs}'}, "
           f"{args.epochs} epochs, seed {args.seed}, {', '.join(extras)}", file=out)
     out.flush()
+
+
+# Inputs larger than this (in absolute value) without --standardize get a note: the first
+# layer's pre-activations then start far outside the activations' useful range.
+LARGE_INPUT = 100.0
+
+
+def _scale_note(out, d) -> None:
+    """A note when the file's inputs are large and not standardised (why a fit may fail)."""
+    if not d.own or d.standardizer is not None or d.X.size == 0:
+        return
+    big = np.abs(d.X).max(axis=0)
+    j = int(np.argmax(big))
+    if np.isfinite(big[j]) and big[j] > LARGE_INPUT:
+        name = d.x_names[j] if d.x_names and j < len(d.x_names) else f"x{j}"
+        print(f"note      input {safe(name)!s} reaches {big[j]:.3g} and inputs are not "
+              f"standardised: give --standardize (the fit may fail without it)", file=out)
 
 
 def early_stop(out, stopper, epochs: int) -> None:
@@ -107,6 +131,9 @@ def results(out, args, model, loss, d, bs) -> float:
         print(line, file=out)
         return final
     pred = predict(model, X, bs)
+    ts = d.target_standardizer
+    if ts is not None:  # the figures in the target's own units
+        Y, pred = ts.inverse_transform(Y), ts.inverse_transform(pred)
     r2, mae = r2_score(Y, pred), mean_absolute_error(Y, pred)
     if d.own:
         extra = r2_score(val[1], predict(model, val[0], bs)) if val is not None else None

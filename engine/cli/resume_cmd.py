@@ -5,12 +5,15 @@ writes a checkpoint that ``--resume`` continues exactly, with the history so far
 A checkpoint written by ``train`` holds the options of its run (``metadata["cli"]``): with
 ``--resume`` they are the run's options unless given again, and one given again with another
 value is a usage error naming the flag (the checkpoint's model wins); ``--data`` given again
-names where the data file is now. ``--epochs`` stays the
+names where the data file is now, and must hold the run's samples (their CRC-32 is saved).
+``--epochs`` stays the
 run's total; it may change only under a constant learning rate (a schedule is planned for
 the run's length).
 """
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import shlex
 import signal
@@ -22,8 +25,8 @@ from contextlib import contextmanager
 from ..training import checkpoint
 from .inputs import UsageError
 
-__all__ = ["CLI_KEYS", "saved_options", "apply_resume", "preemption", "interrupted_path",
-           "save_interrupted"]
+__all__ = ["CLI_KEYS", "saved_options", "apply_resume", "check_resumed_data",
+           "check_resumed_sizes", "preemption", "interrupted_path", "save_interrupted"]
 
 # The options that make a run: its model, data and training (not outputs, threads, logging).
 CLI_KEYS = ("model", "d_hidden", "d_ff", "hidden", "activation", "norm", "dtype", "task",
@@ -58,12 +61,21 @@ def apply_resume(args) -> dict:
     if not isinstance(saved, dict) or header.get("training") is None:
         raise UsageError(f"--resume: {args.resume} is not a resumable checkpoint of "
                          f"'train' (an interrupted run's, or the --save .npz of a run)")
+    actions = _train_actions()
     for key in CLI_KEYS:
         if key not in saved:
             continue
         value = saved[key]
+        if not _parses(actions[key], value):
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(f"--resume: {args.resume}: its run's {flag} is {_short(value)}, "
+                             f"not a value {flag} takes (a damaged or edited checkpoint)")
+        if _given(args, key) and key == "data" and value is None:
+            raise UsageError(f"--data: the checkpoint's run trained on the synthetic task "
+                             f"{saved.get('task')}; --resume continues it on that task "
+                             f"(leave --data out)")
         if _given(args, key) and key in _MAY_CHANGE:
-            continue  # the file may have moved; a run stopped mid-epoch checks its size
+            continue  # the file may have moved (check_resumed_data checks its samples)
         if _given(args, key) and getattr(args, key) != value and key != "epochs":
             flag = "--" + key.replace("_", "-")
             raise UsageError(f"{flag}: the checkpoint's run has {flag} {_show(value)}, "
@@ -76,6 +88,83 @@ def apply_resume(args) -> dict:
                          f"warmup {args.warmup}) is planned for its {saved.get('epochs')} "
                          f"epochs; resume it with --epochs {saved.get('epochs')}")
     return header
+
+
+def _train_actions() -> dict:
+    """The ``train`` command's options by dest (its parser's own, so a saved value is held to
+    the rules a typed one is)."""
+    from .parser import build_parser
+    for a in build_parser()._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            return {x.dest: x for x in a.choices["train"]._actions}
+    raise RuntimeError("the parser has no train command")  # pragma: no cover
+
+
+def _parses(action, value) -> bool:
+    """Whether ``value`` (read from a checkpoint) is one the option ``action`` produces."""
+    if value is None:
+        return action.default is None
+    if action.nargs == 0:  # store_true
+        return type(value) is bool
+    if action.nargs in ("+", "*"):
+        return isinstance(value, list) and bool(value) and all(_item(action, v) for v in value)
+    return _item(action, value)
+
+
+def _item(action, v) -> bool:
+    if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+        return False
+    try:
+        got = (action.type or str)(str(v))
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        return False
+    if isinstance(got, list):  # --hidden's comma-separated form
+        got = got[0] if len(got) == 1 else None
+    if action.choices is not None and got not in action.choices:
+        return False
+    return type(got) is type(v) and got == v
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_resumed_data(args, header: dict, d) -> None:
+    """UsageError unless the data ``d`` read for a resumed run is the run's own (its CRC-32
+    as the checkpoint recorded it): the file may have moved, not changed; the input and
+    target scalings and a cosine schedule's length were planned on it. A regression saved
+    before targets were standardised cannot continue on standardised targets."""
+    meta = header.get("metadata") or {}
+    if d.target_standardizer is not None and "target_standardizer" not in meta:
+        raise UsageError(f"--resume: {args.resume} was trained on unscaled targets (written "
+                         f"before train standardised a regression's targets); start a new "
+                         f"run")
+    saved, crc = meta.get("data_crc32"), d.data_crc32
+    if saved is not None and saved != crc:
+        raise UsageError(f"--data: {args.data} holds other samples than the run's data "
+                         f"(CRC-32 {crc} where the checkpoint recorded {saved}); --resume "
+                         f"continues a run on its own data (the same file, moved or not)")
+
+
+def check_resumed_sizes(args, header: dict, d_in: int, d_out: int) -> None:
+    """UsageError unless the weights the run's sizes imply fit in the parameters its
+    checkpoint holds (before the model is built from those sizes): each pair of widths
+    below is the shape of a distinct weight of the model ``train`` builds."""
+    from .parser import block_models
+    block = block_models()[args.model]
+    if "sizes" in block.dims:
+        chain = [d_in, *args.hidden, d_out]
+        pairs = list(zip(chain, chain[1:]))
+    else:
+        dh, dff = args.d_hidden, args.d_ff
+        pairs = [(d_in, dh), (dh, dff), (dh, d_out) if block.keeps_width else (dff, d_out)]
+    implied = sum(a * b for a, b in pairs)
+    stored = sum(math.prod(shape) for shape, _ in header["params"].values())
+    if implied > stored:
+        raise UsageError(f"--resume: {args.resume}: its run's sizes imply at least {implied} "
+                         f"weights, the checkpoint holds {stored} parameter values (a damaged "
+                         f"or edited checkpoint)")
 
 
 def _show(v) -> str:

@@ -113,6 +113,12 @@ def _header(path, header, xs, ys) -> tuple:
             raise ValueError(f"{what}: {path} has no column(s) {missing}; its columns are "
                              f"{header}")
     if xs is None:
+        unnamed = [i + 1 for i, h in enumerate(header) if not h and h not in ys]
+        if unnamed:  # e.g. the index pandas' DataFrame.to_csv writes first, 0 .. N-1
+            raise ValueError(f"x: {path}: column {unnamed[0]} has no name in the header (the "
+                             f"index pandas writes unless to_csv(index=False)?); an unnamed "
+                             f"column is not taken as an input: write the file without it, or "
+                             f"name the input columns (x=..., --x-cols)")
         xs = [h for h in header if h not in ys]
     both = sorted(set(xs) & set(ys))
     if both:
@@ -120,6 +126,10 @@ def _header(path, header, xs, ys) -> tuple:
     if not xs:
         raise ValueError(f"x: {path} has no input column left besides the targets {ys}")
     return header, xs
+
+
+# How spreadsheets and pandas write a missing value (compared lower-case, stripped).
+_MISSING = ("", "na", "n/a", "nan", "null", "none", "?", "-", "#n/a")
 
 
 def _rows(path, reader, records, header, cols, label_col) -> tuple:
@@ -142,8 +152,11 @@ def _rows(path, reader, records, header, cols, label_col) -> tuple:
             except ValueError:
                 v = math.nan
             if not math.isfinite(v):
-                raise ValueError(f"{path}: line {line}, column {c + 1} ({header[c]!r}): "
-                                 f"expected a finite number, got {rec[c]!r}")
+                where = f"{path}: line {line}, column {c + 1} ({header[c]!r})"
+                if text.lower() in _MISSING:
+                    raise ValueError(f"{where}: a missing value ({rec[c]!r}); missing values "
+                                     f"are not supported: drop or fill that row first")
+                raise ValueError(f"{where}: expected a finite number, got {rec[c]!r}")
             if is_int[k] and not _INT.fullmatch(text):
                 is_int[k] = False
             if k == label_col and is_int[k]:

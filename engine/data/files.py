@@ -57,6 +57,7 @@ def load(path, x=None, y=None, dtype=np.float32, delimiter=None):
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
     if not isinstance(path, str):
         path = os.fsdecode(path)
+    _not_a_directory(path)
     xs, ys = _names("x", x), _names("y", y)
     low = path.lower()
     if low.endswith(".npz"):
@@ -64,6 +65,11 @@ def load(path, x=None, y=None, dtype=np.float32, delimiter=None):
     if low.endswith(".csv"):
         return read_csv(path, xs, ys, dt, delimiter)
     raise ValueError(f"path: expected a .npz or .csv file, got {path!r}")
+
+
+def _not_a_directory(path) -> None:
+    if os.path.isdir(path):
+        raise ValueError(f"path: {path!r} is a directory, not a data file (.csv or .npz)")
 
 
 def load_inputs(path, x=None, dtype=np.float32, delimiter=None) -> np.ndarray:
@@ -75,6 +81,7 @@ def load_inputs(path, x=None, dtype=np.float32, delimiter=None) -> np.ndarray:
         path = os.fspath(path)
     except TypeError:
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+    _not_a_directory(path)
     xs = _names("x", x)
     low = path.lower()
     if low.endswith(".csv"):

@@ -66,6 +66,9 @@ class Dropout(Module):
             out = self._views(x2.shape).out
             return ops.add(out, x2, res2)
         v = self._views(x2.shape)
+        if not x2.flags.writeable:  # the dropout kernel compiles for writable inputs
+            np.copyto(v.out, x2)
+            x2 = v.out
         ops.dropout_forward(v.out, v.mask, x2, self.p, self._rng)
         if res2 is not None:
             ops.add(v.out, v.out, res2)
@@ -75,6 +78,9 @@ class Dropout(Module):
         if not self._saved.dropped:
             return dy2
         v = self._views(dy2.shape)
+        if not dy2.flags.writeable:  # the kernel compiles for writable inputs: in place
+            np.copyto(v.dx, dy2)
+            dy2 = v.dx
         ops.dropout_backward(v.dx, dy2, v.mask)
         return v.dx
 
@@ -311,6 +317,9 @@ class AddNorm(Module):
         v = self._views(x2.shape[0])
         self._saved.dropped = dropped = self.training and self.p > 0.0
         if dropped:
+            if not sub2.flags.writeable:  # the dropout kernel compiles for writable inputs
+                np.copyto(v.s, sub2)
+                sub2 = v.s
             ops.dropout_forward(v.s, v.mask, sub2, self.p, self._rng)
             ops.add(v.s, v.s, x2)
         else:

@@ -24,7 +24,8 @@ import numpy as np
 
 from .atomic_file import atomic_write, check_target, file_path, fspath, writable_target
 from .checkpoint_format import (FORMAT, FORMAT_VERSION, HEADER, OPTIM, PARAM, SAFETENSORS,
-                                TRAIN, CheckpointError, json_field)
+                                MAX_JSON_DEPTH, TRAIN, CheckpointError, json_depth,
+                                json_field)
 from .npz_file import read_npz
 from .safetensors_file import (from_torch_layout, is_safetensors, read_safetensors,
                                write_safetensors)
@@ -63,6 +64,11 @@ def write(path, model, optimizer=None, scheduler=None, metadata=None, training=N
         meta_json = json.dumps(metadata or {}, allow_nan=True)
     except (TypeError, ValueError) as e:
         raise TypeError(f"metadata: every value must be JSON-serialisable ({e})") from None
+    except RecursionError:
+        meta_json = None
+    if meta_json is None or json_depth(json.loads(meta_json)) >= MAX_JSON_DEPTH:
+        raise ValueError(f"metadata: nested deeper than {MAX_JSON_DEPTH - 1} levels (a "
+                         f"checkpoint's header may nest {MAX_JSON_DEPTH})")
     if scheduler is not None and not callable(getattr(scheduler, "state_dict", None)):
         raise TypeError(f"scheduler: expected a learning-rate scheduler, got "
                         f"{type(scheduler).__name__}")

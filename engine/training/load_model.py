@@ -11,17 +11,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import checkpoint
+from .config_bounds import check_config_fits
 
 __all__ = ["load_model", "LoadedModel"]
 
 
 @dataclass
 class LoadedModel:
-    """What ``load_model`` rebuilt: ``model`` always; ``optimizer``, ``scheduler`` and
-    ``standardizer`` when the checkpoint holds them (else None); ``metadata`` as ``load``
-    returns it; ``config``, the model's stored configuration; ``tokenizer``, a language
-    model's (from the metadata's ``tokenizer`` entry, else its legacy ``vocab`` characters;
-    None when it has neither)."""
+    """What ``load_model`` rebuilt: ``model`` always; ``optimizer``, ``scheduler``,
+    ``standardizer`` (the inputs') and ``target_standardizer`` (a regression's targets,
+    which the model learnt standardised) when the checkpoint holds them (else None);
+    ``metadata`` as ``load`` returns it; ``config``, the model's stored configuration;
+    ``tokenizer``, a language model's (from the metadata's ``tokenizer`` entry, else its
+    legacy ``vocab`` characters; None when it has neither)."""
     model: object
     optimizer: object = None
     scheduler: object = None
@@ -29,6 +31,21 @@ class LoadedModel:
     metadata: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     tokenizer: object = None
+    target_standardizer: object = None
+
+    def predict(self, X, batch_size=None):
+        """The model's outputs for raw inputs ``X``, as ``blasnet predict`` computes them:
+        the stored input standardisation applied first, the stored target standardisation
+        undone after (so a regression's outputs are in the target's units; a classifier's
+        are its logits). ``engine.predict(self.model, X)`` applies neither."""
+        from ..data.entry import as_inputs
+        from ..training.loop import predict
+        if self.standardizer is not None:
+            X = self.standardizer.transform(as_inputs(self.model, X))
+        out = predict(self.model, X, batch_size)
+        if self.target_standardizer is not None:
+            out = self.target_standardizer.inverse_transform(out.reshape(out.shape[0], -1))
+        return out
 
 
 def _optimizer_types() -> dict:
@@ -96,6 +113,22 @@ def _build_scheduler(path, saved, optimizer):
         raise checkpoint.CheckpointError(f"{path}: the {kind} cannot be rebuilt: {e}") from None
 
 
+def _check_custom_objects(custom_objects) -> None:
+    """TypeError naming ``custom_objects`` unless it is None or ``{name: Module subclass}``."""
+    from collections.abc import Mapping
+    from ..nn.module import Module
+    if custom_objects is None:
+        return
+    if not isinstance(custom_objects, Mapping):
+        raise TypeError(f"custom_objects: expected a dict {{'Name': ModuleClass}}, got "
+                        f"{type(custom_objects).__name__} {custom_objects!r:.60}")
+    for k, v in custom_objects.items():
+        if not isinstance(k, str):
+            raise TypeError(f"custom_objects: expected class names (str) as keys, got {k!r}")
+        if not (isinstance(v, type) and issubclass(v, Module)):
+            raise TypeError(f"custom_objects[{k!r}]: expected a Module subclass, got {v!r:.60}")
+
+
 def load_model(path, *, custom_objects=None, optimizer: bool = True,
                scheduler: bool = True) -> LoadedModel:
     """Rebuild the model saved at ``path`` from its stored configuration and load its
@@ -110,6 +143,7 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
     is returned, through ``engine.load``'s own."""
     from ..models.config import ConfigError, from_config
     from ..data import Standardizer
+    _check_custom_objects(custom_objects)
     header = checkpoint.read_header(path)  # a TypeError for a path that is not one
     path = os.fspath(path)
     node = header.get("model_config")
@@ -118,6 +152,10 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
         raise checkpoint.CheckpointError(f"{path}: the checkpoint holds no model configuration "
                                          f"({why}); build the model yourself and call "
                                          f"engine.load(path, model)")
+    # Sizes bounded by what the file holds, before anything is allocated for them (a GPT's
+    # config is checked shape by shape against the file in _build_lm).
+    if not _is_gpt(node):
+        check_config_fits(path, node, (shape for shape, _ in header["params"].values()))
     try:
         model = _build_lm(node, header) if _is_gpt(node) else from_config(node, custom_objects)
     except (ConfigError, TypeError, ValueError) as e:
@@ -130,14 +168,16 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
         if sched_state is not None:
             sched = _build_scheduler(path, sched_state, opt)
     metadata = checkpoint.load(path, model, opt, sched)
-    standardizer = None
-    if isinstance(metadata, dict) and "standardizer" in metadata:
-        try:
-            standardizer = Standardizer.from_state_dict(metadata["standardizer"])
-        except ValueError as e:
-            raise checkpoint.CheckpointError(f"{path}: metadata 'standardizer': {e}") from None
-    return LoadedModel(model, opt, sched, standardizer, metadata, node,
-                       _lm_tokenizer(path, metadata, model))
+    found = {}
+    for key in ("standardizer", "target_standardizer"):
+        if isinstance(metadata, dict) and key in metadata:
+            try:
+                found[key] = Standardizer.from_state_dict(metadata[key])
+            except (ValueError, TypeError) as e:  # a field of strings is a TypeError there
+                raise checkpoint.CheckpointError(f"{path}: metadata {key!r}: {e}") from None
+    return LoadedModel(model, opt, sched, found.get("standardizer"), metadata, node,
+                       target_standardizer=found.get("target_standardizer"),
+                       tokenizer=_lm_tokenizer(path, metadata, model))
 
 
 # ----------------------------------------------------------------------------- language models

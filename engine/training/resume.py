@@ -192,7 +192,11 @@ def prepare_resume(path, model, optimizer, plan_options: dict) -> ResumePoint:
     ValueError naming what differs, before anything changes."""
     from ..models.config import ConfigError, to_config
     from ..optim.optimizers import Optimizer
-    path = os.fspath(path)
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"resume_from: expected a checkpoint's path (str or os.PathLike), got "
+                        f"{type(path).__name__}") from None
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"resume_from: needs an engine optimizer (AdamW, SGD), got "
                         f"{type(optimizer).__name__}")
@@ -253,6 +257,11 @@ def _check_state(path: str, doc, opts: dict) -> None:
             or any(type(hist.get(k)) is not int for k in ("steps", "samples")):
         raise checkpoint.CheckpointError(f"{path}: corrupt training state (its History does "
                                          f"not hold {done} epochs)")
+    for k in _HISTORY_LISTS:  # numbers (NaN and inf included: a diverged epoch's loss)
+        bad = [v for v in hist[k] if type(v) not in (int, float)]
+        if bad:
+            raise checkpoint.CheckpointError(f"{path}: corrupt training state (its History's "
+                                             f"{k} holds {_short(bad[0])}, not a number)")
     if epochs <= done:
         raise _fail(path, f"epochs={epochs} is the run's total number of epochs and the "
                           f"checkpoint has completed {done}; pass epochs > {done}")
@@ -270,6 +279,12 @@ def _check_state(path: str, doc, opts: dict) -> None:
                 for k in ("total", "hit", "rows", "seconds")):
             raise checkpoint.CheckpointError(f"{path}: corrupt training state (the epoch's "
                                              f"step {doc['step']} of {steps}, sums {sums})")
+
+
+def _short(v) -> str:
+    """``repr(v)`` cut to 40 characters (a file's value in a message)."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _checked_generators(path: str, doc, model, rng, arrays) -> list:

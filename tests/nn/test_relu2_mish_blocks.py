@@ -199,9 +199,9 @@ def test_cli_help_lists_the_new_activations():
 def test_cli_trains_with_the_new_activation(act, model):
     # Check that `train --activation relu2|mish` runs for every model that takes one and
     # ends on a finite loss.
+    sizes = ("--hidden", "8") if model == "mlp" else ("--d-hidden", "8", "--d-ff", "16")
     out = _cli("train", "--model", model, "--activation", act, "--task", "sine", "--samples",
-               "32", "--epochs", "2", "--d-hidden", "8", "--d-ff", "16", "--hidden", "8",
-               "--dtype", "float64")
+               "32", "--epochs", "2", *sizes, "--dtype", "float64")
     assert out.returncode == 0, out.stderr
     final = re.search(r"final loss (\S+)", out.stdout)
     assert final is not None, out.stdout
