@@ -31,15 +31,20 @@ needs_mpi = pytest.mark.skipif(
 TIMEOUT = 120  # seconds per launch: a hang fails the test instead of stalling the suite
 
 
-def launch(k, *args, check=True, threads=1):
+def launch(k, *args, check=True, threads=1, cores=None):
     """``mpiexec -n k python *args`` from the project root, ``threads`` BLAS threads per
-    rank (None: BLASNET_NUM_THREADS unset)."""
+    rank (None: BLASNET_NUM_THREADS unset), on the first ``cores`` of this process's cores
+    (None: all of them)."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("BLASNET_NUM_THREADS", None)
     if threads is not None:
         env["BLASNET_NUM_THREADS"] = str(threads)
+    pin = None
+    if cores is not None:
+        mine = sorted(os.sched_getaffinity(0))[:cores]
+        pin = lambda: os.sched_setaffinity(0, mine)  # noqa: E731  (inherited by the ranks)
     proc = subprocess.run([MPIEXEC, "-n", str(k), sys.executable, *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+                          capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=pin)
     if check and proc.returncode != 0:
         raise AssertionError(f"mpiexec -n {k} {' '.join(args)} exited {proc.returncode}:\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -135,11 +140,10 @@ def test_dropout_streams_differ_per_rank(equiv):
 @pytest.mark.parametrize("fault, says", [
     ("different_models", ("W_in", "rank 1")),  # a parameter's shape differs on rank 1
     ("different_data", ("X (shape",)),         # rank 1 drew its data with another seed
-    ("tiny_batches", ("at least one sample per rank",)),  # a last batch of fewer rows than ranks
 ])
 def test_ranks_that_disagree_are_rejected(faults, fault, says):
-    # Check that a model, data or batch size the ranks do not share raises ValueError on
-    # every rank, saying what differs.
+    # Check that a model or data the ranks do not share raises ValueError on every rank,
+    # saying what differs.
     for kind, msg in faults[fault]:
         assert kind == "ValueError" and all(s in msg for s in says), (kind, msg)
 
@@ -232,10 +236,87 @@ def test_cli_shard_optimizer_equals_one_process(tmp_path, one_process):
     # without BLASNET_NUM_THREADS each rank takes cores / ranks threads.
     path = str(tmp_path / "zero.npz")
     proc = launch(2, "-m", "engine", "train", *CLI, "--shard-optimizer", "--save", path,
-                  threads=None)
+                  threads=None, cores=2)
     _assert_same_parameters(path, one_process, 1e-10)
     header = proc.stdout.splitlines()[0]
-    assert f"2 ranks x {max(1, os.cpu_count() // 2)} threads" in header and "ZeRO-1" in header
+    assert "2 ranks x 1 threads" in header and "ZeRO-1" in header
+    assert "1 BLAS thread per rank (2 cores / 2 ranks on this host)" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- threads
+two_cores = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two cores to pin the ranks to")
+
+
+@needs_mpi
+@two_cores
+def test_ranks_share_the_cores_by_default():
+    # Check that 2 ranks on 2 cores, no count set, run 1 BLAS thread each, say why, warn
+    # nothing, and keep a count the user sets later (a second set_threads is a no-op).
+    r = json_line(launch(2, os.path.join(HERE, "mpi", "threads.py"), threads=None, cores=2))
+    assert r["threads"] == [1, 1]
+    assert r["text"] == ["2 ranks x 1 BLAS thread per rank (2 cores / 2 ranks on this host)"] * 2
+    assert r["warnings"] == ["", ""] and r["kept"] == [True, True]
+
+
+@needs_mpi
+@two_cores
+def test_explicit_threads_that_oversubscribe_warn_on_rank_0():
+    # Check that BLASNET_NUM_THREADS=2 on 2 ranks of 2 cores is kept (2 threads each) and
+    # rank 0 alone writes one warning line naming the setting.
+    r = json_line(launch(2, os.path.join(HERE, "mpi", "threads.py"), threads=2, cores=2))
+    assert r["threads"] == [2, 2]
+    assert "set by BLASNET_NUM_THREADS" in r["text"][0]
+    w0, w1 = r["warnings"]
+    assert w1 == "" and w0.count("\n") == 1 and w0.startswith("warning: ")
+    assert "BLASNET_NUM_THREADS" in w0 and "exceed its 2 cores" in w0
+
+
+@pytest.mark.parametrize("cores, ranks, want", [(2, 2, 1), (8, 3, 2), (64, 8, 8), (1, 4, 1),
+                                                (3, 1, 3)])
+def test_threads_per_rank_default_is_cores_over_ranks(cores, ranks, want):
+    # Check that without a count set each rank takes floor(cores / ranks on the host) threads
+    # (at least 1), says so, and warns of nothing.
+    n, reason, warning = D.threads_per_rank(cores, ranks)
+    assert n == want and warning is None
+    assert f"({cores} cores / {ranks} ranks on this host)" in reason
+    assert reason.startswith(f"{want} BLAS thread{'s' if want > 1 else ''} per rank")
+
+
+def test_threads_per_rank_explicit_count_is_kept():
+    # Check that a count set on purpose wins over the share, naming what set it, with no
+    # warning while threads x ranks fit the cores.
+    assert D.threads_per_rank(8, 2, 3, "--threads") == (
+        3, "3 BLAS threads per rank (set by --threads)", None)
+
+
+def test_threads_per_rank_warns_when_explicit_count_oversubscribes():
+    # Check that an explicit count whose threads x ranks exceed the cores is kept, with a
+    # one-line warning naming the setting and the count that would fit.
+    n, _, warning = D.threads_per_rank(4, 2, 4, "BLASNET_NUM_THREADS")
+    assert n == 4 and "\n" not in warning
+    assert "BLASNET_NUM_THREADS" in warning and "exceed its 4 cores" in warning
+    assert "2 per rank would fit" in warning
+
+
+@pytest.mark.parametrize("args, kind", [((0, 2), ValueError), ((2, 0), ValueError),
+                                        ((2, 2, 0), ValueError), ((2.0, 2), TypeError)])
+def test_threads_per_rank_rejects_bad_counts(args, kind):
+    # Check that a count below 1 or not an integer is refused, naming the argument.
+    with pytest.raises(kind, match=r"cores|ranks_on_host|explicit"):
+        D.threads_per_rank(*args)
+
+
+def test_set_threads_on_one_process_sets_the_count():
+    # Check that without a communicator set_threads is kernels.set_num_threads (when given)
+    # and says the count.
+    before = kernels.get_num_threads()
+    try:
+        assert D.set_threads(None, 1) == "1 BLAS thread(s)"
+        assert kernels.get_num_threads() == 1
+    finally:
+        kernels.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------- without MPI

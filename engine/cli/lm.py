@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-import kernels
-
 from .. import __version__, distributed
 from .._checks import check_dtype, check_int, check_real
 from ..models import gpt_lm, lm
@@ -125,12 +123,9 @@ def run_cli(args, out=None) -> int:
         out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
     elif rank != 0:
         out = io.StringIO()  # rank 0 reports
-    if args.threads is not None:
-        kernels.set_num_threads(args.threads)
+    threads = distributed.set_threads(comm, args.threads)  # under MPI: each rank's share
     t_all = time.perf_counter()
-    ranks = "" if comm is None else f" x {comm.Get_size()} MPI ranks"
-    print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | "
-          f"{kernels.get_num_threads()} BLAS thread(s){ranks}", file=out)
+    print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | {threads}", file=out)
     try:
         s = spec.module.setup(c)
     except (ValueError, TypeError) as e:  # e.g. a prompt the corpus cannot encode
