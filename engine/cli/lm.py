@@ -28,7 +28,7 @@ __all__ = ["LanguageModelCLI", "GMLP_LM", "GPT", "config_of", "run_cli"]
 
 # Options of the run itself (not of the config) that both models read; --log-every defaults
 # to every epoch for them.
-RUN_OPTIONS = ("model", "task", "threads", "save", "log_every")
+RUN_OPTIONS = ("model", "task", "threads", "save", "log_every", "shard_optimizer")
 LOG_EVERY = 1
 
 # Parsed option -> (config field, least value; None: not a number) for what both models read.
@@ -72,7 +72,7 @@ def _gpt_line(c, s) -> str:
 GMLP_LM = LanguageModelCLI(name="gmlp-lm", models=("gmlp-lm", "gmlp"), module=lm,
                            config=lm.LMConfig, options={"d_ff": ("d_ffn", 2)},
                            rebuild=_gmlp_lm_model, describe=_gmlp_lm_line,
-                           extra=("quiet", "verbose"))
+                           extra=("quiet", "verbose"), mpi=True)
 GPT = LanguageModelCLI(name="gpt", models=("gpt",), module=gpt_lm, config=gpt_lm.GPTConfig,
                        options={"d_ff": ("d_ff", 1), "layers": ("n_layer", 1),
                                 "heads": ("n_head", 1), "seq_len": ("seq_len", 1)},
@@ -133,8 +133,8 @@ def run_cli(args, out=None) -> int:
         return 2
     _banner(out, spec, c, s)
     progress = False if quiet or rank != 0 else log_every
-    r = (spec.module.train(progress=progress, prepared=s, comm=comm) if spec.mpi else
-         spec.module.train(progress=progress, prepared=s))
+    with distributed.zero1(s, comm if args.shard_optimizer else None):  # --shard-optimizer
+        r = lm.run_training(s, progress, comm)
     lm.print_result(out, c, r)
     if rank == 0 and not _round_trip(out, args.save, spec, s, r):
         return 1

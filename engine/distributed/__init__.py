@@ -16,9 +16,9 @@ message; an exception that escapes to the top level of a rank aborts the job.
 """
 from .runtime import (INSTALL, RankError, launched_size, mpi, rank_rng, set_threads,
                       threads_per_rank, world)
-from .sharded import ShardedAdamW
+from .sharded import ShardedAdamW, sharded_like, zero1
 from .data_parallel import DataParallel, FitRanks, fit_setup
 from .checkpoints import load, save
 
-__all__ = ["DataParallel", "ShardedAdamW", "RankError", "mpi", "world", "launched_size",
+__all__ = ["DataParallel", "ShardedAdamW", "sharded_like", "zero1", "RankError", "mpi", "world", "launched_size",
            "rank_rng", "set_threads", "threads_per_rank", "save", "load", "INSTALL"]

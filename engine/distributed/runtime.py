@@ -130,11 +130,14 @@ def threads_per_rank(cores: int, ranks_on_host: int, explicit=None, source: str 
     else:
         n, reason = check_int("explicit", explicit, 1), f"set by {source}"
     per = f"{n} BLAS thread{'s' if n > 1 else ''} per rank"
-    warning = None
-    if explicit is not None and n * ranks_on_host > cores:
+    fits, warning = max(1, cores // ranks_on_host), None
+    if explicit is not None and n > fits:
         warning = (f"warning: {per} x {ranks_on_host} ranks on this host exceed its {cores} "
-                   f"cores ({reason}): the threads wait on each other; "
-                   f"{max(1, cores // ranks_on_host)} per rank would fit")
+                   f"cores ({reason}): the threads wait on each other; {fits} per rank "
+                   f"would fit")
+    elif explicit is not None and n * ranks_on_host > cores:
+        warning = (f"warning: {ranks_on_host} ranks on this host exceed its {cores} cores "
+                   f"({per}, {reason}): the ranks wait on each other")
     return n, f"{per} ({reason})", warning
 
 
