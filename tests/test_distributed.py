@@ -303,7 +303,7 @@ def test_lm_cli_shard_optimizer_with_a_last_batch_of_one_equals_one_process(tmp_
                   "--save", two)
     _assert_same_parameters(two, one, 1e-10)
     _assert_same_moments(two, one, 1e-10)
-    assert proc.stdout.count("wall time") == 1 and "2 ranks x 1 BLAS thread" in proc.stdout
+    assert proc.stdout.count("wall time") == 1 and "2 MPI ranks x 1 BLAS thread" in proc.stdout
 
 
 # ----------------------------------------------------------------------------- threads
@@ -319,7 +319,8 @@ def test_ranks_share_the_cores_by_default():
     # nothing, and keep a count the user sets later (a second set_threads is a no-op).
     r = json_line(launch(2, os.path.join(HERE, "mpi", "threads.py"), threads=None, cores=2))
     assert r["threads"] == [1, 1]
-    assert r["text"] == ["2 ranks x 1 BLAS thread per rank (2 cores / 2 ranks on this host)"] * 2
+    said = "2 MPI ranks x 1 BLAS thread per rank (2 cores / 2 ranks on this host)"
+    assert r["text"] == [said, said]
     assert r["warnings"] == ["", ""] and r["kept"] == [True, True]
 
 

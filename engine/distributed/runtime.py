@@ -172,7 +172,7 @@ def set_threads(comm, threads=None, source: str = "--threads", warn=sys.stderr) 
         _RANK_THREADS.update(threads=n, reason=reason)
         if warning is not None and warn is not None and comm.Get_rank() == 0:
             warn.write(warning + "\n")
-    return f"{size} ranks x {_RANK_THREADS['reason']}"
+    return f"{size} MPI ranks x {_RANK_THREADS['reason']}"
 
 
 def rank_rng(seed: int, comm=None, out=None) -> np.random.Generator:
