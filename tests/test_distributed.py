@@ -18,6 +18,7 @@ import pytest
 
 import kernels
 from engine import cli
+from kernels.threads import usable_cores
 from engine import distributed as D
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -407,3 +408,25 @@ def test_missing_extra_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(ImportError, match=r"blasnet\[mpi\]"):
         D.mpi()
+
+
+# ----------------------------------------------------------------------------- bench
+@needs_mpi
+def test_bench_gpt_case_runs(tmp_path):
+    # Check that bench/distributed.py's GPT case (1 process x 2 threads against 2 ranks x 1
+    # thread, the scaling model) runs and writes consistent figures (no timing asserted).
+    out = tmp_path / "d.json"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "distributed.py"),
+                           "--only", "gpt", "--quick", "--steps", "1", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    g = json.loads(out.read_text())["gpt"]
+    one, two = g["one_process"], g["two_ranks"]
+    two_threads = min(2, usable_cores())  # BLASNET_NUM_THREADS=2, capped at the cores
+    assert (one["ranks"], one["threads"], two["ranks"], two["threads"]) == (1, two_threads, 2, 1)
+    assert one["chars_per_s"] > 0 and two["chars_per_s"] > 0
+    assert g["ratio"] == pytest.approx(two["chars_per_s"] / one["chars_per_s"])
+    assert [r["K"] for r in g["projections"]] == [8, 16, 32, 64]
+    assert all(0 < r["weak_plain"] <= r["weak_zero1"] <= 1 for r in g["projections"])
+    assert "RECIPE GPT" in proc.stdout
