@@ -155,8 +155,6 @@ def train(args) -> int:
         return 1
 
 
-
-
 def _language_model(args):
     """The exit status of a character language model's run (engine/cli/lm.py: each takes its
     own defaults and the options given), or None for the other models, after refusing the
