@@ -14,9 +14,13 @@ ranks of one thread train the large FFN as fast as one process of two threads.
    tells whether MPI moves the data while the rank computes.
 4. The scaling model (docs/distributed.md): projected efficiency on K = 2, 8, 64 machines on
    a 25 Gb/s network for the large FFN and a 12-block stack, plain and ZeRO-1.
+5. The recipe GPT (GPTConfig's sizes: 4 layers, d_model 128, 4 heads, d_ff 512, 64-character
+   windows, batches of 32; a 65-character vocabulary, nanoGPT's Shakespeare) trained by
+   ``fit`` in float32 with AdamW: characters/s of 2 ranks x 1 thread against 1 process x 2
+   threads on the same global batches, the ratio, and the scaling model on 8-64 machines.
 
-``python bench/distributed.py [--quick] [--out PATH]`` prints a table and writes JSON (default
-bench/results/distributed.json). It launches its own workers (``mpiexec -n 2``); it needs the
+``python bench/distributed.py [--quick] [--only gpt] [--out PATH]`` prints a table and writes
+JSON (default bench/results/distributed.json). It launches its own workers (``mpiexec -n 2``); it needs the
 optional extra ``mpi``. Numbers are only meaningful on an otherwise idle machine.
 """
 from __future__ import annotations
@@ -44,6 +48,9 @@ NET_BYTES_PER_S = 25e9 / 8      # a 25 Gb/s network
 NET_LATENCY_S = 20e-6           # assumed per message on that network (TCP-class)
 MACHINES = (2, 8, 64)
 STACK = 12
+# The recipe GPT: GPTConfig's defaults with nanoGPT's Shakespeare vocabulary (65 characters).
+GPT = dict(vocab=65, seq_len=64, n_layer=4, n_head=4, d_model=128, d_ff=512, batch=32)
+GPT_MACHINES = (8, 16, 32, 64)
 
 
 # ----------------------------------------------------------------------------- workers
@@ -156,6 +163,41 @@ def worker_mpi(args) -> dict:
     return out if rank == 0 else None
 
 
+def worker_gpt(args, comm=None) -> dict:
+    """Characters/s of ``fit`` on the recipe GPT over ``args.steps`` global batches (after a
+    2-step warm-up fit), on one process or the ranks of ``comm``; on one process also the
+    AdamW step alone (the scaling model's optimizer time)."""
+    import numpy as np
+
+    import kernels
+    from engine import AdamW, CrossEntropyLoss, fit
+    from engine.models.gpt import GPT as Model
+    g = GPT
+    model = Model(g["vocab"], g["seq_len"], g["n_layer"], g["n_head"], g["d_model"],
+                  d_ff=g["d_ff"], dtype=np.float32, rng=0)
+    opt, loss = AdamW(model.parameters(), lr=1e-3), CrossEntropyLoss()
+    ids = np.random.default_rng(0).integers(0, g["vocab"], (args.steps * g["batch"],
+                                                            g["seq_len"] + 1))
+    X, Y = np.ascontiguousarray(ids[:, :-1]), np.ascontiguousarray(ids[:, 1:])  # (N, T) each
+
+    def run(n):
+        fit(model, loss, opt, X[:n], Y[:n], epochs=1, batch_size=g["batch"], progress=False,
+            comm=comm)
+
+    run(2 * g["batch"])  # warm-up: first calls, buffers, the ranks' thread setting
+    if comm is not None:
+        comm.Barrier()
+    t = time.perf_counter()
+    run(X.shape[0])
+    dt = time.perf_counter() - t
+    out = {"threads": kernels.get_num_threads(), "ranks": 1 if comm is None else comm.Get_size(),
+           "steps": args.steps, "step_s": dt / args.steps, "chars_per_s": X.size / dt,
+           "param_bytes": model.flat_params().nbytes, "params": model.num_parameters()}
+    if comm is None:
+        out["optimizer_s"] = _median_step(opt.step, 10)[0]
+    return out if comm is None or comm.Get_rank() == 0 else None
+
+
 # ----------------------------------------------------------------------------- the model
 def fit_alpha_beta(rows) -> tuple:
     """``(alpha seconds, beta bytes/s)`` of t = alpha + n / beta, least squares on t's
@@ -173,25 +215,29 @@ def ring_allreduce_s(nbytes, k, alpha=NET_LATENCY_S, beta=NET_BYTES_PER_S) -> fl
     return 2 * (k - 1) * alpha + 2 * (k - 1) / k * nbytes / beta
 
 
-def projections(compute_s, optimizer_s, param_bytes) -> list:
-    """Weak scaling (every machine keeps the large shape's 2048 rows): efficiency
-    E(K) = T(1) / T(K) with T(K) = compute + optimizer(K) + allreduce(K), no overlap;
-    ZeRO-1 moves the same bytes (reduce-scatter + allgather) and runs 1/K of the optimizer.
-    Strong scaling (one global batch of 2048 rows, compute / K, optimistically linear):
-    E(K) = T(1) / (K T(K)). For the 12-block stack everything is 12x (the ratios do not
-    change, only the latency term's weight does)."""
+def project(label, c, o, n, machines=MACHINES) -> list:
+    """One model's rows of the scaling model: compute ``c`` and optimizer ``o`` seconds per
+    step on one machine, ``n`` gradient bytes. Weak scaling (every machine keeps its rows):
+    E(K) = T(1) / T(K) with T(K) = compute + optimizer(K) + allreduce(K), no overlap; ZeRO-1
+    moves the same bytes (reduce-scatter + allgather) and runs 1/K of the optimizer. Strong
+    scaling (one global batch, compute / K, optimistically linear): E(K) = T(1) / (K T(K))."""
     out = []
-    for label, mult in (("large FFN", 1), (f"{STACK}-block stack", STACK)):
-        c, o, n = compute_s * mult, optimizer_s * mult, param_bytes * mult
-        t1 = c + o
-        for k in MACHINES:
-            comm = ring_allreduce_s(n, k)
-            row = {"model": label, "K": k, "allreduce_s": comm}
-            for mode, opt in (("plain", o), ("zero1", o / k)):
-                row[f"weak_{mode}"] = t1 / (c + opt + comm)
-                row[f"strong_{mode}"] = t1 / (k * (c / k + opt + comm))
-            out.append(row)
+    for k in machines:
+        comm = ring_allreduce_s(n, k)
+        row = {"model": label, "K": k, "allreduce_s": comm}
+        for mode, opt in (("plain", o), ("zero1", o / k)):
+            row[f"weak_{mode}"] = (c + o) / (c + opt + comm)
+            row[f"strong_{mode}"] = (c + o) / (k * (c / k + opt + comm))
+        out.append(row)
     return out
+
+
+def projections(compute_s, optimizer_s, param_bytes) -> list:
+    """The large FFN (every machine keeps the large shape's 2048 rows) and a 12-block stack
+    (everything 12x: the ratios do not change, only the latency term's weight does)."""
+    return (project("large FFN", compute_s, optimizer_s, param_bytes) +
+            project(f"{STACK}-block stack", compute_s * STACK, optimizer_s * STACK,
+                    param_bytes * STACK))
 
 
 # ----------------------------------------------------------------------------- driver
@@ -208,13 +254,15 @@ def _run(cmd, env_threads, quick):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--only", choices=("gpt",), help="only the recipe GPT's case")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "distributed.json"))
-    ap.add_argument("--worker", choices=("single", "mpi"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("single", "mpi", "gpt-single", "gpt-mpi"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.steps = args.steps or (5 if args.quick else 20)
     if args.worker:
-        res = worker_single(args) if args.worker == "single" else worker_mpi(args)
+        res = _worker(args)
         if res is not None:
             print(json.dumps(res), flush=True)
         return 0
@@ -226,19 +274,44 @@ def main(argv=None) -> int:
               "(pip install 'blasnet[mpi]')")
         return 0
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
-    me = [sys.executable, os.path.abspath(__file__), "--steps", str(args.steps)]
-    me += ["--quick"] if args.quick else []
-    single = [_run(me + ["--worker", "single"], 2, args.quick)]
-    mp = _run([mpiexec, "-n", "2"] + me + ["--worker", "mpi"], 1, args.quick)
-    single.append(_run(me + ["--worker", "single"], 2, args.quick))
+    me = [sys.executable, os.path.abspath(__file__)] + (["--quick"] if args.quick else [])
+    res = {"date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick}
+    if args.only is None:
+        res.update(_ffn_cases(me + ["--steps", str(args.steps)], mpiexec, args.quick))
+    # the GPT's steps are shorter: more of them (3x)
+    res["gpt"] = _gpt_case(me + ["--steps", str(3 * args.steps)], mpiexec, args.quick)
+    print(report(res))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+        f.write("\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _worker(args):
+    if args.worker == "single":
+        return worker_single(args)
+    if args.worker == "mpi":
+        return worker_mpi(args)
+    if args.worker == "gpt-single":
+        return worker_gpt(args)
+    from engine import distributed as D
+    return worker_gpt(args, D.mpi().COMM_WORLD)
+
+
+def _ffn_cases(me, mpiexec, quick) -> dict:
+    """Parts 1-4: the Allreduce sizes, the large FFN step, the overlap probe, the model."""
+    single = [_run(me + ["--worker", "single"], 2, quick)]
+    mp = _run([mpiexec, "-n", "2"] + me + ["--worker", "mpi"], 1, quick)
+    single.append(_run(me + ["--worker", "single"], 2, quick))
     one = min(single, key=lambda r: r["median_s"])
 
     alpha, beta = fit_alpha_beta(mp["allreduce"])
     from bench import cases
     model = cases.build_module(BLOCK, cases.SHAPES[SHAPE])
     param_bytes = model.flat_params().nbytes
-    res = {"date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick,
-           "allreduce": mp["allreduce"], "alpha_s": alpha, "beta_bytes_per_s": beta,
+    res = {"allreduce": mp["allreduce"], "alpha_s": alpha, "beta_bytes_per_s": beta,
            "one_process": one, "one_process_runs": single, "plain": mp["plain"],
            "zero1": mp["zero1"], "overlap": mp["overlap"], "param_bytes": param_bytes}
     for mode in ("plain", "zero1"):
@@ -251,14 +324,21 @@ def main(argv=None) -> int:
     res["projection_inputs"] = {"compute_s": one["median_s"] - opt_s, "optimizer_s": opt_s,
                                 "net_bytes_per_s": NET_BYTES_PER_S, "net_latency_s": NET_LATENCY_S}
     res["projections"] = projections(one["median_s"] - opt_s, opt_s, param_bytes)
+    return res
 
-    print(report(res))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
-        f.write("\n")
-    print(f"wrote {args.out}")
-    return 0
+
+def _gpt_case(me, mpiexec, quick) -> dict:
+    """Part 5: the recipe GPT, 1 process x 2 threads (before and after the ranks: the faster
+    run counts) against 2 ranks x 1 thread; the scaling model from the one-process step."""
+    single = [_run(me + ["--worker", "gpt-single"], 2, quick)]
+    mp = _run([mpiexec, "-n", "2"] + me + ["--worker", "gpt-mpi"], 1, quick)
+    single.append(_run(me + ["--worker", "gpt-single"], 2, quick))
+    one = max(single, key=lambda r: r["chars_per_s"])
+    o = one["optimizer_s"]
+    return {"config": GPT, "one_process": one, "one_process_runs": single, "two_ranks": mp,
+            "ratio": mp["chars_per_s"] / one["chars_per_s"],
+            "projections": project("recipe GPT", one["step_s"] - o, o, one["param_bytes"],
+                                   GPT_MACHINES)}
 
 
 def _optimizer_seconds() -> float:
@@ -274,6 +354,31 @@ def _size(n) -> str:
 
 
 def report(res) -> str:
+    """The tables of a run (the FFN parts when measured, then the GPT)."""
+    lines = report_ffn(res) if "allreduce" in res else []
+    g = res["gpt"]
+    one, two, c = g["one_process"], g["two_ranks"], g["config"]
+    lines += ["" if lines else None,
+              f"RECIPE GPT ({c['n_layer']} layers, d_model {c['d_model']}, {c['n_head']} heads, "
+              f"vocab {c['vocab']}, {one['params']:,} parameters; float32, AdamW, fit), global "
+              f"batch {c['batch']} x {c['seq_len']} characters",
+              f"  1 process x {one['threads']} threads  {one['chars_per_s']:10,.0f} chars/s  "
+              f"({one['step_s'] * 1e3:.1f} ms a step, AdamW {one['optimizer_s'] * 1e3:.2f} ms)",
+              f"  {two['ranks']} ranks x {two['threads']} thread    {two['chars_per_s']:10,.0f} "
+              f"chars/s  ratio {g['ratio']:.2f}",
+              f"  scaling model ({_size(one['param_bytes'])} of gradients; strong scaling "
+              f"needs K <= {c['batch']} windows):",
+              f"  {'K':>5} {'allreduce':>10} {'weak plain':>10} {'weak ZeRO':>9} "
+              f"{'strong plain':>12} {'strong ZeRO':>11}"]
+    for r in g["projections"]:
+        strong = (f"{r['strong_plain']:12.3f} {r['strong_zero1']:11.3f}" if r["K"] <= c["batch"]
+                  else f"{'-':>12} {'-':>11}")
+        lines.append(f"  {r['K']:5d} {r['allreduce_s'] * 1e3:7.2f} ms {r['weak_plain']:10.3f} "
+                     f"{r['weak_zero1']:9.3f} {strong}")
+    return "\n".join(line for line in lines if line is not None)
+
+
+def report_ffn(res) -> list:
     lines = ["ALLREDUCE on 2 ranks (loopback, float32 sum, in place)",
              f"  {'size':>8}  {'median':>10}  {'min':>10}  {'GB/s (median)':>13}"]
     for r in res["allreduce"]:
@@ -306,7 +411,7 @@ def report(res) -> str:
         lines.append(f"  {r['model']:18} {r['K']:3d} {r['allreduce_s'] * 1e3:7.2f} ms "
                      f"{r['weak_plain']:10.3f} {r['weak_zero1']:9.3f} {r['strong_plain']:12.3f} "
                      f"{r['strong_zero1']:11.3f}")
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from threadpoolctl import ThreadpoolController  # noqa: E402
 from .warn import warn  # noqa: E402
 
 __all__ = ["ENV_VAR", "MAX_THREADS", "set_num_threads", "get_num_threads", "num_threads",
-           "blas_info", "elementwise_threads", "usable_cores"]
+           "blas_info", "elementwise_threads", "usable_cores", "explicit_threads"]
 
 ENV_VAR = "BLASNET_NUM_THREADS"
 # Above this a count is a typo, not a setting (and past 2**31 the C call itself overflows).
@@ -83,10 +83,25 @@ def _apply(n: int) -> None:
     _elementwise = n
 
 
+# ``(count, what set it)`` once a count was chosen on purpose (BLASNET_NUM_THREADS at import,
+# or set_num_threads since), else None: the libraries' own count is in use.
+_explicit = None
+
+
+def explicit_threads():
+    """``(count, source)``: the thread count last chosen on purpose and what chose it
+    (``"BLASNET_NUM_THREADS"`` at import, ``"kernels.set_num_threads"`` since), or None when
+    the libraries' own count is in use (engine.distributed then picks one per MPI rank)."""
+    return _explicit
+
+
 def set_num_threads(n: int) -> None:
     """Limit every loaded BLAS (and OpenMP) thread pool, and blasnet's own elementwise
     passes, to ``n`` threads."""
-    _apply(_check_count(n, "n"))
+    global _explicit
+    n = _check_count(n, "n")
+    _apply(n)
+    _explicit = (n, "kernels.set_num_threads")
 
 
 def _scipy_openblas_calls():
@@ -148,5 +163,6 @@ if _env is not None and _env.strip() != "":
              f"using {usable_cores()}", RuntimeWarning)  # at the user's import line
         _n = usable_cores()
     set_num_threads(_n)
+    _explicit = (_n, ENV_VAR)
 else:  # OpenBLAS's own count (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / the cores)
     _elementwise = max(1, get_num_threads())

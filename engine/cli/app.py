@@ -174,17 +174,13 @@ def train(args) -> int:
         return 1
 
 
-def _set_threads(args, comm) -> None:
-    if args.threads is not None:
-        cores = usable_cores()
-        if args.threads > cores and (comm is None or comm.Get_rank() == 0):
-            print(f"warning: --threads {args.threads} is more than the {cores} core(s) this "
-                  f"process may run on; the extra threads only take turns with the others",
-                  file=sys.stderr)
-        kernels.set_num_threads(args.threads)
-    elif comm is not None and kernels.ENV_VAR not in os.environ:
-        local = int(os.environ.get("MPI_LOCALNRANKS", "1"))  # ranks on this machine (hydra)
-        kernels.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+def _warn_threads(args, comm) -> None:
+    """One process asked for more threads than it may run on: say so (under mpiexec,
+    distributed.set_threads warns about the host's ranks together)."""
+    if comm is None and args.threads is not None and args.threads > usable_cores():
+        print(f"warning: --threads {args.threads} is more than the {usable_cores()} core(s) this "
+              f"process may run on; the extra threads only take turns with the others",
+              file=sys.stderr)
 
 
 def _language_model(args):
@@ -235,7 +231,8 @@ def _train(args) -> int:
     rank = 0 if comm is None else comm.Get_rank()
     if comm is not None and args.resume is not None:
         raise UsageError("--resume: continue a run on one process (not under mpiexec)")
-    _set_threads(args, comm)
+    _warn_threads(args, comm)
+    threads = distributed.set_threads(comm, args.threads)  # under MPI: each rank's share
     d = _checked_data(args, header)
     model = build_model(args, d.d_in, d.d_out, args.seed)
     loss = CrossEntropyLoss() if d.classify else MSELoss()
@@ -254,6 +251,8 @@ def _train(args) -> int:
     # rank 0 prints, unless --quiet
     out = sys.stdout if rank == 0 and not args.quiet else open(os.devnull, "w")
     report.banner(out, args, comm, model, d, opt_text, sched_text, bs)
+    if comm is not None:
+        print(f"threads   {threads}", file=out)
     if args.resume is not None:
         print(f"resume    {args.resume}", file=out)
     trained = (model, opt, sched, loss, bs)

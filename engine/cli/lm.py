@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-import kernels
-
 from .. import __version__, distributed
 from .._checks import check_dtype, check_int, check_real
 from ..models import gpt_lm, lm
@@ -30,7 +28,7 @@ __all__ = ["LanguageModelCLI", "GMLP_LM", "GPT", "config_of", "run_cli"]
 
 # Options of the run itself (not of the config) that both models read; --log-every defaults
 # to every epoch for them.
-RUN_OPTIONS = ("model", "task", "threads", "save", "log_every")
+RUN_OPTIONS = ("model", "task", "threads", "save", "log_every", "shard_optimizer")
 LOG_EVERY = 1
 
 # Parsed option -> (config field, least value; None: not a number) for what both models read.
@@ -74,7 +72,7 @@ def _gpt_line(c, s) -> str:
 GMLP_LM = LanguageModelCLI(name="gmlp-lm", models=("gmlp-lm", "gmlp"), module=lm,
                            config=lm.LMConfig, options={"d_ff": ("d_ffn", 2)},
                            rebuild=_gmlp_lm_model, describe=_gmlp_lm_line,
-                           extra=("quiet", "verbose"))
+                           extra=("quiet", "verbose"), mpi=True)
 GPT = LanguageModelCLI(name="gpt", models=("gpt",), module=gpt_lm, config=gpt_lm.GPTConfig,
                        options={"d_ff": ("d_ff", 1), "layers": ("n_layer", 1),
                                 "heads": ("n_head", 1), "seq_len": ("seq_len", 1)},
@@ -125,12 +123,9 @@ def run_cli(args, out=None) -> int:
         out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
     elif rank != 0:
         out = io.StringIO()  # rank 0 reports
-    if args.threads is not None:
-        kernels.set_num_threads(args.threads)
+    threads = distributed.set_threads(comm, args.threads)  # under MPI: each rank's share
     t_all = time.perf_counter()
-    ranks = "" if comm is None else f" x {comm.Get_size()} MPI ranks"
-    print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | "
-          f"{kernels.get_num_threads()} BLAS thread(s){ranks}", file=out)
+    print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | {threads}", file=out)
     try:
         s = spec.module.setup(c)
     except (ValueError, TypeError) as e:  # e.g. a prompt the corpus cannot encode
@@ -138,8 +133,8 @@ def run_cli(args, out=None) -> int:
         return 2
     _banner(out, spec, c, s)
     progress = False if quiet or rank != 0 else log_every
-    r = (spec.module.train(progress=progress, prepared=s, comm=comm) if spec.mpi else
-         spec.module.train(progress=progress, prepared=s))
+    with distributed.zero1(s, comm if args.shard_optimizer else None):  # --shard-optimizer
+        r = lm.run_training(s, progress, comm)
     lm.print_result(out, c, r)
     if rank == 0 and not _round_trip(out, args.save, spec, s, r):
         return 1

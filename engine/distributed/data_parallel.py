@@ -9,8 +9,8 @@ import numpy as np
 
 from ..nn.module import Module, check_float, make_rng, runs
 from ..optim.optimizers import Optimizer, check_optimizer_of, clip_grad_norm
-from .runtime import (AGREE_LEN, agree, agree_equal, communicator, mark_all_ranks, mpi,
-                      raised_on_every_rank)
+from .runtime import (AGREE_LEN, agree, agree_equal, communicator, mpi, raised_on_every_rank,
+                      set_threads)
 from .sharded import ShardedAdamW
 
 __all__ = ["DataParallel", "fit_setup", "FitRanks"]
@@ -22,9 +22,12 @@ class DataParallel:
 
     At construction (collective): checks that every rank has the same model (parameter
     names, shapes, dtypes) and optimizer (type, step count, options), raising ValueError on
-    every rank otherwise, then broadcasts rank 0's parameters. Each step, after backward:
-    ``step(weight)`` = ``reduce_gradients(weight)``, ``optimizer.step()``,
-    ``model.zero_grad()``. ``share(start, stop)`` gives this rank's rows of a global batch.
+    every rank otherwise, sets each rank's BLAS threads (``set_threads``: its share of the
+    host's cores unless a count was set on purpose), then broadcasts rank 0's parameters.
+    Each step, after backward: ``step(weight)`` = ``reduce_gradients(weight)``,
+    ``optimizer.step()``, ``model.zero_grad()``. ``share(start, stop)`` gives this rank's rows of a global batch
+    (none when it has fewer rows than ranks: that rank's gradient is zero and it still takes
+    part in the reduction, with weight 0).
 
     ``optimizer`` may be a ``ShardedAdamW`` on the same communicator (ZeRO stage 1): the
     reduction is then its ``Reduce_scatter``.
@@ -62,13 +65,14 @@ class DataParallel:
         self.model, self.optimizer = model, optimizer
         self.sharded = isinstance(optimizer, ShardedAdamW)
         if self.size > 1:
+            set_threads(comm)  # once per process: keeps what the CLI or the user chose
             comm.Bcast(flat, root=0)
 
     # -- the batch ------------------------------------------------------------------------
     def share(self, start: int, stop: int) -> tuple:
         """This rank's rows ``(lo, hi)`` of the global batch ``[start, stop)``: contiguous
         slices in rank order whose sizes differ by at most one (the first ranks get the
-        extra rows)."""
+        extra rows; with fewer rows than ranks the last ranks get none, ``lo == hi``)."""
         q, rem = divmod(stop - start, self.size)
         lo = start + self.rank * q + min(self.rank, rem)
         return lo, lo + q + (self.rank < rem)
@@ -77,7 +81,8 @@ class DataParallel:
     def reduce_gradients(self, weight=None) -> None:
         """Replace the local gradients by the average over the ranks: ``weight=None`` for
         equal shares (sum, then divide by K), else this rank's share of the global batch
-        (``rows / global rows``: the weighted sum equals one process on the whole batch).
+        (``rows / global rows``: the weighted sum equals one process on the whole batch; 0 for
+        a rank without rows, which still takes part).
         With a ``ShardedAdamW`` only this rank's shard is reduced (its ``step`` uses it)."""
         agree(self.comm, out=self._buf)
         if self.sharded:
@@ -102,7 +107,7 @@ class DataParallel:
     def step(self, weight=None) -> None:
         """``reduce_gradients(weight)``, ``optimizer.step()``, ``model.zero_grad()``."""
         if weight is not None:  # before the collective: every rank refuses the same call
-            weight = check_float("weight", weight, 0.0, low_open=True)
+            weight = check_float("weight", weight, 0.0)
         self.reduce_gradients(weight)
         self.optimizer.step()
         self.model.zero_grad()
@@ -159,8 +164,8 @@ def _signature(model, optimizer) -> list:
 # ----------------------------------------------------------------------------- fit
 def fit_setup(comm, model, optimizer, X, Y, *, epochs, batch_size, shuffle, rng):
     """The ``DataParallel`` of ``fit(..., comm=comm)`` after checking (collectively) that
-    every rank trains on the same data with the same settings and shuffling Generator, and
-    that every global batch has at least one row per rank."""
+    every rank trains on the same data with the same settings and shuffling Generator. Any
+    batch size works: a rank whose share of a batch is empty adds a zero gradient."""
     dp = DataParallel(model, optimizer, comm)
     gen = make_rng(rng)
     sig = [("X (shape, dtype, CRC-32 of the values)", (X.shape, str(X.dtype), _crc(X))),
@@ -168,13 +173,6 @@ def fit_setup(comm, model, optimizer, X, Y, *, epochs, batch_size, shuffle, rng)
            ("epochs", epochs), ("batch_size", batch_size), ("shuffle", bool(shuffle)),
            ("the shuffling Generator's state", zlib.crc32(repr(gen.bit_generator.state).encode()))]
     agree_equal(dp.comm, "the training run", sig)
-    n, k = X.shape[0], dp.size
-    last = n % batch_size or batch_size
-    if min(batch_size, last) < k:
-        e = ValueError(f"batch_size: every global batch needs at least one sample per rank "
-                       f"({k} ranks); batches of {batch_size} over {n} samples leave a batch "
-                       f"of {min(batch_size, last)}")
-        raise mark_all_ranks(e)
     return dp
 
 

@@ -1,6 +1,7 @@
 """MPI itself for engine.distributed: loading mpi4py, the launcher's environment, the
-communicator argument, per-rank random streams, and the agreement step every collective
-begins with (a rank that raised takes part with its error, so no rank waits forever)."""
+communicator argument, the BLAS threads of each rank, per-rank random streams, and the
+agreement step every collective begins with (a rank that raised takes part with its error,
+so no rank waits forever)."""
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ import numpy as np
 from .._checks import check_int
 
 __all__ = ["INSTALL", "RankError", "mpi", "launched_size", "world", "communicator", "rank_rng",
-           "AGREE_LEN", "agree", "agree_equal", "mark_all_ranks", "raised_on_every_rank"]
+           "threads_per_rank", "set_threads", "AGREE_LEN", "agree", "agree_equal", "mark_all_ranks", "raised_on_every_rank"]
 
 INSTALL = "pip install 'blasnet[mpi]' (mpi4py and the mpich wheel, which brings mpiexec)"
 
@@ -113,6 +114,65 @@ def communicator(comm):
         raise TypeError(f"comm: expected an MPI communicator (mpi4py.MPI.Comm), got "
                         f"{type(comm).__name__}")
     return comm
+
+
+# ----------------------------------------------------------------------------- threads
+def threads_per_rank(cores: int, ranks_on_host: int, explicit=None, source: str = "--threads"):
+    """``(threads, reason, warning)`` for one of ``ranks_on_host`` ranks sharing ``cores``:
+    ``explicit`` (a count set by ``source``) if given, else ``max(1, cores // ranks_on_host)``
+    (each rank its share of the cores: K ranks of every core would run K threads per core,
+    about 7x slower for a small GPT on 2 cores). ``warning`` is a line when an explicit count
+    makes the threads of the host's ranks exceed its cores, else None."""
+    cores, ranks_on_host = check_int("cores", cores, 1), check_int("ranks_on_host", ranks_on_host, 1)
+    if explicit is None:
+        n = max(1, cores // ranks_on_host)
+        reason = f"{cores} cores / {ranks_on_host} ranks on this host"
+    else:
+        n, reason = check_int("explicit", explicit, 1), f"set by {source}"
+    per = f"{n} BLAS thread{'s' if n > 1 else ''} per rank"
+    fits, warning = max(1, cores // ranks_on_host), None
+    if explicit is not None and n > fits:
+        warning = (f"warning: {per} x {ranks_on_host} ranks on this host exceed its {cores} "
+                   f"cores ({reason}): the threads wait on each other; {fits} per rank "
+                   f"would fit")
+    elif explicit is not None and n * ranks_on_host > cores:
+        warning = (f"warning: {ranks_on_host} ranks on this host exceed its {cores} cores "
+                   f"({per}, {reason}): the ranks wait on each other")
+    return n, f"{per} ({reason})", warning
+
+
+_RANK_THREADS = {}  # the choice of set_threads, made once per process: "threads", "reason"
+
+
+def set_threads(comm, threads=None, source: str = "--threads", warn=sys.stderr) -> str:
+    """Set this process's BLAS threads for a run on ``comm`` and return the banner's text.
+
+    One process (``comm`` None or of one rank): ``threads`` if given. K > 1 ranks
+    (collective: every rank calls it): ``threads_per_rank`` of the cores this process may
+    use and the ranks on its host (counted by MPI, ``COMM_TYPE_SHARED``), where the count
+    set on purpose is ``threads`` (from ``source``), else ``BLASNET_NUM_THREADS`` or
+    ``kernels.set_num_threads``. Made once per process: later calls (``DataParallel``, after
+    the CLI) keep it. Rank 0 writes the oversubscription warning to ``warn``."""
+    from kernels import threads as kt
+    if threads is not None:
+        threads = check_int("threads", threads, 1)
+    size = 1 if comm is None else comm.Get_size()
+    if size == 1:
+        if threads is not None:
+            kt.set_num_threads(threads)
+        return f"{kt.get_num_threads()} BLAS thread(s)"
+    if not _RANK_THREADS:
+        shared = comm.Split_type(mpi().COMM_TYPE_SHARED)
+        on_host = shared.Get_size()
+        shared.Free()
+        chosen = kt.explicit_threads() if threads is None else (threads, source)
+        n, reason, warning = threads_per_rank(kt.usable_cores(), on_host,
+                                              *(chosen or (None,)))
+        kt.set_num_threads(n)
+        _RANK_THREADS.update(threads=n, reason=reason)
+        if warning is not None and warn is not None and comm.Get_rank() == 0:
+            warn.write(warning + "\n")
+    return f"{size} MPI ranks x {_RANK_THREADS['reason']}"
 
 
 def rank_rng(seed: int, comm=None, out=None) -> np.random.Generator:

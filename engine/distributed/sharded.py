@@ -1,5 +1,9 @@
-"""``ShardedAdamW``: AdamW sharded over the ranks, ZeRO stage 1 (Rajbhandari et al. 2020)."""
+"""``ShardedAdamW``: AdamW sharded over the ranks, ZeRO stage 1 (Rajbhandari et al. 2020);
+``sharded_like`` and ``zero1``: an AdamW someone else built (with its schedule) sharded for
+one run."""
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -12,7 +16,7 @@ from ..nn.module import runs
 from ..optim.optimizers import AdamW, defer_keyboard_interrupt
 from .runtime import agree, communicator, mpi
 
-__all__ = ["ShardedAdamW"]
+__all__ = ["ShardedAdamW", "sharded_like", "zero1"]
 
 
 # ----------------------------------------------------------------------------- ZeRO-1
@@ -232,3 +236,41 @@ class ShardedAdamW(AdamW):
                 else:
                     mine[x0 - s0:x1 - s0] = np.ravel(v, order=order)[x0 - lo:x1 - lo]
         self.steps = steps
+
+
+# ----------------------------------------------------------------------------- an AdamW, sharded
+def sharded_like(optimizer, comm=None) -> ShardedAdamW:
+    """A ``ShardedAdamW`` on ``comm`` in place of ``optimizer`` (an ``AdamW`` that has not
+    stepped): the same parameter groups and options. It holds ``optimizer``'s own group
+    dicts, so a learning-rate schedule built on ``optimizer`` sets its rates."""
+    if type(optimizer) is not AdamW:
+        raise TypeError(f"optimizer: expected an AdamW to shard, got {type(optimizer).__name__}")
+    if optimizer.steps:
+        raise ValueError(f"optimizer: shard an AdamW before its first step (it has taken "
+                         f"{optimizer.steps})")
+    sharded = ShardedAdamW([dict(g) for g in optimizer.param_groups], comm)
+    sharded.param_groups = optimizer.param_groups  # the same dicts: the schedule's rates
+    return sharded
+
+
+@contextlib.contextmanager
+def zero1(holder, comm):
+    """Within the block ``holder.optimizer`` (an ``AdamW``, e.g. a language model's
+    ``LMSetup``) is ``sharded_like`` it on ``comm``, and ``holder.scheduler`` (if any) drives
+    it; after the block (collective) the AdamW is back, holding the gathered moments and step
+    count, for a checkpoint rank 0 writes alone. ``comm`` None or of one rank: no change."""
+    if comm is None or comm.Get_size() == 1:
+        yield holder.optimizer
+        return
+    plain = holder.optimizer
+    sched = getattr(holder, "scheduler", None)
+    holder.optimizer = sharded = sharded_like(plain, comm)
+    if sched is not None:  # (it writes the rates into the group dicts both optimizers hold)
+        sched.optimizer = sharded
+    try:
+        yield sharded
+    finally:
+        holder.optimizer = plain
+        if sched is not None:
+            sched.optimizer = plain
+    plain.load_state_dict(sharded.state_dict())  # (not after an error: no collective then)

@@ -307,21 +307,23 @@ class _Step:
 
     def __call__(self, xb, yb, epoch: int, step: int, steps: int) -> None:
         model, dp, h = self.model, self.dp, self.h
-        pred = model.forward(xb)
+        rows = xb.shape[0]  # 0: this rank's share of a batch smaller than the ranks is empty
+        pred = model.forward(xb) if rows else None
         # the global batch's mean loss and rows, on every process
-        value, m = dp.batch_loss(self.loss.forward(pred, yb), xb.shape[0])
+        value, m = dp.batch_loss(self.loss.forward(pred, yb) if rows else 0.0, rows)
         if not math.isfinite(value):
             raise NonFiniteLossError(
                 f"non-finite loss ({value}) at epoch {epoch}/{self.plan.epochs}, step "
                 f"{step}/{steps} (optimizer step {h.steps + 1}); the model "
                 f"keeps the parameters of the last good step. A lower learning rate, "
                 f"gradient clipping or float64 may help.", epoch, step, value)
-        if self.plan.classify:
+        if self.plan.classify and rows:
             self.hit += self.hits.count(pred, yb)
             self.rows += scored_rows(pred)
-        model.backward(self.loss.backward(), **self.backward_options)
+        if rows:  # (without rows the gradient stays zero: the rank adds nothing to the sum)
+            model.backward(self.loss.backward(), **self.backward_options)
         # the gradient of the global batch, on every process
-        dp.reduce_gradients(None if m % dp.size == 0 else xb.shape[0] / m)
+        dp.reduce_gradients(None if m % dp.size == 0 else rows / m)
         if self.plan.clip_grad_norm is not None:  # the global gradient's norm
             dp.clip_grad_norm(self.plan.clip_grad_norm)
         # (the loop holds Ctrl-C to the end of the step: the update and its bookkeeping

@@ -8,7 +8,11 @@ Checks, all float64 unless named:
   against one process, and whether the ranks' parameters are the same bits after every step;
 - FFN in float32;
 - fit(comm=...) against fit(): shuffled batches that do not divide by K, classification
-  (accuracy), validation, a per-step learning-rate schedule, gradient clipping; plain and ZeRO-1; and fit on a world of one rank (COMM_SELF);
+  (accuracy), validation, a per-step learning-rate schedule, gradient clipping; plain and
+  ZeRO-1; the same with batches smaller than the ranks (ranks without rows in a step); and
+  fit on a world of one rank (COMM_SELF);
+- the GPT and gMLP language models (float64, a last batch of one window), plain and ZeRO-1
+  (distributed.zero1 over their AdamW and schedule);
 - optimizer memory per rank, AdamW against ShardedAdamW (tracemalloc);
 - ShardedAdamW checkpoints: saved by rank 0 through engine.distributed.save, loaded into a
   plain AdamW (one process) and back into a ShardedAdamW;
@@ -95,8 +99,8 @@ def train_steps(kind, dtype, sharded, grouped):
     return {"rel_err": rel_err(model, ref), "identical": identical}
 
 
-def fit_case(sharded):
-    X, y = np.random.default_rng(5).standard_normal((53, 6)), np.arange(53) % 3
+def fit_case(sharded, n=53, batch_size=11):
+    X, y = np.random.default_rng(5).standard_normal((n, 6)), np.arange(n) % 3
     Xv, yv = np.random.default_rng(6).standard_normal((20, 6)), np.arange(20) % 3
     out = {}
     for name in ("ref", "dp"):
@@ -106,7 +110,7 @@ def fit_case(sharded):
         else:
             opt = AdamW(groups(model), lr=1e-2)
         sched = CosineAnnealingLR(opt, T_max=15)
-        h = fit(model, CrossEntropyLoss(), opt, X, y, epochs=3, batch_size=11, rng=4,
+        h = fit(model, CrossEntropyLoss(), opt, X, y, epochs=3, batch_size=batch_size, rng=4,
                 validation=(Xv, yv), progress=False, scheduler=sched, scheduler_interval="step",
                 clip_grad_norm=0.5, comm=comm if name == "dp" else None)
         out[name] = (model, h)
@@ -116,6 +120,31 @@ def fit_case(sharded):
             "history_rel_err": hist, "accuracy_equal": hd.accuracy == hr.accuracy,
             "val_accuracy_equal": hd.val_accuracy == hr.val_accuracy,
             "steps": [hd.steps, hr.steps], "samples": [hd.samples, hr.samples]}
+
+
+def lm_case(kind, sharded):
+    """A character language model (engine.models.gpt_lm or lm's gMLP, float64) on a short
+    text whose last batch has one window: one process against the ranks."""
+    from engine.models import gpt_lm, lm
+    common = dict(seq_len=8, d_model=16, epochs=1, warmup=2, dtype="float64", block=256,
+                  held_out=0.2, sample_length=0)
+    if kind == "gpt":
+        module, c = gpt_lm, gpt_lm.GPTConfig(d_ff=32, n_layer=1, n_head=2, **common)
+    else:
+        module, c = lm, lm.LMConfig(d_ffn=32, blocks=1, **common)
+    text = "The quick brown fox jumps over the lazy dog; pack my box. " * 30
+    n = lm.corpus_data(c, text)["X"].shape[0]
+    c.batch_size = next(b for b in range(4, n) if n % b == 1)
+    runs = {}
+    for name in ("ref", "dp"):
+        s = module.setup(c, text)
+        with D.zero1(s, comm if name == "dp" and sharded else None):
+            runs[name] = lm.run_training(s, False, comm if name == "dp" else None)
+    ref, dp = runs["ref"], runs["dp"]
+    hist = max(abs(a - b) / abs(b) for a, b in zip(dp.history.loss + dp.history.val_loss,
+                                                   ref.history.loss + ref.history.val_loss))
+    return {"rel_err": rel_err(dp.setup.model, ref.setup.model), "history_rel_err": hist,
+            "last_batch": n % c.batch_size, "steps": [dp.history.steps, ref.history.steps]}
 
 
 def fit_one_rank():
@@ -207,6 +236,12 @@ def main():
     res["steps"]["FFN float32 zero1"] = train_steps("FFN", np.float32, True, True)
     res["fit plain"] = fit_case(False)
     res["fit zero1"] = fit_case(True)
+    # batches smaller than the ranks: 13 rows in 4s (a last batch of 1), 7 rows in 2s
+    for mode, sharded in (("plain", False), ("zero1", True)):
+        res[f"fit tiny {mode}"] = fit_case(sharded, n=13, batch_size=4)
+        res[f"fit pairs {mode}"] = fit_case(sharded, n=7, batch_size=2)
+        res[f"gpt {mode}"] = lm_case("gpt", sharded)
+        res[f"gmlp-lm {mode}"] = lm_case("gmlp-lm", sharded)
     res["fit one rank"] = fit_one_rank()
     res["memory"] = comm.gather(memory())
     res["checkpoints"] = checkpoints()

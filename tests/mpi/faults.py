@@ -6,7 +6,7 @@ communicator still works at the end (no rank is left inside a collective).
 Cases: ranks with different models; ranks with different data; a label out of range in
 rank 1's copy of the data only (rejected by rank 1's checks before any step); a NaN arising
 in rank 1's forward (a non-finite global loss); rank 1's backward
-raising in the middle of fit; a last batch with fewer rows than ranks; rank 0 failing to
+raising in the middle of fit; rank 0 failing to
 save a checkpoint.
 """
 import json
@@ -105,12 +105,6 @@ def backward_raises():
         batch_size=8, progress=False, comm=comm)
 
 
-def tiny_batches():
-    X, y, model = classify_data()
-    fit(model, CrossEntropyLoss(), AdamW(model.parameters()), X, y, epochs=1, batch_size=5,
-        progress=False, comm=comm if comm.Get_size() > 1 else None)
-
-
 def failed_save():
     model = FFN(4, 8, dtype=np.float64, rng=0)
     D.save(os.path.join(os.devnull, "no", "such", "dir.npz"), model, AdamW(model.parameters()),
@@ -120,7 +114,7 @@ def failed_save():
 def main():
     res = {}
     for case in (different_models, different_data, bad_label, nan_input, backward_raises,
-                 tiny_batches, failed_save):
+                 failed_save):
         res[case.__name__] = comm.allgather(attempt(case))
     res["alive"] = comm.allreduce(1) == comm.Get_size()
     if RANK == 0:
