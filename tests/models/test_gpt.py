@@ -184,3 +184,18 @@ def test_check_input_describes_what_forward_takes():
     assert a.check_input(np.zeros((2, 3, 8))) == (2, 3, 8)
     with pytest.raises(ValueError, match=r"\(B, T, 8\)"):
         a.check_input(np.zeros((3, 8)))
+
+
+def test_data_set_check_leaves_score_memory_to_the_batch():
+    # Check that a data set whose sequences' attention scores together exceed the per-call
+    # bound passes the data-set check (it is run in batches), while a forward of all of it
+    # at once is refused before anything runs.
+    from engine.training.checks import check_x
+    g = GPT(5, 64, 1, 1, 8, rng=0)
+    per_seq = g.h[0].attn.scores_nbytes(1, 64)
+    b = g.h[0].attn.max_scores_bytes // per_seq + 1
+    ids = np.zeros((b, 64), np.int64)
+    assert check_x(g, ids, "X", True) == (b, 64, 5)
+    with pytest.raises(ValueError, match="max_scores_bytes"):
+        g.forward(ids)
+    assert g.forward(ids[:2]).shape == (2, 64, 5)
