@@ -170,10 +170,11 @@ def _language_model(args):
     if args.model in LM_MODELS or args.task == "text":
         from . import lm
         return lm.run_cli(args)
-    if args.prompt is not None or args.sample_length is not None:
-        raise UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
-    if args.layers is not None or args.heads is not None or args.seq_len is not None:
-        raise UsageError("--layers, --heads, --seq-len: only with --model gpt --task text")
+    from .lm import LM_ONLY
+    given = [flag for dest, flag in args.given.items() if dest in LM_ONLY]
+    if given:
+        raise UsageError(f"{', '.join(given)}: only with the language models (--model gpt or "
+                         f"--model gmlp-lm)")
     return None
 
 
