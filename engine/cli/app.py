@@ -163,11 +163,15 @@ def _set_threads(args, comm) -> None:
         kernels.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
+def _is_language_model(args) -> bool:
+    return args.model in LM_MODELS or args.task == "text"
+
+
 def _language_model(args):
     """The exit status of a character language model's run (engine/cli/lm.py: each takes its
     own defaults and the options given), or None for the other models, after refusing the
     language models' options given to them."""
-    if args.model in LM_MODELS or args.task == "text":
+    if _is_language_model(args):
         from . import lm
         return lm.run_cli(args)
     from .lm import LM_ONLY
@@ -180,7 +184,7 @@ def _language_model(args):
 
 def _train(args) -> int:
     t_all = time.perf_counter()
-    if args.resume is not None:
+    if args.resume is not None and not _is_language_model(args):  # (they resume their own)
         header = resume_cmd.apply_resume(args)  # the run's options, from its checkpoint
         done = header["training"].get("history") or {}
         args.resumed_at = (len(done.get("loss") or []), done.get("steps", 0),

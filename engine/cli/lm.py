@@ -30,6 +30,8 @@ from ..models import gpt_lm, lm
 from ..models.lm_config import eval_interval, schedule_text
 from ..models.tokenizer import Vocabulary, tokenizer_meta
 from ..training import checkpoint
+from ..training.history import TrainingInterrupted
+from . import resume_cmd
 from .inputs import UsageError
 
 __all__ = ["LanguageModelCLI", "GMLP_LM", "GPT", "config_of", "run_cli", "recipe_line",
@@ -37,7 +39,7 @@ __all__ = ["LanguageModelCLI", "GMLP_LM", "GPT", "config_of", "run_cli", "recipe
 
 # Options of the run itself (not of the config) that both models read; --log-every defaults
 # to every epoch for them.
-RUN_OPTIONS = ("model", "task", "threads", "save", "log_every", "text", "config")
+RUN_OPTIONS = ("model", "task", "threads", "save", "log_every", "text", "config", "resume")
 LOG_EVERY = 1
 
 # Parsed option -> (config field, least value; None: not a number[, bound it stays below])
@@ -196,6 +198,8 @@ def _prepare(args, spec):
         from .recipe import apply_recipe
         apply_recipe(args, train_actions())
     c = config_of(args, spec)
+    if args.resume is not None:
+        _check_resume(args.resume, c)
     try:
         return c, spec.module.setup(c, path=args.text)
     except OSError as e:
@@ -222,9 +226,9 @@ def run_cli(args, out=None) -> int:
     if args.threads is not None:
         kernels.set_num_threads(args.threads)
     c, s = _prepare(args, spec)
-    if comm is not None and c.max_iters:
-        raise UsageError("--max-iters: an iteration-based run trains on one process (under "
-                         "mpiexec, train by --epochs)")
+    if comm is not None and (c.max_iters or args.resume):
+        raise UsageError(f"{'--resume' if args.resume else '--max-iters'}: on one process "
+                         f"only (under mpiexec, train by --epochs)")
     out = out or sys.stdout
     if quiet:
         out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
@@ -235,15 +239,56 @@ def run_cli(args, out=None) -> int:
     print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | "
           f"{kernels.get_num_threads()} BLAS thread(s){ranks}", file=out)
     _banner(out, spec, c, s)
+    if args.resume is not None:
+        print(f"resume    {args.resume}", file=out)
     progress = False if quiet or rank != 0 else log_every
-    r = (spec.module.train(progress=progress, prepared=s, comm=comm) if spec.mpi else
-         spec.module.train(progress=progress, prepared=s))
+    r = _fit(args, spec, s, progress, comm)
+    if isinstance(r, int):  # stopped by a signal: the resumable checkpoint is written
+        return r
     lm.print_result(out, c, r)
     if rank == 0 and not _round_trip(out, args.save, spec, s, r):
         return 1
     print(f"wall time {time.perf_counter() - t_all:.1f} s", file=out)
     out.flush()
     return 0
+
+
+def _fit(args, spec, s, progress, comm):
+    """The run's ``LMResult``; or, stopped by Ctrl-C or SIGTERM on one process, the exit
+    status (130, 143) once a checkpoint that ``--resume`` continues is written."""
+    if comm is not None:
+        return spec.module.train(progress=progress, prepared=s, comm=comm)
+    got = {"signal": "SIGINT"}
+    try:
+        with resume_cmd.preemption() as got:
+            return spec.module.train(progress=progress, prepared=s, resume_from=args.resume)
+    except TrainingInterrupted as e:
+        return resume_cmd.save_interrupted(sys.stderr, args, (e, got["signal"]),
+                                           checkpoint_metadata(spec, s))
+    except ValueError as e:  # a checkpoint of another run (checked before any change)
+        if not str(e).startswith("resume_from: "):
+            raise
+        raise UsageError(f"--resume: {str(e).removeprefix('resume_from: ')}") from None
+
+
+def _check_resume(path, c) -> None:
+    """UsageError unless ``path`` is a resumable checkpoint of a language-model run with the
+    config ``c`` (the same command line: its options, recipe and text)."""
+    try:
+        header = checkpoint.read_header(path)
+    except (checkpoint.CheckpointError, OSError) as e:
+        raise UsageError(f"--resume: {e}") from None
+    saved = (header.get("metadata") or {}).get("config")
+    if header.get("training") is None or not isinstance(saved, dict):
+        raise UsageError(f"--resume: {path} is not the checkpoint of an interrupted "
+                         f"language-model run")
+    own = json.loads(json.dumps(asdict(c)))
+    differ = sorted(k for k in set(own) | set(saved) if own.get(k) != saved.get(k))
+    if differ:
+        raise UsageError(f"--resume: the checkpoint's run has other settings: "
+                         + ", ".join(f"{k} {saved.get(k)!r} (given {own.get(k)!r})"
+                                     for k in differ)
+                         + "; resume with the run's own command line")
 
 
 def _banner(out, spec, c, s) -> None:
@@ -268,12 +313,15 @@ def _banner(out, spec, c, s) -> None:
     out.flush()
 
 
-def checkpoint_metadata(spec, s, r) -> dict:
+def checkpoint_metadata(spec, s, r=None) -> dict:
     """What a language model's checkpoint records: the model, its tokenizer
     (``tokenizer_meta``; ``vocab``, the characters, too for a char-level one, as older
-    checkpoints), the text, the held-out loss and the whole config."""
-    meta = dict(model=spec.name, tokenizer=tokenizer_meta(s.vocab), text=s.source,
-                held_bits=r.held_bits, config=asdict(s.config))
+    checkpoints), the text, the whole config and (after training, ``r``) the held-out
+    loss."""
+    meta = dict(model=spec.name, task="text", tokenizer=tokenizer_meta(s.vocab),
+                text=s.source, config=asdict(s.config))
+    if r is not None:
+        meta["held_bits"] = r.held_bits
     if isinstance(s.vocab, Vocabulary):
         meta["vocab"] = s.vocab.chars
     return meta

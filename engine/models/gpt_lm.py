@@ -60,8 +60,10 @@ def setup(config: GPTConfig | None = None, text: str | None = None, path=None) -
 
 
 def train(config: GPTConfig | None = None, progress=True, text: str | None = None,
-          prepared: lm.LMSetup | None = None, comm=None, path=None) -> lm.LMResult:
+          prepared: lm.LMSetup | None = None, comm=None, path=None,
+          resume_from=None) -> lm.LMResult:
     """Train the GPT of ``config`` (or ``prepared``, from ``setup``) on ``text`` or the file at
     ``path``; ``comm``: an MPI communicator for data-parallel training. Held-out bits per
-    token, the unigram baseline and a sample from ``config.prompt``, as ``lm.train``."""
-    return lm.run_training(prepared or setup(config, text, path), progress, comm)
+    token, the unigram baseline and a sample from ``config.prompt``, as ``lm.train``
+    (``resume_from``: continue a run stopped early from its checkpoint)."""
+    return lm.run_training(prepared or setup(config, text, path), progress, comm, resume_from)

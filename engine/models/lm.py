@@ -379,7 +379,7 @@ def setup(config: LMConfig | None = None, text: str | None = None, path=None) ->
 
 
 def train(config: LMConfig | None = None, progress=True, text: str | None = None,
-          prepared: LMSetup | None = None, path=None) -> LMResult:
+          prepared: LMSetup | None = None, path=None, resume_from=None) -> LMResult:
     """Train the gMLP LM of ``config`` on ``text`` or the file at ``path`` (or on ``prepared``,
     from ``setup``) with AdamW and nanoGPT's schedule per step; report held-out bits per
     token, the unigram baseline and a sample from ``config.prompt``."""
@@ -387,25 +387,27 @@ def train(config: LMConfig | None = None, progress=True, text: str | None = None
     c = check_config(s.config)  # again: a prepared setup's config may have been edited
     s.vocab.encode(c.prompt)
     _check_vocab_fits(s.model, s.vocab)
-    return run_training(s, progress)
+    return run_training(s, progress, resume_from=resume_from)
 
 
-def run_training(s: LMSetup, progress=True, comm=None) -> LMResult:
+def run_training(s: LMSetup, progress=True, comm=None, resume_from=None) -> LMResult:
     """``fit`` of a prepared language model: epochs over its windows, or ``max_iters`` steps
     on random windows with a held-out estimate every ``eval_interval`` (``comm``: an MPI
     communicator, data parallel, epoch-based only); then held-out bits per token, the
-    unigram baseline and a sample from the prompt."""
+    unigram baseline and a sample from the prompt. ``resume_from``: a checkpoint of the
+    same run stopped early (``TrainingInterrupted.save``), continued exactly."""
     c = s.config
     options = dict(validation=(s.Xh, s.Yh), progress=progress, scheduler=s.scheduler,
                    scheduler_interval="step", clip_grad_norm=c.grad_clip or None,
-                   log_every=c.log_interval or None)
+                   log_every=c.log_interval or None, resume_from=resume_from)
     t0 = time.perf_counter()
     if c.max_iters:
         if comm is not None:
             raise ValueError("max_iters: an iteration-based run trains on one process (under "
                              "mpiexec, train by epochs)")
         history = fit(s.model, CrossEntropyLoss(), s.optimizer, sampler=s.sampler,
-                      steps=c.max_iters, eval_every=eval_interval(c), **options)
+                      steps=c.max_iters, eval_every=eval_interval(c),
+                      batch_size=c.batch_size, **options)
     else:
         history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, epochs=c.epochs,
                       batch_size=c.batch_size, rng=c.seed, comm=comm, **options)

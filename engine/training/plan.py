@@ -175,6 +175,10 @@ def plan_fit(model, loss, optimizer, X=None, Y=None, *, epochs=None, batch_size=
         check_int("progress", progress, 1)
     resume = None
     if resume_from is not None:  # last: every other option is checked
+        if sampler is not None and not isinstance(getattr(sampler, "rng", None),
+                                                  np.random.Generator):
+            raise ValueError("resume_from: the sampler has no Generator (rng) to continue "
+                             "from; an iteration-based run resumes with one (RandomWindows)")
         per_epoch = X.shape[0] if sampler is None else eval_every * (bs or 1)
         resume = prepare_resume(resume_from, model, optimizer, {
             "epochs": epochs, "scheduler": scheduler, "rng": gen, "callbacks": callbacks,
