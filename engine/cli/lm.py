@@ -208,6 +208,8 @@ def _prepare(args, spec):
         msg = str(e)
         if args.text is not None and msg.startswith(os.fspath(args.text) + ":"):
             msg = "--text " + msg
+        elif args.text is not None and msg.startswith("text: "):
+            msg = f"--text {args.text}: {msg.removeprefix('text: ')}"
         raise UsageError(msg) from None
 
 
@@ -225,6 +227,7 @@ def run_cli(args, out=None) -> int:
     rank = 0 if comm is None else comm.Get_rank()
     if args.threads is not None:
         kernels.set_num_threads(args.threads)
+    t_all = time.perf_counter()
     c, s = _prepare(args, spec)
     if comm is not None and (c.max_iters or args.resume):
         raise UsageError(f"{'--resume' if args.resume else '--max-iters'}: on one process "
@@ -234,7 +237,6 @@ def run_cli(args, out=None) -> int:
         out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
     elif rank != 0:
         out = io.StringIO()  # rank 0 reports
-    t_all = time.perf_counter()
     ranks = "" if comm is None else f" x {comm.Get_size()} MPI ranks"
     print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | "
           f"{kernels.get_num_threads()} BLAS thread(s){ranks}", file=out)

@@ -78,7 +78,7 @@ def test_byte_tokenizer_trains_on_a_binary_file(capsys, tmp_path):
     (lambda d: (d / "b.bin").write_bytes(b"abc\xff" * 50) and None or d / "b.bin",
      "--tokenizer byte"),
     (lambda d: (d / "s.txt").write_text("abcab" * 6) and None or d / "s.txt",
-     "fewer than one window of block_size + 1"),
+     "held-out split, fewer than one window of block_size + 1"),
 ])
 def test_bad_text_files_are_one_line_errors_and_write_nothing(capsys, tmp_path, make, msg):
     # Check a missing file, a directory, an empty file, a binary file with the char tokenizer
