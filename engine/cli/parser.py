@@ -303,7 +303,8 @@ def _lm_options(t) -> None:
         "(gmlp-lm: d_ffn), --warmup = --warmup-iters.")
 
     def add(name, **kw):  # --n-layer and --n_layer
-        g.add_argument(f"--{name}", f"--{name.replace('-', '_')}", **kw)
+        flags = dict.fromkeys((f"--{name}", f"--{name.replace('-', '_')}"))
+        g.add_argument(*flags, **kw)
     add("text", default=None, metavar="FILE",
         help="train on this UTF-8 text file (any size) instead of the built-in corpus "
              "(Python's help texts)")
@@ -326,7 +327,7 @@ def _lm_options(t) -> None:
     g.add_argument("--heads", type=_positive, default=None, metavar="N", help="= --n-head")
     g.add_argument("--seq-len", type=_positive, default=None, metavar="N", help="= --block-size")
     add("dropout", type=_float_in(0.0, 1.0, "a number in [0, 1)", high_open=True), default=None,
-        help="gpt: dropout rate (default: 0)")
+        metavar="P", help="gpt: dropout rate (default: 0)")
     add("bias", action=argparse.BooleanOptionalAction, default=None,
         help="gpt: biases in the Linear layers and LayerNorms (default: on)")
     add("max-iters", type=_nonnegative_int, default=None, metavar="N",
@@ -336,13 +337,12 @@ def _lm_options(t) -> None:
         help="steps of linear warmup (default: gpt 50, gmlp-lm 100)")
     add("lr-decay-iters", type=_positive, default=None, metavar="N",
         help="the step the cosine decay reaches --min-lr (default: the last step)")
-    add("min-lr", type=_float_in(0.0, None, "a number >= 0"), default=None,
+    add("min-lr", type=_float_in(0.0, None, "a number >= 0"), default=None, metavar="LR",
         help="learning rate at the end of the cosine (default: 0)")
-    for name in ("beta1", "beta2"):
+    for name, default in (("beta1", "0.9"), ("beta2", "gpt 0.99, gmlp-lm 0.999")):
         add(name, type=_float_in(0.0, 1.0, "a number in [0, 1)", high_open=True), default=None,
-            help=f"AdamW's {name} (default: 0.9; beta2 gpt 0.99, gmlp-lm 0.999)"
-            if name == "beta1" else "AdamW's beta2 (default: gpt 0.99, gmlp-lm 0.999)")
-    add("grad-clip", type=_float_in(0.0, None, "a number >= 0"), default=None,
+            metavar="B", help=f"AdamW's {name} (default: {default})")
+    add("grad-clip", type=_float_in(0.0, None, "a number >= 0"), default=None, metavar="MAX",
         help="clip the gradient to this global L2 norm; 0: no clipping (default: 0)")
     add("eval-interval", type=_positive, default=None, metavar="N",
         help="--max-iters runs: steps between held-out estimates (default: a tenth)")
