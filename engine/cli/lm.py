@@ -210,6 +210,8 @@ def _prepare(args, spec):
             msg = "--text " + msg
         elif args.text is not None and msg.startswith("text: "):
             msg = f"--text {args.text}: {msg.removeprefix('text: ')}"
+        elif msg.startswith("warmup "):  # GPTConfig.warmup is nanoGPT's warmup_iters
+            msg = "--warmup-iters " + msg.removeprefix("warmup ")
         raise UsageError(msg) from None
 
 

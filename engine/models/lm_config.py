@@ -107,7 +107,7 @@ def schedule(opt, c, steps: int):
     """nanoGPT's schedule over a run of ``steps``: ``c.warmup`` steps of linear warmup, a cosine
     from ``c.lr`` to ``c.min_lr`` at ``c.lr_decay_iters`` (None: the last step), then
     ``c.min_lr``. A warmup that leaves no step at the full rate is refused, never shortened."""
-    warmup = lrs.check_warmup(c.warmup, steps, "warmup_iters")
+    warmup = lrs.check_warmup(c.warmup, steps)
     decay = c.lr_decay_iters if c.lr_decay_iters is not None else max(steps, warmup + 1)
     return lrs.WarmupCosineLR(opt, warmup, decay, c.min_lr)
 

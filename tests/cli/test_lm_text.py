@@ -178,7 +178,7 @@ def test_a_key_the_model_does_not_read_is_an_error(capsys, tmp_path):
     (["--model", "mlp", "--text", "x.txt"], "only with the language models"),
     (["--model", "mlp", "--max-iters", "3"], "only with the language models"),
     (["--model", "gpt", *TINY, "--max-iters", "5", "--warmup-iters", "5"],
-     "warmup_iters 5: the run has 5 optimizer step(s)"),
+     "--warmup-iters 5: the run has 5 optimizer step(s)"),
     (["--model", "gpt", *TINY, "--max-iters", "9", "--warmup-iters", "4",
       "--lr-decay-iters", "4"], "lr_decay_iters: expected more than warmup_iters"),
     (["--model", "gpt", "--min-lr", "0.1"], "min_lr"),
@@ -195,7 +195,7 @@ def test_gpt_warmup_longer_than_the_run_is_refused_in_python():
     # Check gpt_lm.setup no longer shortens a warmup that does not fit: it raises.
     c = gpt_lm.GPTConfig(seq_len=8, d_model=8, d_ff=8, n_layer=1, n_head=2, batch_size=4,
                          max_iters=5, warmup=5, sample_length=0, prompt="ab")
-    with pytest.raises(ValueError, match="warmup_iters 5"):
+    with pytest.raises(ValueError, match="warmup 5"):
         gpt_lm.setup(c, text=TEXT)
 
 
