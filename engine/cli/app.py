@@ -183,24 +183,29 @@ def _warn_threads(args, comm) -> None:
               file=sys.stderr)
 
 
+def _is_language_model(args) -> bool:
+    return args.model in LM_MODELS or args.task == "text"
+
+
 def _language_model(args):
     """The exit status of a character language model's run (engine/cli/lm.py: each takes its
     own defaults and the options given), or None for the other models, after refusing the
     language models' options given to them."""
-    if args.model in LM_MODELS or args.task == "text":
+    if _is_language_model(args):
         from . import lm
         return lm.run_cli(args)
-    if args.prompt is not None or args.sample_length is not None:
-        raise UsageError("--prompt, --sample-length: only with --model gmlp-lm --task text")
-    if args.layers is not None or args.heads is not None or args.seq_len is not None:
-        raise UsageError("--layers, --heads, --seq-len: only with --model gpt --task text")
+    from .lm import LM_ONLY
+    given = [flag for dest, flag in args.given.items() if dest in LM_ONLY]
+    if given:
+        raise UsageError(f"{', '.join(given)}: only with the language models (--model gpt or "
+                         f"--model gmlp-lm)")
     return None
 
 
 def _resume_header(args):
     """The header of the checkpoint ``--resume`` names, once the run's options are taken
-    from it (None without --resume)."""
-    if args.resume is None:
+    from it (None without --resume; a language model resumes its own run)."""
+    if args.resume is None or _is_language_model(args):
         return None
     header = resume_cmd.apply_resume(args)
     done = header["training"].get("history") or {}

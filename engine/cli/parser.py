@@ -14,7 +14,7 @@ from ..data import TASKS
 from ..models import registry
 
 __all__ = ["build_parser", "CommandParser", "add_delimiter_option", "MODELS", "SCHEDULES",
-           "block_models"]
+           "block_models", "train_actions"]
 
 # The character language models, after the registry's blocks (--task text): engine/lm.py's
 # and the GPT of engine/models/gpt_lm.py.
@@ -167,7 +167,8 @@ def _model_options(t) -> None:
     g.add_argument("--model", choices=tuple(helps), default="gmlp",
                    help="; ".join(f"{name}: {text}" for name, text in helps.items()))
     g.add_argument("--d-hidden", type=_positive, default=128, metavar="N",
-                   help="gMLP d_hidden (width after W_in); d_model of the ffn/sublayer models")
+                   help="gMLP d_hidden (width after W_in); d_model of the ffn/sublayer models; "
+                        "for gmlp-lm and gpt, d_model (= --n-embd)")
     g.add_argument("--d-ff", type=_positive, default=512, metavar="N",
                    help="gMLP d_ffn (width of the gate and projection); d_ff of ffn/sublayer")
     g.add_argument("--hidden", type=_sizes, nargs="+", action=_SizesAction, default=[64, 32],
@@ -190,7 +191,8 @@ def _data_options(t) -> None:
                         "sin(x) on [-pi, pi] (MSE). With --data: regression or classification "
                         "(default: inferred; classification only for a small label set, "
                         "engine/cli/task_rule.py). text: "
-                        "next-character prediction on Python's own help texts (gmlp-lm)")
+                        "next-token prediction (gmlp-lm, gpt) on --text FILE or Python's own "
+                        "help texts")
     g.add_argument("--samples", type=_int_at_least(2, "an integer >= 2 (R^2 and accuracy need "
                                                     "two samples or more)"),
                    default=None, metavar="N",
@@ -222,12 +224,13 @@ def _training_options(t) -> None:
     g = t.add_argument_group("training")
     g.add_argument("--epochs", type=_nonnegative_int, default=1000, metavar="N",
                    help="passes over the training set")
-    g.add_argument("--batch-size", type=_nonnegative_int, default=0, metavar="N",
+    g.add_argument("--batch-size", "--batch_size", type=_nonnegative_int, default=0, metavar="N",
                    help="rows per step; 0 = full batch")
     g.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
                    help="AdamW (PyTorch semantics) or SGD with optional momentum")
-    g.add_argument("--lr", type=float, default=1e-3, help="learning rate")
-    g.add_argument("--weight-decay", type=float, default=None, metavar="WD",
+    g.add_argument("--lr", "--learning-rate", "--learning_rate", type=float, default=1e-3,
+                   help="learning rate")
+    g.add_argument("--weight-decay", "--weight_decay", type=float, default=None, metavar="WD",
                    help="weight decay (default: 0.01 for AdamW, decoupled; 0 for SGD, L2)")
     g.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
     g.add_argument("--shard-optimizer", action="store_true",
@@ -288,20 +291,70 @@ def _output_options(t) -> None:
 
 
 def _lm_options(t) -> None:
-    """The character language model's own options."""
+    """The language models' own options: the text, and nanoGPT's training knobs by its names
+    (each also spelled with underscores, as nanoGPT's command line)."""
     g = t.add_argument_group(
-        "language model (--model gmlp-lm --task text)",
-        "Also read: --d-hidden (d_model), --d-ff (d_ffn), --epochs, --batch-size, --lr, "
-        "--weight-decay, --warmup, --seed, --dtype, --threads, --save, --log-every; each "
-        "keeps the language model's own default (engine.lm.LMConfig, "
-        "engine.models.gpt_lm.GPTConfig; --log-every 1) unless given.")
-    g.add_argument("--prompt", default=None, metavar="TEXT",
-                   help="text the generated sample starts from (default: 'The ')")
-    g.add_argument("--sample-length", type=_nonnegative_int, default=None, metavar="N",
-                   help="characters to generate after the prompt (default: 300)")
-    g.add_argument("--layers", type=_positive, default=None, metavar="N",
-                   help="gpt: TransformerBlocks (default: 4)")
-    g.add_argument("--heads", type=_positive, default=None, metavar="N",
-                   help="gpt: attention heads, dividing --d-hidden (default: 4)")
-    g.add_argument("--seq-len", type=_positive, default=None, metavar="N",
-                   help="gpt: block_size, characters per window (default: 64)")
+        "language models (--model gmlp-lm | gpt; docs/lm.md)",
+        "Also read: --batch-size, --lr, --weight-decay, --epochs, --seed, --dtype, --threads, "
+        "--save, --log-every; each keeps the language model's own default "
+        "(engine.models.lm.LMConfig, engine.models.gpt_lm.GPTConfig) unless given. Older "
+        "spellings: --layers = --n-layer, --heads = --n-head, --seq-len = --block-size, "
+        "--d-hidden = --n-embd (d_model, the residual width), --d-ff = the FFN's width "
+        "(gmlp-lm: d_ffn), --warmup = --warmup-iters.")
+
+    def add(name, **kw):  # --n-layer and --n_layer
+        flags = dict.fromkeys((f"--{name}", f"--{name.replace('-', '_')}"))
+        g.add_argument(*flags, **kw)
+    add("text", default=None, metavar="FILE",
+        help="train on this UTF-8 text file (any size) instead of the built-in corpus "
+             "(Python's help texts)")
+    add("tokenizer", choices=("char", "byte"), default=None,
+        help="char: the text's distinct characters (default); byte: its UTF-8 bytes, 256 ids, "
+             "any file")
+    add("config", default=None, metavar="FILE",
+        help="a recipe: a TOML or JSON file of these options by name (n_layer = 4); options "
+             "on the command line override it")
+    add("prompt", default=None, metavar="TEXT",
+        help="text the generated sample starts from (default: 'The ')")
+    add("sample-length", type=_nonnegative_int, default=None, metavar="N",
+        help="tokens to generate after the prompt (default: 300)")
+    for name, what in (("n-layer", "TransformerBlocks (gmlp-lm: GMLPBlocks) (default: 4)"),
+                       ("n-head", "gpt: attention heads, dividing --n-embd (default: 4)"),
+                       ("n-embd", "width of the embeddings and residual stream (default: 128)"),
+                       ("block-size", "tokens per window, the context (default: 64)")):
+        add(name, type=_positive, default=None, metavar="N", help=what)
+    g.add_argument("--layers", type=_positive, default=None, metavar="N", help="= --n-layer")
+    g.add_argument("--heads", type=_positive, default=None, metavar="N", help="= --n-head")
+    g.add_argument("--seq-len", type=_positive, default=None, metavar="N", help="= --block-size")
+    add("dropout", type=_float_in(0.0, 1.0, "a number in [0, 1)", high_open=True), default=None,
+        metavar="P", help="gpt: dropout rate (default: 0)")
+    add("bias", action=argparse.BooleanOptionalAction, default=None,
+        help="gpt: biases in the Linear layers and LayerNorms (default: on)")
+    add("max-iters", type=_nonnegative_int, default=None, metavar="N",
+        help="train N steps on random windows (nanoGPT's get_batch) instead of --epochs "
+             "over non-overlapping ones")
+    add("warmup-iters", type=_nonnegative_int, default=None, metavar="N",
+        help="steps of linear warmup (default: gpt 50, gmlp-lm 100)")
+    add("lr-decay-iters", type=_positive, default=None, metavar="N",
+        help="the step the cosine decay reaches --min-lr (default: the last step)")
+    add("min-lr", type=_float_in(0.0, None, "a number >= 0"), default=None, metavar="LR",
+        help="learning rate at the end of the cosine (default: 0)")
+    for name, default in (("beta1", "0.9"), ("beta2", "gpt 0.99, gmlp-lm 0.999")):
+        add(name, type=_float_in(0.0, 1.0, "a number in [0, 1)", high_open=True), default=None,
+            metavar="B", help=f"AdamW's {name} (default: {default})")
+    add("grad-clip", type=_float_in(0.0, None, "a number >= 0"), default=None, metavar="MAX",
+        help="clip the gradient to this global L2 norm; 0: no clipping (default: 0)")
+    add("eval-interval", type=_positive, default=None, metavar="N",
+        help="--max-iters runs: steps between held-out estimates (default: a tenth)")
+    add("eval-iters", type=_positive, default=None, metavar="N",
+        help="--max-iters runs: batches of held-out windows per estimate (default: 20)")
+    add("log-interval", type=_nonnegative_int, default=None, metavar="N",
+        help="print the training loss every N steps; 0: never (default: 0)")
+
+
+def train_actions() -> dict:
+    """The ``train`` command's options by dest: what a ``--config`` recipe may set."""
+    for a in build_parser()._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            return {x.dest: x for x in a.choices["train"]._actions if x.option_strings}
+    raise RuntimeError("the parser has no train command")  # pragma: no cover

@@ -1,5 +1,6 @@
 """Learning-rate schedules with PyTorch's names and semantics (``torch.optim.lr_scheduler``):
-``LambdaLR``, ``StepLR``, ``LinearLR``, ``CosineAnnealingLR`` and ``SequentialLR``.
+``LambdaLR``, ``StepLR``, ``LinearLR``, ``CosineAnnealingLR`` and ``SequentialLR``; and
+nanoGPT's schedule as one scheduler, ``WarmupCosineLR`` (its ``get_lr``).
 
 A scheduler acts on every parameter group of an optimizer (anything with ``param_groups``, a
 list of dicts with an ``"lr"``). Construction applies the epoch-0 rate; each ``step()``
@@ -17,7 +18,7 @@ import weakref
 from .._checks import check_int, check_real
 
 __all__ = ["LRScheduler", "LambdaLR", "StepLR", "LinearLR", "CosineAnnealingLR", "SequentialLR",
-           "check_warmup"]
+           "WarmupCosineLR", "check_warmup"]
 
 # Each optimizer's initial rates, recorded by the first scheduler built on it (PyTorch keeps
 # them as group["initial_lr"]; blasnet's optimizers accept only their own options in a group).
@@ -240,6 +241,40 @@ class CosineAnnealingLR(LRScheduler):
 
     def _options(self):
         return {"T_max": self.T_max, "eta_min": self.eta_min}
+
+
+class WarmupCosineLR(LRScheduler):
+    """nanoGPT's ``get_lr`` (Karpathy, train.py): ``base_lr * (it + 1) / (warmup_iters + 1)``
+    for the first ``warmup_iters`` steps, then a cosine from ``base_lr`` at ``warmup_iters``
+    down to ``min_lr`` at ``lr_decay_iters``, then ``min_lr``. ``min_lr`` is a rate (not a
+    factor), at most every group's ``base_lr``."""
+
+    def __init__(self, optimizer, warmup_iters: int, lr_decay_iters: int, min_lr: float = 0.0):
+        self.warmup_iters = _int("warmup_iters", warmup_iters, 0)
+        self.lr_decay_iters = _int("lr_decay_iters", lr_decay_iters, 1)
+        if self.lr_decay_iters <= self.warmup_iters:
+            raise ValueError(f"lr_decay_iters: expected more than warmup_iters = "
+                             f"{self.warmup_iters} (the cosine runs between them), got "
+                             f"{self.lr_decay_iters}")
+        self.min_lr = _real("min_lr", min_lr, 0.0)
+        for i, g in enumerate(_groups(optimizer)):
+            if self.min_lr > g["lr"]:
+                raise ValueError(f"min_lr: expected at most the learning rate "
+                                 f"{g['lr']} (param_groups[{i}]), got {self.min_lr}")
+        super().__init__(optimizer)
+
+    def _lr(self, base_lr, epoch):
+        w, d, low = self.warmup_iters, self.lr_decay_iters, self.min_lr
+        if epoch < w:
+            return base_lr * (epoch + 1) / (w + 1)
+        if epoch > d:
+            return low
+        coeff = 0.5 * (1.0 + math.cos(math.pi * (epoch - w) / (d - w)))
+        return low + coeff * (base_lr - low)
+
+    def _options(self):
+        return {"warmup_iters": self.warmup_iters, "lr_decay_iters": self.lr_decay_iters,
+                "min_lr": self.min_lr}
 
 
 class SequentialLR(LRScheduler):

@@ -52,7 +52,8 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 @dataclass
 class History:
-    """Per-epoch figures of a ``fit`` run (index i is epoch i + 1).
+    """Per-epoch figures of a ``fit`` run (index i is epoch i + 1; for an iteration-based
+    run, ``fit(..., sampler=, steps=, eval_every=k)``, the period of steps ik+1..(i+1)k).
 
     ``loss``: mean training loss over the epoch's samples, each batch's loss measured before
     its update; ``accuracy``: the same batches' accuracy (classification only, else empty);

@@ -94,40 +94,28 @@ def predict(model, X, batch_size=None) -> np.ndarray:
     return out
 
 
-def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> History:
-    """Train ``model`` on ``(X, Y)`` until epoch ``epochs``; return the ``History``.
+def fit(model, loss, optimizer, X=None, Y=None, *, epochs=None, comm=None,
+        **options) -> History:
+    """Train ``model`` on ``(X, Y)`` until epoch ``epochs``, or for ``steps`` optimizer steps
+    on the batches of a ``sampler``; return the ``History``.
 
     ``epochs`` is the run's total (Keras's): a run resumed after k epochs trains epochs
     k+1..``epochs``. Each step: forward, ``loss.forward``, a finiteness check, ``loss.backward``,
     ``model.backward(dy, input_grad=False)``, ``optimizer.step()``, ``model.zero_grad()``.
 
-    Options (keyword only; checked into a ``FitPlan``):
+    Iteration-based (nanoGPT's loop): ``fit(model, loss, opt, sampler=RandomWindows(ids,
+    block_size, batch_size, rng), steps=N, eval_every=k, validation=(Xv, Yv))`` draws each
+    step's batch from ``sampler.sample()`` (or ``next(sampler)``); every ``eval_every``
+    steps (default: a tenth of the run) ends as an epoch does: validation, a History row,
+    the callbacks, a progress line. Same sampler seed, same batches, same weights. Not with
+    ``comm``.
 
-    - ``batch_size``: rows per step (``None``: the full batch); the last batch keeps the
-      remainder (17 samples in batches of 5: 5, 5, 5, 2).
-    - ``shuffle`` (True): a new order each epoch from ``rng`` (0: an int seed or a
-      Generator). The full batch is never shuffled (the gradient does not depend on the order).
-    - ``validation``: ``(X_val, Y_val)`` evaluated after each epoch in eval mode.
-    - ``progress`` (True): a line every ~10% of the epochs, or every k epochs for an int k,
-      False: none; on a terminal, one line redrawn within each epoch (steps, loss, ETA).
-    - ``callbacks``: objects with ``on_epoch_end(epoch, history)`` returning True to stop
-      (``engine.callbacks``: ``EarlyStopping``, ``ModelCheckpoint``, the protocol).
-    - ``scheduler``: an ``engine.lr_scheduler`` scheduler of ``optimizer``, stepped after
-      every optimizer step (``scheduler_interval="step"``) or after every epoch (``"epoch"``,
-      the default, before the callbacks, so a checkpoint saved by one resumes at the next
-      epoch's rate).
-    - ``clip_grad_norm``: a max norm: the gradients are scaled to at most this global L2 norm
-      before each update (``engine.clip_grad_norm``).
-    - ``resume_from``: a checkpoint of a ``fit`` run (``ModelCheckpoint`` to an ``.npz``
-      file, or ``TrainingInterrupted.save``): the run continues where it stopped, even
-      mid-epoch (model, optimizer, scheduler, the shuffle and dropout Generators, History,
-      callbacks' states), epoch numbers continuing; the returned History holds the whole
-      run. With the same data and options, k epochs then a resume to ``epochs`` equal
-      ``epochs`` uninterrupted bit for bit (one thread). A checkpoint of another
-      architecture, optimizer, scheduler or Generators is a ValueError. Not with ``comm``.
-    - ``comm``: an MPI communicator: data-parallel training over its ranks, ``batch_size``
-      being the global batch (``engine.distributed``; every rank gets the same History,
-      rank 0 prints).
+    The options (keyword only: ``batch_size``, ``shuffle``, ``rng``, ``validation``,
+    ``progress``, ``log_every``, ``callbacks``, ``scheduler``, ``scheduler_interval``,
+    ``clip_grad_norm``, ``resume_from``, ``sampler``, ``steps``, ``eval_every``) are
+    described on ``FitPlan``, which they are checked into; ``comm``, an MPI communicator,
+    trains data parallel over its ranks, ``batch_size`` being the global batch
+    (``engine.distributed``; every rank gets the same History, rank 0 prints).
 
     ``X``, ``Y`` and the validation pair may be any real-valued array-like (float64 for a
     float32 model, ``X[:, :4]``, a list, a ``(N,)`` target), converted once on entry: one copy
@@ -145,8 +133,11 @@ def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> Histor
     """
     run = RunState(History())  # how far the run got: what a Ctrl-C reports and saves
     try:
+        if options.get("sampler") is not None and comm is not None:
+            raise ValueError("sampler: an iteration-based run trains on one process (comm="
+                             "None); data-parallel runs take (X, Y) and epochs")
         ranks = processes(comm, resume=options.get("resume_from") is not None)
-        X, Y, options = ranks.checked(lambda: as_fit_arrays(model, loss, X, Y, options))
+        X, Y, options = ranks.checked(lambda: _entry(model, loss, X, Y, options))
         plan = ranks.checked(lambda: plan_fit(model, loss, optimizer, X, Y, epochs=epochs,
                                               **options))
         run.epochs = plan.epochs
@@ -154,6 +145,17 @@ def fit(model, loss, optimizer, X, Y, *, epochs, comm=None, **options) -> Histor
             return _train(run, ranks, model, loss, optimizer, X, Y, plan)
     except KeyboardInterrupt:
         raise _interrupted(run, model) from None
+
+
+def _entry(model, loss, X, Y, options) -> tuple:
+    """The training set and validation pair converted (``engine.data.entry``); an
+    iteration-based run's batches come from its sampler as they are."""
+    if options.get("sampler") is None:
+        return as_fit_arrays(model, loss, X, Y, options)
+    val = options.get("validation")
+    if isinstance(val, (tuple, list)) and len(val) == 2:
+        options = {**options, "validation": as_eval_arrays(model, loss, *val, "validation ")}
+    return X, Y, options
 
 
 def _interrupted(run: RunState, model) -> TrainingInterrupted:
@@ -184,38 +186,23 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
     dp, bar = SingleProcess(), Progress(False, plan.epochs)  # until the ranks have met
     try:
         dp = ranks.start(model, optimizer, X, Y, plan)  # data parallel: the ranks agree
-        bar = Progress(plan.progress if dp.rank == 0 else False, plan.epochs, X.shape[0],
-                       plan.batch_size)
-        batches = _Batches(X, Y, plan, dp)
+        batches = _Batches(X, Y, plan, dp) if plan.sampler is None else _Sampled(plan, model, loss)
+        bar = Progress(plan.progress if dp.rank == 0 else False, plan.epochs,
+                       batches.n, batches.bs or 1, steps=plan.steps)
         run.steps_per_epoch = batches.steps
-        step = _Step(model, loss, optimizer, plan, dp, h, X.shape[0])
+        step = _Step(model, loss, optimizer, plan, dp, h)
         run.attach(model, optimizer, plan, batches, step)
         _begin_callbacks(run, plan, model, optimizer)
         with defer_keyboard_interrupt():  # a resumed run is put in place whole
             if plan.resume is not None:
                 plan.resume.apply(run)
+                step.rows_seen = run.step * (batches.bs or 1) if run.in_epoch else 0
             run.started = True
             model.train()
             model.zero_grad()
         t_start = time.perf_counter() - h.seconds  # a resumed run's rate and ETA: whole run
         for epoch in range(len(h) + 1, plan.epochs + 1):  # a resumed run: from its next epoch
-            run.epoch = epoch
-            with defer_keyboard_interrupt():
-                if not run.in_epoch:  # (a run resumed mid-epoch has its order and sums)
-                    step.begin_epoch()
-                    batches.shuffle()
-                    run.in_epoch, run.step = True, 0
-            for i in range(run.step + 1, batches.steps + 1):
-                with defer_keyboard_interrupt():
-                    step(*batches.batch(i), epoch, i, batches.steps)
-                    run.step = i
-                if bar.per_step:  # a terminal: the line within the epoch (nothing off one)
-                    bar.step(epoch, i, step.total)
-            with defer_keyboard_interrupt():
-                stop = step.end_epoch(epoch)
-                run.end_epoch()  # the checkpoints callbacks asked for, with their states
-                bar.update(epoch, h, time.perf_counter() - t_start, last=stop)
-            if stop:
+            if _epoch(run, step, batches, bar, epoch, t_start):
                 break
         dp.finish()
         for cb in plan.callbacks:
@@ -230,6 +217,32 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
     finally:
         bar.close()
     return h
+
+
+def _epoch(run, step, batches, bar, epoch: int, t_start: float) -> bool:
+    """Epoch ``epoch`` (an iteration-based run: its period of steps) from where ``run`` is;
+    whether a callback asked to stop."""
+    h, log_every = run.h, step.plan.log_every
+    run.epoch = epoch
+    with defer_keyboard_interrupt():
+        if not run.in_epoch:  # (a run resumed mid-epoch has its order and sums)
+            step.begin_epoch()
+            batches.shuffle()
+            run.in_epoch, run.step = True, 0
+    steps = batches.steps_in(epoch)
+    for i in range(run.step + 1, steps + 1):
+        with defer_keyboard_interrupt():
+            step(*batches.batch(i), epoch, i, steps)
+            run.step = i
+        if log_every and h.steps % log_every == 0:
+            bar.log(h.steps, *step.take_log())
+        if bar.per_step:  # a terminal: the line within the epoch (nothing off one)
+            bar.step(epoch, i, step.total, step.rows_seen)
+    with defer_keyboard_interrupt():
+        stop = step.end_epoch(epoch)
+        run.end_epoch()  # the checkpoints callbacks asked for, with their states
+        bar.update(epoch, h, time.perf_counter() - t_start, last=stop)
+    return stop
 
 
 def _begin_callbacks(run, plan, model, optimizer) -> None:
@@ -260,6 +273,9 @@ class _Batches:
             self.xbuf = np.empty((bs,) + X.shape[1:], X.dtype)     # (bs, ...) gathered batch
             self.ybuf = np.empty((bs,) + Y.shape[1:], Y.dtype)     # (bs, ...) its targets
 
+    def steps_in(self, epoch: int) -> int:
+        return self.steps
+
     def shuffle(self) -> None:
         # Shuffle a fresh 0..N-1 each epoch, so the order depends only on the Generator's
         # state (a run resumed with that state continues identically).
@@ -280,11 +296,46 @@ class _Batches:
         return self.X[s:e], self.Y[s:e]
 
 
+class _Sampled:
+    """The batches of an iteration-based run: each step's drawn from the sampler (checked as
+    data unless the sampler vouched for them with ``example()``); its epochs are periods of
+    ``eval_every`` steps, the last one shorter if ``eval_every`` does not divide ``steps``."""
+    gather = False
+
+    def __init__(self, plan: FitPlan, model, loss):
+        sampler = plan.sampler
+        self.plan, self.total, self.steps = plan, plan.steps, plan.eval_every
+        self.bs = getattr(sampler, "batch_size", None)
+        self.n = self.steps * (self.bs or 1)  # rows per period (for the progress line)
+        draw = getattr(sampler, "sample", None)
+        self.draw = draw if callable(draw) else sampler.__next__
+        self.check = not callable(getattr(sampler, "example", None))
+        self.model, self.loss = model, loss
+        self.drawn = 0  # batches drawn by this call of fit
+
+    def steps_in(self, epoch: int) -> int:
+        return min(self.steps, self.total - (epoch - 1) * self.steps)
+
+    def shuffle(self) -> None:
+        pass
+
+    def batch(self, step: int) -> tuple:
+        try:
+            xb, yb = self.draw()
+        except StopIteration:
+            raise ValueError(f"sampler: the iterator ended after {self.drawn} batch(es); the "
+                             f"run needs {self.total} steps") from None
+        self.drawn += 1
+        if self.check:
+            check_data(self.model, self.loss, xb, yb, what="sampler's ")
+        return xb, yb
+
+
 class _Step:
     """One training step on a batch (a call), and the start and end of an epoch: its running
     loss and hits, its History row, its callbacks."""
 
-    def __init__(self, model, loss, optimizer, plan: FitPlan, dp, history: History, n: int):
+    def __init__(self, model, loss, optimizer, plan: FitPlan, dp, history: History):
         self.model, self.loss, self.optimizer, self.plan = model, loss, optimizer, plan
         self.dp, self.h, self.hits = dp, history, Hits()
         self.groups = getattr(optimizer, "param_groups", None)
@@ -295,15 +346,24 @@ class _Step:
         # GEMM is left out where the model's backward takes input_grad (as every blasnet one).
         self.backward_options = {"input_grad": False} if takes_input_grad(model) else {}
         self.per_step = plan.scheduler_steps_every("step")
-        self.n = n  # samples per epoch
         self.begin_epoch()
+        self._log = [0.0, 0, time.perf_counter()]  # loss sum, rows, clock since the last line
+        self.lr = None  # the first group's rate at the last update
 
     def begin_epoch(self) -> None:
         """Start an epoch's clock, rate (the first parameter group's, None: no groups) and
         running figures."""
         self.t0 = time.perf_counter()
         self.lr0 = float(self.groups[0]["lr"]) if self.groups else None
-        self.total, self.hit, self.rows = 0.0, 0, 0
+        self.total, self.hit, self.rows, self.rows_seen = 0.0, 0, 0, 0
+
+    def take_log(self) -> tuple:
+        """``(mean loss, learning rate, seconds per step)`` since the last call (the log
+        line every ``log_every`` steps), and start the next interval."""
+        total, rows, t0 = self._log
+        now = time.perf_counter()
+        self._log = [0.0, 0, now]
+        return total / max(rows, 1), self.lr, (now - t0) / self.plan.log_every
 
     def __call__(self, xb, yb, epoch: int, step: int, steps: int) -> None:
         model, dp, h = self.model, self.dp, self.h
@@ -328,6 +388,8 @@ class _Step:
             dp.clip_grad_norm(self.plan.clip_grad_norm)
         # (the loop holds Ctrl-C to the end of the step: the update and its bookkeeping
         # are applied whole)
+        if self.groups:  # the rate of this update, for the log line
+            self.lr = self.groups[0]["lr"]
         if self.fused_zero:
             self.optimizer.step(zero_grad=True)
         else:
@@ -336,6 +398,9 @@ class _Step:
         if self.per_step:
             self.plan.scheduler.step()
         self.total += value * m
+        self.rows_seen += m
+        self._log[0] += value * m
+        self._log[1] += m
         h.steps += 1
         h.samples += m
 
@@ -352,7 +417,7 @@ class _Step:
         # the epoch's History row (whole or absent: the loop holds Ctrl-C)
         if self.lr0 is not None:
             h.lr.append(self.lr0)
-        h.loss.append(self.total / self.n)
+        h.loss.append(self.total / max(self.rows_seen, 1))
         if plan.classify:
             h.accuracy.append(hit / rows)
         if vl is not None:

@@ -1,5 +1,6 @@
 """fit's progress: on a terminal one line redrawn within each epoch (steps done, running loss,
-ETA); epoch lines on a terminal or off it; nothing per step off a terminal."""
+ETA); epoch lines on a terminal or off it; nothing per step off a terminal, except the
+``log_every`` lines asked for. An iteration-based run's lines count steps, not epochs."""
 from __future__ import annotations
 
 import sys
@@ -26,7 +27,8 @@ class Progress:
     ``steps``, the running mean loss and the epoch's ETA. ``per_step`` is False off a
     terminal, so the loop calls nothing per step there."""
 
-    def __init__(self, progress, epochs: int, rows: int = 1, batch_size: int = 1):
+    def __init__(self, progress, epochs: int, rows: int = 1, batch_size: int = 1,
+                 steps: int | None = None):
         if isinstance(progress, bool) or progress is None:
             every = max(1, epochs // 10) if progress else 0
         else:
@@ -44,20 +46,43 @@ class Progress:
         self._epoch_t0 = _clock() if self.per_step else 0.0
         self._skipped = None  # steps of this epoch before the first one this process ran
         self._open = False
+        self.enabled = bool(progress)
+        # An iteration-based run (steps): its "epochs" are periods of self.steps steps.
+        self.run_steps = steps
 
-    def step(self, epoch: int, i: int, loss_sum: float) -> None:
+    def _where(self, epoch: int, i: int | None = None) -> str:
+        """``epoch 3/10`` (and ``step 4/8`` within it), or an iteration-based run's ``step
+        k/N``."""
+        if self.run_steps is None:
+            head = f"epoch {epoch:>{self.width}}/{self.epochs}"
+            return head if i is None else f"{head}  step {i:>{self.step_width}}/{self.steps}"
+        k = min((epoch - 1) * self.steps + (self.steps if i is None else i), self.run_steps)
+        return f"step {k:>{len(str(self.run_steps))}}/{self.run_steps}"
+
+    def log(self, step: int, loss: float, lr, seconds: float) -> None:
+        """The line of optimizer step ``step`` (every ``log_every`` steps): the mean training
+        loss since the last one, the learning rate and the time per step."""
+        if not self.enabled:
+            return
+        self.close()
+        rate = "" if lr is None else f"  lr {lr:.4g}"
+        self.file.write(f"iter {step}: loss {loss:.4f}{rate}  {seconds * 1000:.1f} ms/step\n")
+        self.file.flush()
+
+    def step(self, epoch: int, i: int, loss_sum: float, seen: int | None = None) -> None:
         """After step ``i`` of ``epoch``: redraw the line (throttled); ``loss_sum`` is the sum
-        of the epoch's batch losses weighted by their rows."""
+        of the epoch's batch losses weighted by their rows, ``seen`` those rows (default:
+        ``i`` batches)."""
         if self._skipped is None:  # a run resumed mid-epoch starts past step 1
             self._skipped = i - 1
         now = _clock()
         if now - self._last < _REDRAW_S:
             return
         self._last = now
-        seen = min(i * self.batch_size, self.rows)  # rows of the epoch's first i batches
+        if seen is None:
+            seen = min(i * self.batch_size, self.rows)  # rows of the epoch's first i batches
         eta = (now - self._epoch_t0) / (i - self._skipped) * (self.steps - i)
-        self._draw(f"epoch {epoch:>{self.width}}/{self.epochs}  step "
-                   f"{i:>{self.step_width}}/{self.steps}  loss {loss_sum / seen:.6g}  "
+        self._draw(f"{self._where(epoch, i)}  loss {loss_sum / max(seen, 1):.6g}  "
                    f"ETA {_fmt_time(eta)}")
 
     def _draw(self, line: str) -> None:
@@ -93,7 +118,7 @@ class Progress:
             self.file.flush()
 
     def _epoch_line(self, epoch: int, h, elapsed: float, last: bool, stopped: bool) -> str:
-        parts = [f"epoch {epoch:>{self.width}}/{self.epochs}", f"loss {h.loss[-1]:.6g}"]
+        parts = [self._where(epoch), f"loss {h.loss[-1]:.6g}"]
         if h.accuracy:
             parts.append(f"acc {h.accuracy[-1]:.4f}")
         if h.val_loss:

@@ -39,7 +39,7 @@ def test_the_language_model_reads_the_parsed_arguments_not_sys_argv(monkeypatch)
     class Stop(Exception):
         pass
 
-    def capture(config):
+    def capture(config, **_):
         seen["config"] = config
         raise Stop
 

@@ -36,7 +36,7 @@ def test_options_reach_the_config(monkeypatch):
     class Stop(Exception):
         pass
 
-    def capture(config):
+    def capture(config, **_):
         seen["c"] = config
         raise Stop
     seen = {}
@@ -54,7 +54,7 @@ def test_options_reach_the_config(monkeypatch):
     (["--model", "gpt", "--d-hidden", "16", "--heads", "3", "--epochs", "0"],
      "multiple of n_heads = 3"),
     (["--model", "gpt", "--hidden", "3,4"], "unrecognized arguments: --hidden"),
-    (["--model", "mlp", "--layers", "2"], "only with --model gpt"),
+    (["--model", "mlp", "--layers", "2"], "only with the language models"),
     (["--model", "gpt", "--prompt", "\u20ac", "--epochs", "0", *SMALL], "not in the vocabulary"),
 ])
 def test_usage_errors(argv, msg, capsys):

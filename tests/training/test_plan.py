@@ -19,11 +19,13 @@ def _problem():
 
 def test_epochs_and_every_option_are_keyword_only():
     # Check fit's signature: (model, loss, optimizer, X, Y, *, epochs, ...), and that epochs
-    # (or anything else) given positionally is refused before anything changes.
+    # (or anything else) given positionally is refused before anything changes. epochs
+    # defaults to None only so that an iteration-based run (sampler=, steps=) can leave it
+    # out: with (X, Y) a missing epochs is still a TypeError naming it (below).
     params = list(inspect.signature(fit).parameters.values())
     assert [p.name for p in params[:5]] == ["model", "loss", "optimizer", "X", "Y"]
     assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in params[5:])
-    assert params[5].name == "epochs" and params[5].default is inspect.Parameter.empty
+    assert params[5].name == "epochs" and params[5].default is None
     lin, X, Y = _problem()
     before = lin.state_dict()
     with pytest.raises(TypeError):
