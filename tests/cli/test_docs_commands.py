@@ -1,10 +1,15 @@
 """The commands the README and docs/distributed.md show work as written: the environment is
 activated before the first one, the `mpiexec` line runs from a shell whose PATH knows nothing
-of the project, and every list flag takes one syntax (space-separated values)."""
+of the project, and every list flag takes one syntax (space-separated values). The bench
+commands of docs/performance.md and bench/README.md take minutes each, so they are not run:
+the docs say so, and the tests here check that every script, module, Makefile target and flag
+they show exists (`python -m engine info`, cheap, is run)."""
 import argparse
+import importlib.util
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -113,3 +118,86 @@ def test_the_predict_x_cols_flag_takes_several_names(tmp_path, capsys):
     assert main(["predict", str(ck), "--data", str(csv), "--x-cols", "a", "b",
                  "--out", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 41
+
+
+PERF_DOCS = ["docs/performance.md", "bench/README.md"]
+
+
+def _shown_commands(doc) -> list:
+    """``(program, args)`` of each command line in the doc's fenced blocks, with ``env -u NAME``
+    and ``NAME=value`` prefixes dropped and a ``<placeholder>`` path read as a word."""
+    out = []
+    for line in _fenced_lines(ROOT / doc):
+        words = shlex.split(re.sub(r"<[^>]*>", "VENV", line))
+        while words and (words[0] == "env" or re.fullmatch(r"\w+=\S*", words[0])):
+            words = words[1:]
+            while words[:1] == ["-u"]:  # env -u NAME
+                words = words[2:]
+        if words:
+            out.append((words[0], words[1:]))
+    return out
+
+
+def _flags(args) -> list:
+    return [a for a in args if a.startswith("-") and not re.fullmatch(r"-?\d+", a)]
+
+
+def _check_python(args) -> None:
+    """The script or module exists and declares every flag passed to it."""
+    if args[0] == "-m":
+        mod, rest = args[1], args[2:]
+        if mod == "engine":
+            build_parser().parse_args(rest)  # SystemExit on an unknown subcommand or flag
+            return
+        if not mod.startswith(("bench", "kernels")):
+            assert importlib.util.find_spec(mod) is not None, mod
+            return
+        path = ROOT / (mod.replace(".", "/") + ".py")
+    else:
+        path, rest = ROOT / args[0], args[1:]
+    assert path.is_file(), path
+    source = path.read_text()
+    missing = [f for f in _flags(rest) if f'"{f}"' not in source]
+    assert not missing, (path.name, missing)
+
+
+def _check_make(args) -> None:
+    """The Makefile has the target and reads every VAR=value passed."""
+    makefile = (ROOT / "Makefile").read_text()
+    for a in args:
+        if "=" in a:
+            assert f"$({a.split('=')[0]})" in makefile, a
+        else:
+            assert re.search(rf"^{re.escape(a)}:", makefile, re.M), a
+
+
+@pytest.mark.parametrize("doc", PERF_DOCS)
+def test_the_performance_docs_commands_name_what_exists(doc):
+    # Check that every command the doc shows (not run: minutes each) names an existing script,
+    # module or Makefile target and only flags that script declares; pip lines install only.
+    commands = _shown_commands(doc)
+    assert commands, doc
+    for program, args in commands:
+        if program.endswith("python"):
+            _check_python(args)
+        elif program == "make":
+            _check_make(args)
+        else:
+            assert program.endswith("pip") and args[0] == "install", (doc, program, args)
+
+
+def test_the_performance_docs_say_their_commands_are_not_run_in_tests():
+    # Check that each doc with bench commands says they are not run, and names this test.
+    for doc in PERF_DOCS:
+        text = " ".join((ROOT / doc).read_text().split())
+        assert "None of these runs in the tests" in text or "Not run in tests" in text, doc
+        assert "tests/cli/test_docs_commands.py" in text, doc
+
+
+def test_engine_info_as_the_performance_doc_shows_it(capsys):
+    # Check that `python -m engine info`, shown in docs/performance.md, runs and says which
+    # BLAS kernel runs and the verdict the doc explains.
+    assert ("python", ["-m", "engine", "info"]) in _shown_commands("docs/performance.md")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel" in out and "verdict" in out, out[:2000]
