@@ -238,7 +238,7 @@ def _threads(n_pairs, t, dh, causal, cost):
 def sdpa_forward_unchecked(out, p, qkv, n_heads, scale, causal):
     """``out[b, i, h*dh:(h+1)*dh] = softmax(q k^T * scale (+ causal mask))[i] @ v`` for every
     batch b and head h, with q, k, v the head's column blocks of ``qkv`` (B, T, 3 d); ``p``
-    (B*h, T, T) receives the probabilities (only j <= i when causal). C-contiguous arrays of
+    (B*h, T, T) receives the probabilities (only j <= i defined when causal). C-contiguous arrays of
     one float dtype; no checks. Returns ``out``."""
     nb, nt, d = out.shape
     if nb == 0 or nt == 0:
@@ -295,7 +295,8 @@ def sdpa_forward(out, p, qkv, n_heads, scale, causal=True):
     """Multi-head scaled dot-product attention from the fused projection ``qkv`` (B, T,
     3 d_model), q, k, v each d_model columns and head h their columns h*dh:(h+1)*dh: per
     (batch, head) ``P = softmax(q k^T * scale + M)`` into ``p`` (B*n_heads, T, T) (M = -inf
-    above the diagonal when ``causal``; that half of p is left unwritten) and ``O = P v`` into
+    above the diagonal when ``causal``; that half of p is left undefined and never read) and
+    ``O = P v`` into
     the head's columns of ``out`` (B, T, d_model). C-contiguous arrays of one float dtype;
     ``out`` and ``p`` must not overlap each other or ``qkv``. Returns ``out``."""
     _check("out", out, p, qkv, n_heads)
