@@ -38,42 +38,53 @@ def _transpose_head(out, x, b, col, dh, nt):
             out[c, j] = xr[col + c]
 
 
-# Rows per block: four rows of scores share each load of k (v) and of the output rows.
+# Rows per block of the backward's dk, dv sweep: four rows of dS share each dk_j, dv_j update.
 ROWS = 4
 # Score columns are computed in multiples of this (the vector width of float32 on AVX-512):
 # a causal row's j < i + 1 is rarely a multiple of it, and LLVM's remainder loop is scalar.
 LANES = 16
 
+# Every vectorised loop below writes one array and reads at most a few: LLVM proves
+# independence by a runtime check per written/read pair, and gives up (scalar code) beyond
+# eight. So each loop has one output, and four terms are summed per store (in a fixed
+# order) to share its load and store.
+
 
 @jit(inline="always")
-def _dot_rows(s, s0, a, a0, col, r, kt, dh, n):
-    # s[s0 + y, j] = sum_c a[a0 + y, col + c] kt[c, j] for y < r, j < n (c outer: the j loop
-    # streams contiguous kt and s rows; four rows share each kt load)
-    zero = fastmath.const(0, s)
-    for y in range(r):
-        sr = s[s0 + y]
+def _dot_row(sr, a, kt, dh, n):
+    # sr[j] = sum_c a[c] kt[c, j] for j < n: c outer four at a time, the j loop a stream
+    zero = fastmath.const(0, sr)
+    for j in range(n):
+        sr[j] = zero
+    m = dh - dh % 4
+    for c in range(0, m, 4):
+        a0, a1, a2, a3 = a[c], a[c + 1], a[c + 2], a[c + 3]
+        k0, k1, k2, k3 = kt[c], kt[c + 1], kt[c + 2], kt[c + 3]
         for j in range(n):
-            sr[j] = zero
-    if r == 4:
-        t0, t1, t2, t3 = s[s0], s[s0 + 1], s[s0 + 2], s[s0 + 3]
+            sr[j] += (a0 * k0[j] + a1 * k1[j]) + (a2 * k2[j] + a3 * k3[j])
+    for c in range(m, dh):
+        ac, kc = a[c], kt[c]
+        for j in range(n):
+            sr[j] += ac * kc[j]
+
+
+@jit(inline="always")
+def _mix_row(out, w, x, col, dh, n):
+    # out[c] = sum_{j < n} w[j] x[j, col + c]: four j at a time into the one output row
+    zero = fastmath.const(0, out)
+    for c in range(dh):
+        out[c] = zero
+    m = n - n % 4
+    for j in range(0, m, 4):
+        w0, w1, w2, w3 = w[j], w[j + 1], w[j + 2], w[j + 3]
+        x0, x1 = x[j, col:col + dh], x[j + 1, col:col + dh]
+        x2, x3 = x[j + 2, col:col + dh], x[j + 3, col:col + dh]
         for c in range(dh):
-            q0, q1 = a[a0, col + c], a[a0 + 1, col + c]
-            q2, q3 = a[a0 + 2, col + c], a[a0 + 3, col + c]
-            kc = kt[c]
-            for j in range(n):
-                kj = kc[j]
-                t0[j] += q0 * kj
-                t1[j] += q1 * kj
-                t2[j] += q2 * kj
-                t3[j] += q3 * kj
-    else:
-        for y in range(r):
-            sr = s[s0 + y]
-            for c in range(dh):
-                qc = a[a0 + y, col + c]
-                kc = kt[c]
-                for j in range(n):
-                    sr[j] += qc * kc[j]
+            out[c] += (w0 * x0[c] + w1 * x1[c]) + (w2 * x2[c] + w3 * x3[c])
+    for j in range(m, n):
+        wj, xr = w[j], x[j, col:col + dh]
+        for c in range(dh):
+            out[c] += wj * xr[c]
 
 
 @jit(inline="always")
@@ -90,74 +101,39 @@ def _softmax_row(sr, n, sc):
 
 
 @jit(inline="always")
-def _pv_rows(o, p, i0, r, x, qo, vo, dh, jfull, causal, nt):
-    # o[i, qo:qo + dh] = sum_j p[i, j] v_j (v_j = x[j, vo:vo + dh]) for rows i = i0 + y, y < r:
-    # j < jfull for all rows in one sweep (four rows share each v_j load), the causal rest
-    # row by row. Head slices are taken first: an index qo + c would keep numba's
-    # negative-index fix-up in the loop, which stops LLVM's vectoriser.
-    zero = fastmath.const(0, o)
-    for y in range(r):
-        orow = o[i0 + y, qo:qo + dh]
-        for c in range(dh):
-            orow[c] = zero
-    j0 = 0
-    if r == 4:
-        j0 = jfull
-        o0, o1 = o[i0, qo:qo + dh], o[i0 + 1, qo:qo + dh]
-        o2, o3 = o[i0 + 2, qo:qo + dh], o[i0 + 3, qo:qo + dh]
-        p0, p1, p2, p3 = p[i0], p[i0 + 1], p[i0 + 2], p[i0 + 3]
-        for j in range(jfull):
-            vr = x[j, vo:vo + dh]
-            a0, a1, a2, a3 = p0[j], p1[j], p2[j], p3[j]
-            for c in range(dh):
-                vc = vr[c]
-                o0[c] += a0 * vc
-                o1[c] += a1 * vc
-                o2[c] += a2 * vc
-                o3[c] += a3 * vc
-    for y in range(r):
-        orow, prow = o[i0 + y, qo:qo + dh], p[i0 + y]
-        n = i0 + y + 1 if causal else nt
-        for j in range(j0, n):
-            pj = prow[j]
-            vr = x[j, vo:vo + dh]
-            for c in range(dh):
-                orow[c] += pj * vr[c]
+def _padded(n, nt):
+    # n rounded up to whole LANES, at most nt: the score columns a row computes
+    return min(nt, (n + LANES - 1) // LANES * LANES)
 
 
 @jit
 def _sdpa_fwd(out, p, kt, qkv, n_heads, scale, causal, i0, i1):
-    # out (B, T, d) rows; p (B h, T, T); kt (dh, T) scratch; qkv (B, T, 3d); pairs i0..i1
+    # out (B, T, d) rows; p (B h, T, T); kt (dh, T) scratch; qkv (B, T, 3d); pairs i0..i1.
+    # Head slices are taken before the element loops: an index qo + c would keep numba's
+    # negative-index fix-up in the loop, which stops LLVM's vectoriser.
     nt, d = qkv.shape[1], out.shape[2]
     dh = d // n_heads
     sc = fastmath.const(scale, p)
     for pair in range(i0, i1):
         b, h = pair // n_heads, pair % n_heads
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
-        x, pp, o = qkv[b], p[pair], out[b]
+        x, pp = qkv[b], p[pair]
         _transpose_head(kt, qkv, b, ko, dh, nt)
-        for r0 in range(0, nt, ROWS):
-            r = min(ROWS, nt - r0)
-            need = r0 + r if causal else nt              # score columns the block reads
-            _dot_rows(pp, r0, x, r0, qo, r, kt, dh, min(nt, -(-need // LANES) * LANES))
-            for y in range(r):
-                _softmax_row(pp[r0 + y], r0 + y + 1 if causal else nt, sc)
-            _pv_rows(o, pp, r0, r, x, qo, vo, dh, r0 + 1 if causal else nt, causal, nt)
+        for i in range(nt):
+            n = i + 1 if causal else nt
+            _dot_row(pp[i], x[i, qo:qo + dh], kt, dh, _padded(n, nt))   # S row (padded)
+            _softmax_row(pp[i], n, sc)
+            _mix_row(out[b, i, qo:qo + dh], pp[i], x, vo, dh, n)       # O row = P_i v
     return 0
 
 
 @jit(inline="always")
-def _grads_rows(dx, ds, p, x, g, i0, r, h, dh, jfull, causal, nt):
-    # for rows i = i0 + y, y < r, and their j: dq_i = sum_j dS_ij k_j, dk_j += dS_ij q_i,
-    # dv_j += P_ij dO_i (g the (T, d) dO rows, x the (T, 3d) qkv rows, dx its gradient); j <
-    # jfull for all rows in one sweep, the causal rest row by row
-    d = g.shape[1]
-    qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
-    zero = fastmath.const(0, ds)
-    for y in range(r):
-        dq = dx[i0 + y, qo:qo + dh]
-        for c in range(dh):
-            dq[c] = zero
+def _kv_grads(dx, ds, p, x, g, i0, r, offs, dh, jfull, causal, nt):
+    # dk_j += sum_i dS_ij q_i and dv_j += sum_i P_ij dO_i over the rows i = i0 + y, y < r
+    # (x the (T, 3d) qkv rows, g the (T, d) dO rows, dx the (T, 3d) gradient rows):
+    # j < jfull for four rows in one sweep, the rest (the causal diagonal block, or the
+    # rows of a short block) row by row
+    qo, ko, vo = offs
     j0 = 0
     if r == 4:
         j0 = jfull
@@ -165,30 +141,25 @@ def _grads_rows(dx, ds, p, x, g, i0, r, h, dh, jfull, causal, nt):
         q2, q3 = x[i0 + 2, qo:qo + dh], x[i0 + 3, qo:qo + dh]
         g0, g1 = g[i0, qo:qo + dh], g[i0 + 1, qo:qo + dh]
         g2, g3 = g[i0 + 2, qo:qo + dh], g[i0 + 3, qo:qo + dh]
-        e0, e1 = dx[i0, qo:qo + dh], dx[i0 + 1, qo:qo + dh]
-        e2, e3 = dx[i0 + 2, qo:qo + dh], dx[i0 + 3, qo:qo + dh]
         for j in range(jfull):
-            kr, dk, dv = x[j, ko:ko + dh], dx[j, ko:ko + dh], dx[j, vo:vo + dh]
             s0, s1, s2, s3 = ds[0, j], ds[1, j], ds[2, j], ds[3, j]
-            a0, a1, a2, a3 = p[i0, j], p[i0 + 1, j], p[i0 + 2, j], p[i0 + 3, j]
+            dk = dx[j, ko:ko + dh]
             for c in range(dh):
-                kc = kr[c]
-                e0[c] += s0 * kc
-                e1[c] += s1 * kc
-                e2[c] += s2 * kc
-                e3[c] += s3 * kc
                 dk[c] += (s0 * q0[c] + s1 * q1[c]) + (s2 * q2[c] + s3 * q3[c])
+            a0, a1, a2, a3 = p[i0, j], p[i0 + 1, j], p[i0 + 2, j], p[i0 + 3, j]
+            dv = dx[j, vo:vo + dh]
+            for c in range(dh):
                 dv[c] += (a0 * g0[c] + a1 * g1[c]) + (a2 * g2[c] + a3 * g3[c])
     for y in range(r):
         i = i0 + y
-        n = i + 1 if causal else nt
-        qr, gr, dq = x[i, qo:qo + dh], g[i, qo:qo + dh], dx[i, qo:qo + dh]
-        for j in range(j0, n):
+        qr, gr = x[i, qo:qo + dh], g[i, qo:qo + dh]
+        for j in range(j0, i + 1 if causal else nt):
             sj, pj = ds[y, j], p[i, j]
-            kr, dk, dv = x[j, ko:ko + dh], dx[j, ko:ko + dh], dx[j, vo:vo + dh]
+            dk = dx[j, ko:ko + dh]
             for c in range(dh):
-                dq[c] += sj * kr[c]
                 dk[c] += sj * qr[c]
+            dv = dx[j, vo:vo + dh]
+            for c in range(dh):
                 dv[c] += pj * gr[c]
 
 
@@ -211,15 +182,17 @@ def _sdpa_bwd(dqkv, vt, ds, do, p, qkv, n_heads, scale, causal, i0, i1):
                 dv[c] = zero
         for r0 in range(0, nt, ROWS):
             r = min(ROWS, nt - r0)
-            need = r0 + r if causal else nt
-            _dot_rows(ds, 0, g, r0, qo, r, vt, dh, min(nt, -(-need // LANES) * LANES))  # dP
             for y in range(r):
-                n = r0 + y + 1 if causal else nt
-                dsr, pr = ds[y], pp[r0 + y]
-                rs = lanes.row_dot(dsr[:n], pr[:n])     # sum_j dP_ij P_ij
-                for j in range(n):                      # dS = P (dP - rs), times the scale
+                i = r0 + y
+                n = i + 1 if causal else nt
+                dsr, pr = ds[y], pp[i]
+                _dot_row(dsr, g[i, qo:qo + dh], vt, dh, _padded(n, nt))  # dP_i = dO_i v^T
+                rs = lanes.row_dot(dsr[:n], pr[:n])             # sum_j dP_ij P_ij
+                for j in range(n):                              # dS = P (dP - rs) * scale
                     dsr[j] = pr[j] * (dsr[j] - rs) * sc
-            _grads_rows(dx, ds, pp, x, g, r0, r, h, dh, r0 + 1 if causal else nt, causal, nt)
+                _mix_row(dx[i, qo:qo + dh], dsr, x, ko, dh, n)  # dq_i = sum_j dS_ij k_j
+            _kv_grads(dx, ds, pp, x, g, r0, r, (qo, ko, vo), dh, r0 + 1 if causal else nt,
+                      causal, nt)
     return 0
 
 
