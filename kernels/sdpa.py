@@ -38,30 +38,33 @@ def _transpose_head(out, x, b, col, dh, nt):
             out[c, j] = xr[col + c]
 
 
-# Rows per block of the backward's dk, dv sweep: four rows of dS share each dk_j, dv_j update.
-ROWS = 4
+# Rows per block of the backward's dk, dv sweep: eight rows of dS share each dk_j, dv_j update.
+ROWS = 8
 # Score columns are computed in multiples of this (the vector width of float32 on AVX-512):
 # a causal row's j < i + 1 is rarely a multiple of it, and LLVM's remainder loop is scalar.
 LANES = 16
 
-# Every vectorised loop below writes one array and reads at most a few: LLVM proves
+# Every vectorised loop below writes one array and reads at most eight others: LLVM proves
 # independence by a runtime check per written/read pair, and gives up (scalar code) beyond
-# eight. So each loop has one output, and four terms are summed per store (in a fixed
+# eight. So each loop has one output, and eight terms are summed per store (in a fixed
 # order) to share its load and store.
 
 
 @jit(inline="always")
 def _dot_row(sr, a, kt, dh, n):
-    # sr[j] = sum_c a[c] kt[c, j] for j < n: c outer four at a time, the j loop a stream
+    # sr[j] = sum_c a[c] kt[c, j] for j < n: c outer eight at a time, the j loop a stream
     zero = fastmath.const(0, sr)
     for j in range(n):
         sr[j] = zero
-    m = dh - dh % 4
-    for c in range(0, m, 4):
+    m = dh - dh % 8
+    for c in range(0, m, 8):
         a0, a1, a2, a3 = a[c], a[c + 1], a[c + 2], a[c + 3]
+        a4, a5, a6, a7 = a[c + 4], a[c + 5], a[c + 6], a[c + 7]
         k0, k1, k2, k3 = kt[c], kt[c + 1], kt[c + 2], kt[c + 3]
+        k4, k5, k6, k7 = kt[c + 4], kt[c + 5], kt[c + 6], kt[c + 7]
         for j in range(n):
-            sr[j] += (a0 * k0[j] + a1 * k1[j]) + (a2 * k2[j] + a3 * k3[j])
+            sr[j] += (((a0 * k0[j] + a1 * k1[j]) + (a2 * k2[j] + a3 * k3[j]))
+                      + ((a4 * k4[j] + a5 * k5[j]) + (a6 * k6[j] + a7 * k7[j])))
     for c in range(m, dh):
         ac, kc = a[c], kt[c]
         for j in range(n):
@@ -70,17 +73,21 @@ def _dot_row(sr, a, kt, dh, n):
 
 @jit(inline="always")
 def _mix_row(out, w, x, col, dh, n):
-    # out[c] = sum_{j < n} w[j] x[j, col + c]: four j at a time into the one output row
+    # out[c] = sum_{j < n} w[j] x[j, col + c]: eight j at a time into the one output row
     zero = fastmath.const(0, out)
     for c in range(dh):
         out[c] = zero
-    m = n - n % 4
-    for j in range(0, m, 4):
+    m = n - n % 8
+    for j in range(0, m, 8):
         w0, w1, w2, w3 = w[j], w[j + 1], w[j + 2], w[j + 3]
+        w4, w5, w6, w7 = w[j + 4], w[j + 5], w[j + 6], w[j + 7]
         x0, x1 = x[j, col:col + dh], x[j + 1, col:col + dh]
         x2, x3 = x[j + 2, col:col + dh], x[j + 3, col:col + dh]
+        x4, x5 = x[j + 4, col:col + dh], x[j + 5, col:col + dh]
+        x6, x7 = x[j + 6, col:col + dh], x[j + 7, col:col + dh]
         for c in range(dh):
-            out[c] += (w0 * x0[c] + w1 * x1[c]) + (w2 * x2[c] + w3 * x3[c])
+            out[c] += (((w0 * x0[c] + w1 * x1[c]) + (w2 * x2[c] + w3 * x3[c]))
+                       + ((w4 * x4[c] + w5 * x5[c]) + (w6 * x6[c] + w7 * x7[c])))
     for j in range(m, n):
         wj, xr = w[j], x[j, col:col + dh]
         for c in range(dh):
@@ -131,25 +138,33 @@ def _sdpa_fwd(out, p, kt, qkv, n_heads, scale, causal, i0, i1):
 def _kv_grads(dx, ds, p, x, g, i0, r, offs, dh, jfull, causal, nt):
     # dk_j += sum_i dS_ij q_i and dv_j += sum_i P_ij dO_i over the rows i = i0 + y, y < r
     # (x the (T, 3d) qkv rows, g the (T, d) dO rows, dx the (T, 3d) gradient rows):
-    # j < jfull for four rows in one sweep, the rest (the causal diagonal block, or the
+    # j < jfull for eight rows in one sweep, the rest (the causal diagonal block, or the
     # rows of a short block) row by row
     qo, ko, vo = offs
     j0 = 0
-    if r == 4:
+    if r == 8:
         j0 = jfull
         q0, q1 = x[i0, qo:qo + dh], x[i0 + 1, qo:qo + dh]
         q2, q3 = x[i0 + 2, qo:qo + dh], x[i0 + 3, qo:qo + dh]
+        q4, q5 = x[i0 + 4, qo:qo + dh], x[i0 + 5, qo:qo + dh]
+        q6, q7 = x[i0 + 6, qo:qo + dh], x[i0 + 7, qo:qo + dh]
         g0, g1 = g[i0, qo:qo + dh], g[i0 + 1, qo:qo + dh]
         g2, g3 = g[i0 + 2, qo:qo + dh], g[i0 + 3, qo:qo + dh]
+        g4, g5 = g[i0 + 4, qo:qo + dh], g[i0 + 5, qo:qo + dh]
+        g6, g7 = g[i0 + 6, qo:qo + dh], g[i0 + 7, qo:qo + dh]
         for j in range(jfull):
             s0, s1, s2, s3 = ds[0, j], ds[1, j], ds[2, j], ds[3, j]
+            s4, s5, s6, s7 = ds[4, j], ds[5, j], ds[6, j], ds[7, j]
             dk = dx[j, ko:ko + dh]
             for c in range(dh):
-                dk[c] += (s0 * q0[c] + s1 * q1[c]) + (s2 * q2[c] + s3 * q3[c])
+                dk[c] += (((s0 * q0[c] + s1 * q1[c]) + (s2 * q2[c] + s3 * q3[c]))
+                          + ((s4 * q4[c] + s5 * q5[c]) + (s6 * q6[c] + s7 * q7[c])))
             a0, a1, a2, a3 = p[i0, j], p[i0 + 1, j], p[i0 + 2, j], p[i0 + 3, j]
+            a4, a5, a6, a7 = p[i0 + 4, j], p[i0 + 5, j], p[i0 + 6, j], p[i0 + 7, j]
             dv = dx[j, vo:vo + dh]
             for c in range(dh):
-                dv[c] += (a0 * g0[c] + a1 * g1[c]) + (a2 * g2[c] + a3 * g3[c])
+                dv[c] += (((a0 * g0[c] + a1 * g1[c]) + (a2 * g2[c] + a3 * g3[c]))
+                          + ((a4 * g4[c] + a5 * g5[c]) + (a6 * g6[c] + a7 * g7[c])))
     for y in range(r):
         i = i0 + y
         qr, gr = x[i, qo:qo + dh], g[i, qo:qo + dh]
