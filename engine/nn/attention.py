@@ -58,10 +58,15 @@ class MultiHeadAttention(Module):
     d_model), ``b_o`` (d_model,); no biases with ``bias=False``; weights by ``init``
     (``init_weight``), biases zero.
 
-    Memory: the scores, their gradient (and with dropout the dropped weights and the mask)
-    are kept whole, ``k * B * n_heads * T^2`` elements with k = 2 (4 with dropout). A call
-    whose score buffers would exceed ``max_scores_bytes`` (default 1 GiB) raises ValueError
-    before anything changes: use smaller batches or shorter sequences.
+    The heads run as compiled kernels over all (batch, head) pairs (kernels.sdpa) or as
+    per-head BLAS GEMMs, per ``path`` ("auto": ``kernel_wins`` by sequence length and head
+    size; attention dropout in training always takes the GEMMs).
+
+    Memory: the probabilities are kept whole for backward; the per-head GEMMs also keep
+    their gradient (and with dropout the dropped weights and the mask): ``k * B * n_heads *
+    T^2`` elements with k = 2 (4 with dropout) at most. A call whose score buffers could
+    exceed ``max_scores_bytes`` (default 1 GiB) by that bound raises ValueError before
+    anything changes: use smaller batches or shorter sequences.
     """
 
     fuses_residual = True
