@@ -52,17 +52,18 @@ TINY_GPT = dict(vocab=11, n_layer=1, n_head=2, d_model=8, seq_len=8, batch=2)
 NANOGPT_CPU = dict(vocab=65, n_layer=4, n_head=4, d_model=128, seq_len=64, batch=12,
                    bias=False)
 TINY_NANOGPT = dict(vocab=11, n_layer=1, n_head=2, d_model=8, seq_len=8, batch=2, bias=False)
-# --paths: (d_head, T) per case, 4 heads; B = 8 sequences (2 at T = 1024).
-PATH_CASES = [(dh, t) for dh in (32, 64) for t in (64, 128, 256, 1024)]
-TINY_PATH_CASES = [(4, 8)]
+# --paths: (d_head, T, causal) per case, 4 heads; B = 8 sequences (2 at T = 1024).
+PATH_CASES = ([(dh, t, True) for dh in (32, 64) for t in (64, 128, 256, 1024)]
+              + [(dh, t, False) for dh in (32, 64) for t in (64, 256, 1024)])
+TINY_PATH_CASES = [(4, 8, True), (4, 8, False)]
 
 
-def mha_case(shape, dtype=np.float32, path="auto"):
-    """(fn, floor, flops): forward+backward of a causal MultiHeadAttention at ``shape``, its
-    heads run as ``path`` says (MultiHeadAttention.path)."""
+def mha_case(shape, dtype=np.float32, path="auto", causal=True):
+    """(fn, floor, flops): forward+backward of a MultiHeadAttention (causal by default) at
+    ``shape``, its heads run as ``path`` says (MultiHeadAttention.path)."""
     from engine.nn.attention import MultiHeadAttention
     b, t, d, h = shape
-    m = MultiHeadAttention(d, h, causal=True, dtype=dtype, rng=0)
+    m = MultiHeadAttention(d, h, causal=causal, dtype=dtype, rng=0)
     m.path = path
     rng = np.random.default_rng(0)
     x = rng.standard_normal((b, t, d)).astype(dtype)
@@ -225,24 +226,25 @@ def nanogpt_rows(s, per_pair, thread_counts) -> list:
 
 def path_rows(cases, per_pair) -> list:
     """MultiHeadAttention forward+backward, compiled heads against per-head GEMMs, per
-    (d_head, T): 4 heads, 8 sequences (2 at T >= 1024)."""
+    (d_head, T, causal): 4 heads, 8 sequences (2 at T >= 1024)."""
     from engine.nn.attention import kernel_wins
     rows = []
-    print(f"{'d_head':>6} {'T':>5} {'B':>3} {'kernel ms':>10} {'BLAS ms':>9} "
+    print(f"{'d_head':>6} {'T':>5} {'causal':>6} {'B':>3} {'kernel ms':>10} {'BLAS ms':>9} "
           f"{'kernel/BLAS':>11} {'rule':>7}")
-    for dh, t in cases:
+    for dh, t, causal in cases:
         shape = (2 if t >= 1024 else 8, t, 4 * dh, 4)
-        fn_k, _, _ = mha_case(shape, path="kernel")
-        fn_b, _, _ = mha_case(shape, path="blas")
+        fn_k, _, _ = mha_case(shape, path="kernel", causal=causal)
+        fn_b, _, _ = mha_case(shape, path="blas", causal=causal)
         timing.warm_up(fn_k)
         timing.warm_up(fn_b)
         r = timing.paired_ratio(fn_k, fn_b, per_pair)
-        row = dict(d_head=dh, T=t, B=shape[0], kernel_ms=_median_ms(fn_k, 5),
+        row = dict(d_head=dh, T=t, causal=causal, B=shape[0], kernel_ms=_median_ms(fn_k, 5),
                    blas_ms=_median_ms(fn_b, 5), kernel_over_blas=r.value,
-                   rule="kernel" if kernel_wins(t, dh) else "blas", kept=[r.kept, r.total])
+                   rule="kernel" if kernel_wins(t, dh, causal) else "blas",
+                   kept=[r.kept, r.total])
         rows.append(row)
-        print(f"{dh:6d} {t:5d} {shape[0]:3d} {row['kernel_ms']:10.2f} {row['blas_ms']:9.2f} "
-              f"{r.value:11.3f} {row['rule']:>7}")
+        print(f"{dh:6d} {t:5d} {str(causal):>6} {shape[0]:3d} {row['kernel_ms']:10.2f} "
+              f"{row['blas_ms']:9.2f} {r.value:11.3f} {row['rule']:>7}")
     return rows
 
 

@@ -29,9 +29,10 @@ MAX_SCORES_BYTES = 1 << 30
 PATHS = ("auto", "kernel", "blas")  # values of MultiHeadAttention.path
 
 
-def kernel_wins(seq_len: int, d_head: int) -> bool:
+def kernel_wins(seq_len: int, d_head: int, causal: bool = True) -> bool:
     """Whether the compiled attention (kernels.sdpa) is the faster path for sequences of
-    ``seq_len`` and heads of ``d_head`` features, by the table in docs/performance.md."""
+    ``seq_len``, heads of ``d_head`` features and a causal mask or none, by the table in
+    docs/performance.md."""
     return True
 
 
@@ -166,7 +167,7 @@ class MultiHeadAttention(Module):
         (kernels.sdpa) rather than the per-head BLAS GEMMs (see ``path``)."""
         if (self.training and self.p > 0.0) or self._path == "blas":
             return False
-        return self._path == "kernel" or kernel_wins(seq_len, self.d_head)
+        return self._path == "kernel" or kernel_wins(seq_len, self.d_head, self.causal)
 
     def _make_views(self, key):
         b, t, fused = key
