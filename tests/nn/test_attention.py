@@ -289,3 +289,20 @@ def test_transformer_block_on_empty_sequences(norm):
     y = m(np.zeros((2, 0, 12)))
     assert y.shape == (2, 0, 12)
     assert m.backward(np.zeros((2, 0, 12))).shape == (2, 0, 12)
+
+
+@pytest.mark.parametrize("causal, t, per_head", [(True, 130, False), (False, 130, True),
+                                                 (False, 9, False)])
+def test_auto_path_follows_kernel_wins_and_gemm_list_matches(causal, t, per_head):
+    # Check that "auto" takes the per-head GEMMs exactly where kernel_wins says BLAS is faster
+    # (full attention at long T), and that gemm_list lists the GEMMs that then run.
+    from engine.nn.attention import kernel_wins
+    m = _mha(8, 2, causal=causal, dtype=np.float32)
+    assert kernel_wins(t, 4, causal) is not per_head
+    x = np.random.default_rng(14).standard_normal((1, t, 8)).astype(np.float32)
+    with instrument.record() as rec:
+        m(x)
+        m.backward(np.ones_like(x))
+    seen = [c.args for c in rec.of("gemm")]
+    assert len(seen) == 6 + (6 * 2 if per_head else 0)
+    assert len(m.gemm_list((1, t))) == len(seen)
