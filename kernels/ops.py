@@ -84,3 +84,11 @@ heads_merge = heads_merge_unchecked    # (M, B, H, T, dh) head-major -> (B, T, M
 causal_fill = causal_fill_unchecked    # s[p, i, j > i] = value
 
 NAMES += ("heads_split", "heads_merge", "causal_fill")
+
+# --- compiled scaled dot-product attention over all (batch, head) pairs -----------------------
+from .sdpa import sdpa_backward_unchecked, sdpa_forward_unchecked  # noqa: E402
+
+sdpa_forward = sdpa_forward_unchecked    # O rows = softmax(q k^T scale + mask) v; P kept
+sdpa_backward = sdpa_backward_unchecked  # d[q | k | v] rows from dO rows, P, qkv
+
+NAMES += ("sdpa_forward", "sdpa_backward")

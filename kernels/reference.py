@@ -449,38 +449,6 @@ def embedding_backward(dweight, ids, dout):
 
 
 # ----------------------------------------------------------------------------- attention
-def heads_split(out, x, n_heads):
-    """out[m, b, h, t, :] = x[b, t, m*d + h*dh : m*d + (h+1)*dh], d = n_heads * dh."""
-    m, b, h, t, dh = out.shape
-    out[...] = x.reshape(b, t, m, h, dh).transpose(2, 0, 3, 1, 4)
-    return out
-
-
-def heads_merge(out, x):
-    """The inverse of heads_split: x (M, B, H, T, dh) back to rows out (B, T, M*H*dh)."""
-    out[...] = x.transpose(1, 3, 0, 2, 4).reshape(out.shape)
-    return out
-
-
-def causal_fill(s, value=-np.inf):
-    """s[p, i, j] = value for every j > i."""
-    t = s.shape[-1]
-    s[:, np.triu(np.ones((t, t), bool), 1)] = value
-    return s
-
-
-def attention(x, w_qkv, b_qkv, w_o, b_o, n_heads, causal=True):
-    """Multi-head self-attention in float64, the textbook way: y (B, T, d) for x (B, T, d)."""
-    bsz, t, d = x.shape
-    dh = d // n_heads
-    qkv = x.reshape(-1, d) @ w_qkv + b_qkv
-    q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(bsz, t, n_heads, dh).transpose(0, 2, 1, 3)
-               for i in range(3))
-    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(dh)
-    if causal:
-        s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
-    s = s - s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    o = (p @ v).transpose(0, 2, 1, 3).reshape(-1, d)
-    return (o @ w_o + b_o).reshape(bsz, t, d)
+# In their own file (kernels/reference_attention.py), one namespace here.
+from .reference_attention import (attention, causal_fill, heads_merge,  # noqa: E402,F401
+                                  heads_split, sdpa_backward, sdpa_forward)

@@ -1,11 +1,13 @@
 """``MultiHeadAttention``: multi-head scaled dot-product self-attention (Vaswani et al. 2017),
 causal (GPT, Radford et al. 2018) or full, on the module protocol.
 
-Every product is a BLAS GEMM on contiguous operands: one (N, d) x (d, 3d) projection for
-q, k and v together, one pass that moves the heads into head-major buffers
-(kernels.attention), then per (batch, head) ``S = q k^T`` and ``O = P v`` on contiguous
-(T, d_head) and (T, T) matrices, one pass back to rows and the output projection, into
-which the residual is fused. The scores are materialised: memory O(B h T^2).
+The projections are BLAS GEMMs over all rows: one (N, d) x (d, 3d) for q, k and v together
+and the output projection, into which the residual is fused. Between them, the heads run
+either as one compiled kernel call over all (batch, head) pairs each way (kernels.sdpa:
+reads q, k, v from the projection's rows, computes only the causal half, writes O rows), or,
+with attention dropout or where ``kernel_wins`` says BLAS is faster, as per (batch, head)
+GEMMs ``S = q k^T``, ``O = P v`` on head-major copies (kernels.attention). The probabilities
+are materialised: memory O(B h T^2).
 """
 from __future__ import annotations
 
@@ -16,14 +18,27 @@ import numpy as np
 
 from kernels import ops
 
-from .._checks import check_bool, check_positive_int, check_real
+from .._checks import check_bool, check_choice, check_positive_int, check_real
 from .module import Module, Parameter, check_init, check_sequences, init_weight, make_rng
 from .registry import register_block
 
-__all__ = ["MultiHeadAttention", "MAX_SCORES_BYTES"]
+__all__ = ["MultiHeadAttention", "MAX_SCORES_BYTES", "kernel_wins"]
 
 # Default bound on the score buffers of one call (see MultiHeadAttention).
 MAX_SCORES_BYTES = 1 << 30
+PATHS = ("auto", "kernel", "blas")  # values of MultiHeadAttention.path
+FULL_KERNEL_BELOW_T = 128  # full (non-causal) attention runs the compiled heads below this T
+
+
+def kernel_wins(seq_len: int, d_head: int, causal: bool = True) -> bool:
+    """Whether the compiled attention (kernels.sdpa) is the faster path for sequences of
+    ``seq_len``, heads of ``d_head`` features and a causal mask or none, by the table in
+    docs/performance.md ("Compiled attention"). Causal: the kernels compute half the scores
+    and make no per-head calls, faster at every measured shape (T 64-1024, d_head 32-128,
+    1 thread: 0.53-0.91x the GEMMs' time). Full attention: the same arithmetic as the
+    GEMMs, which are faster per flop, so the kernels only below T = 128 (equal at T = 64,
+    GEMMs 1.1-1.45x faster from T = 256)."""
+    return causal or seq_len < FULL_KERNEL_BELOW_T
 
 
 @register_block(
@@ -49,10 +64,15 @@ class MultiHeadAttention(Module):
     d_model), ``b_o`` (d_model,); no biases with ``bias=False``; weights by ``init``
     (``init_weight``), biases zero.
 
-    Memory: the scores, their gradient (and with dropout the dropped weights and the mask)
-    are kept whole, ``k * B * n_heads * T^2`` elements with k = 2 (4 with dropout). A call
-    whose score buffers would exceed ``max_scores_bytes`` (default 1 GiB) raises ValueError
-    before anything changes: use smaller batches or shorter sequences.
+    The heads run as compiled kernels over all (batch, head) pairs (kernels.sdpa) or as
+    per-head BLAS GEMMs, per ``path`` ("auto": ``kernel_wins`` by sequence length and head
+    size; attention dropout in training always takes the GEMMs).
+
+    Memory: the probabilities are kept whole for backward; the per-head GEMMs also keep
+    their gradient (and with dropout the dropped weights and the mask): ``k * B * n_heads *
+    T^2`` elements with k = 2 (4 with dropout) at most. A call whose score buffers could
+    exceed ``max_scores_bytes`` (default 1 GiB) by that bound raises ValueError before
+    anything changes: use smaller batches or shorter sequences.
     """
 
     fuses_residual = True
@@ -90,6 +110,8 @@ class MultiHeadAttention(Module):
         c.bt = None       # (B, T) of the last forward
         c.x = None        # (N, d_model) the last input, by reference
         c.dropped = False
+        c.fused = False   # the last forward ran the compiled kernels (kernels.sdpa)
+        self._set_plain("_path", "auto")
 
     def get_config(self) -> dict:
         return {"d_model": self.d_model, "n_heads": self.n_heads, "causal": self.causal,
@@ -134,30 +156,53 @@ class MultiHeadAttention(Module):
         self._saved.pending = self.check_sequences(x)
         return super().forward(x, residual=residual)
 
+    @property
+    def path(self) -> str:
+        """How the heads run: "auto" (default: ``kernel_wins`` decides per sequence length),
+        "kernel" (the compiled kernels.sdpa) or "blas" (per-head GEMMs). Attention dropout in
+        training always runs "blas" (the kernels have no dropout). Set between steps."""
+        return self._path
+
+    @path.setter
+    def path(self, value: str) -> None:
+        self._set_plain("_path", check_choice("path", value, PATHS))
+
+    def uses_kernel(self, seq_len: int) -> bool:
+        """True when a forward on sequences of ``seq_len`` runs the compiled attention
+        (kernels.sdpa) rather than the per-head BLAS GEMMs (see ``path``)."""
+        if (self.training and self.p > 0.0) or self._path == "blas":
+            return False
+        return self._path == "kernel" or kernel_wins(seq_len, self.d_head, self.causal)
+
     def _make_views(self, key):
-        b, t = key
+        b, t, fused = key
         ws, d, h, dh = self._ws, self.d_model, self.n_heads, self.d_head
         n, bh = b * t, b * h
-        heads = ws.get("heads", 3 * bh * t * dh).reshape(3, b, h, t, dh)  # q, k, v head-major
-        dheads = ws.get("dheads", 3 * bh * t * dh).reshape(3, b, h, t, dh)  # dq, dk, dv
-        oh = ws.get("oh", bh * t * dh).reshape(1, b, h, t, dh)  # heads' outputs; dO in backward
         s = ws.get("s", bh * t, t)    # (bh*T, T) scores, then P = softmax (kept for backward)
-        ds = ws.get("ds", bh * t, t)  # (bh*T, T) dP, then dS in place
         v = SimpleNamespace(
-            qkv=ws.get("qkv", n, 3 * d),  # (N, 3d) x W_qkv + b_qkv; d[q|k|v] in backward
+            qkv=ws.get("qkv", n, 3 * d),  # (N, 3d) x W_qkv + b_qkv (BLAS path: then d[q|k|v])
             o=ws.get("o", n, d),          # (N, d) heads merged; dO rows in backward
             y=ws.get("y", n, d),          # (N, d) output
             dx=ws.get("dx", n, d),        # (N, d) input gradient
-            heads=heads, dheads=dheads, oh=oh, s=s, ds=ds,
-            s3=s.reshape(bh, t, t))
+            s=s, s3=s.reshape(bh, t, t))
+        if fused:  # the kernels read and write rows: no head-major copies, no dS buffer
+            v.dqkv = ws.get("dqkv", n, 3 * d)  # (N, 3d) d[q | k | v]
+            v.qkv3, v.o3 = v.qkv.reshape(b, t, 3 * d), v.o.reshape(b, t, d)
+            v.dqkv3 = v.dqkv.reshape(b, t, 3 * d)
+            return v
+        v.dqkv = v.qkv
+        v.heads = ws.get("heads", 3 * bh * t * dh).reshape(3, b, h, t, dh)  # q, k, v head-major
+        v.dheads = ws.get("dheads", 3 * bh * t * dh).reshape(3, b, h, t, dh)  # dq, dk, dv
+        v.oh = ws.get("oh", bh * t * dh).reshape(1, b, h, t, dh)  # heads' outputs; dO
+        v.ds = ws.get("ds", bh * t, t)  # (bh*T, T) dP, then dS in place
         pd = s
         if self.p > 0.0:
             pd = v.pd = ws.get("pd", bh * t, t)      # (bh*T, T) dropout(P)
             v.mask = ws.get("mask", bh * t, t)       # (bh*T, T) dropout mask for backward
-        q, k, vv = (heads[i].reshape(bh, t, dh) for i in range(3))
-        dq, dk, dv = (dheads[i].reshape(bh, t, dh) for i in range(3))
-        o3 = oh.reshape(bh, t, dh)
-        s3, ds3, pd3 = s.reshape(bh, t, t), ds.reshape(bh, t, t), pd.reshape(bh, t, t)
+        q, k, vv = (v.heads[i].reshape(bh, t, dh) for i in range(3))
+        dq, dk, dv = (v.dheads[i].reshape(bh, t, dh) for i in range(3))
+        o3 = v.oh.reshape(bh, t, dh)
+        s3, ds3, pd3 = v.s3, v.ds.reshape(bh, t, t), pd.reshape(bh, t, t)
         # One tuple of contiguous 2-D operands per (batch, head): indexing costs ~0.2 us each.
         v.per_head = [(q[i], k[i], vv[i], s3[i], pd3[i], o3[i], ds3[i], dq[i], dk[i], dv[i])
                       for i in range(bh)]
@@ -165,17 +210,33 @@ class MultiHeadAttention(Module):
 
     def _forward(self, x2, res2):
         b, t = self._saved.bt = self._saved.pending  # the base class has checked the rest of x
-        v = self._views((b, t))
-        self._saved.x = x2
-        self._saved.dropped = dropped = self.training and self.p > 0.0
-        if b == 0:
+        c = self._saved
+        c.fused = fused = self.uses_kernel(t)
+        v = self._views((b, t, fused))
+        c.x = x2
+        c.dropped = self.training and self.p > 0.0
+        if b == 0 or t == 0:
             return v.y
-        gemm, scale = ops.gemm, self.scale
+        gemm = ops.gemm
         if self.b_qkv is None:
             gemm(v.qkv, x2, self.W_qkv.data, False, False, 1.0, 0.0)
         else:  # [q | k | v] = b_qkv, then += x W_qkv inside the GEMM
             ops.fill_rows(v.qkv, self.b_qkv.data, None)
             gemm(v.qkv, x2, self.W_qkv.data, False, False, 1.0, 1.0)
+        if fused:  # O rows = softmax(q k^T / sqrt(d_head) + M) v, all heads in one call
+            ops.sdpa_forward(v.o3, v.s3, v.qkv3, self.n_heads, self.scale, self.causal)
+        else:
+            self._heads_forward(v, c.dropped)
+        if self.b_o is None and res2 is None:
+            gemm(v.y, v.o, self.W_o.data, False, False, 1.0, 0.0)
+        else:  # y = b_o (+ residual), then += O W_o inside the GEMM
+            ops.fill_rows(v.y, None if self.b_o is None else self.b_o.data, res2)
+            gemm(v.y, v.o, self.W_o.data, False, False, 1.0, 1.0)
+        return v.y
+
+    def _heads_forward(self, v, dropped):
+        """O rows from the [q | k | v] rows by per-(sequence, head) BLAS GEMMs."""
+        gemm, scale = ops.gemm, self.scale
         ops.heads_split(v.heads, v.qkv, self.n_heads)
         for q, k, _, s, _, _, _, _, _, _ in v.per_head:
             gemm(s, q, k, False, True, scale, 0.0)            # S = q k^T / sqrt(d_head)
@@ -187,19 +248,16 @@ class MultiHeadAttention(Module):
         for _, _, vh, s, pd, o, _, _, _, _ in v.per_head:
             gemm(o, pd if dropped else s, vh, False, False, 1.0, 0.0)  # O = dropout(P) v
         ops.heads_merge(v.o, v.oh)
-        if self.b_o is None and res2 is None:
-            gemm(v.y, v.o, self.W_o.data, False, False, 1.0, 0.0)
-        else:  # y = b_o (+ residual), then += O W_o inside the GEMM
-            ops.fill_rows(v.y, None if self.b_o is None else self.b_o.data, res2)
-            gemm(v.y, v.o, self.W_o.data, False, False, 1.0, 1.0)
-        return v.y
 
     def gemm_list(self, lead) -> list:
-        """2 + 2 B h forward, 4 + 4 B h backward on (B, T, d_model): the [q | k | v] and
-        output projections over all B T rows, and per (sequence, head) S = q k^T, O = P v;
-        backward dP = dO v^T, dv = P^T dO, dq = dS k, dk = dS^T q."""
+        """The [q | k | v] and output projections over all B T rows (2 forward, 4 backward);
+        on the per-head BLAS path (``uses_kernel`` false) also per (sequence, head)
+        S = q k^T, O = P v forward, dP = dO v^T, dv = P^T dO, dq = dS k, dk = dS^T q backward
+        (the compiled kernels run no GEMM)."""
         b, t = lead
         n, d, dh, bh = b * t, self.d_model, self.d_head, b * self.n_heads
+        if self.uses_kernel(t):
+            bh = 0
         fwd = ([(n, 3 * d, d, False, False, 0.0)]                      # [q | k | v] = x W_qkv
                + [(t, t, dh, False, True, 0.0), (t, dh, t, False, False, 0.0)] * bh
                + [(n, d, d, False, False, 0.0)])                       # y = O W_o
@@ -213,15 +271,31 @@ class MultiHeadAttention(Module):
 
     def _backward(self, dy2, acc2):
         b, t = self._saved.bt
-        v = self._views((b, t))
+        fused = self._saved.fused
+        v = self._views((b, t, fused))
         dx = v.dx if acc2 is None else acc2
-        if b == 0:
+        if b == 0 or t == 0:  # no rows: an empty gradient
             return dx
-        gemm, scale, dropped = ops.gemm, self.scale, self._saved.dropped
+        gemm = ops.gemm
         if self.b_o is not None:
             ops.colsum(self.b_o.grad, dy2, 1.0)                 # db_o += dy.sum(0)
         gemm(self.W_o.grad, v.o, dy2, True, False, 1.0, 1.0)    # dW_o += O^T dy
         gemm(v.o, dy2, self.W_o.data, False, True, 1.0, 0.0)    # dO = dy W_o^T (over O)
+        if fused:  # d[q | k | v] rows, all heads in one call
+            ops.sdpa_backward(v.dqkv3, v.o3, v.s3, v.qkv3, self.n_heads, self.scale,
+                              self.causal)
+        else:
+            self._heads_backward(v)
+        if self.b_qkv is not None:
+            ops.colsum(self.b_qkv.grad, v.dqkv, 1.0)
+        gemm(self.W_qkv.grad, self._saved.x, v.dqkv, True, False, 1.0, 1.0)  # dW_qkv += x^T dqkv
+        gemm(dx, v.dqkv, self.W_qkv.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
+        self._saved.x = None
+        return dx
+
+    def _heads_backward(self, v):
+        """d[q | k | v] rows (into v.qkv) from the dO rows by per-(sequence, head) GEMMs."""
+        gemm, scale, dropped = ops.gemm, self.scale, self._saved.dropped
         ops.heads_split(v.oh, v.o, self.n_heads)
         for q, k, vh, s, pd, do, ds, dq, dk, dv in v.per_head:
             gemm(ds, do, vh, False, True, 1.0, 0.0)             # dP = dO v^T
@@ -233,9 +307,3 @@ class MultiHeadAttention(Module):
             gemm(dq, ds, k, False, False, scale, 0.0)           # dq = dS k / sqrt(d_head)
             gemm(dk, ds, q, True, False, scale, 0.0)            # dk = dS^T q / sqrt(d_head)
         ops.heads_merge(v.qkv, v.dheads)                        # d[q | k | v] as rows
-        if self.b_qkv is not None:
-            ops.colsum(self.b_qkv.grad, v.qkv, 1.0)
-        gemm(self.W_qkv.grad, self._saved.x, v.qkv, True, False, 1.0, 1.0)  # dW_qkv += x^T dqkv
-        gemm(dx, v.qkv, self.W_qkv.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
-        self._saved.x = None
-        return dx

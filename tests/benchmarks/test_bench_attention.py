@@ -21,7 +21,8 @@ from bench import attention, floors  # noqa: E402
 @pytest.mark.slow
 def test_tiny_run_reports_every_case(tmp_path):
     # Check that the driver runs end to end (quick mode, as make bench QUICK=1) and reports a
-    # finite ratio per case (two MHA shapes in the real run, one here, and the GPT step).
+    # finite ratio per case (two MHA shapes in the real run, one here, the GPT step, and
+    # nanoGPT's CPU recipe: at 1 and 2 threads in the real run, 1 here).
     out = tmp_path / "attention.json"
     env = dict(os.environ, BLASNET_BENCH_QUICK="1")
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "attention.py"), "--tiny",
@@ -29,14 +30,46 @@ def test_tiny_run_reports_every_case(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [r["case"].split()[0] for r in rows] == ["MHA", "GPT"]
+    assert [r["case"].split()[0] for r in rows] == ["MHA", "GPT", "nanoGPT-cpu"]
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)
+    assert math.isfinite(rows[-1]["ratio_blas_heads"])
 
 
-def test_mha_floor_is_the_modules_own_gemms():
-    # Check that the floor replays as many GEMMs as the registry lists for the module.
-    fn, floor, flops = attention.mha_case((2, 8, 12, 3))
+@pytest.mark.slow
+def test_tiny_paths_table_reports_both_paths(tmp_path):
+    # Check that --paths times both attention paths and writes a finite ratio per case.
+    out = tmp_path / "paths.json"
+    env = dict(os.environ, BLASNET_BENCH_QUICK="1")
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "attention.py"), "--tiny",
+                        "--paths", "--threads", "1", "--out", str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == len(attention.TINY_PATH_CASES)
+    assert all(math.isfinite(x["kernel_over_blas"]) and x["kernel_over_blas"] > 0 for x in rows)
+
+
+@pytest.mark.parametrize("path, per_head", [("blas", 6 * 2 * 3), ("kernel", 0)])
+def test_mha_floor_is_the_modules_own_gemms(path, per_head):
+    # Check that the floor replays as many GEMMs as the module makes: the two projections'
+    # six, plus six per (sequence, head) on the per-head BLAS path only.
+    fn, floor, flops = attention.mha_case((2, 8, 12, 3), path=path)
     with floors.record_gemms() as seen:
         fn()
-    assert len(floor.calls) == len(seen) == 6 + 6 * 2 * 3
+    assert len(floor.calls) == len(seen) == 6 + per_head
     assert flops > 0
+
+
+def test_nanogpt_case_is_the_recipe_without_bias_and_counts_its_blas_calls():
+    # Check the nanoGPT case's model (no biases, tied head) and that its compiled step makes
+    # 6 fewer BLAS calls per (sequence, head, layer) than the per-head path.
+    s = attention.TINY_NANOGPT
+    step, floor, model, _, _ = attention.gpt_case(s, path="kernel")
+    old, _, _, _, _ = attention.gpt_case(s, path="blas")
+    assert all(blk.attn.b_qkv is None and blk.attn.b_o is None for blk in model.h)
+    assert model.tie_weights
+    fewer = 6 * s["batch"] * s["n_head"] * s["n_layer"]
+    assert attention.blas_calls(old) - attention.blas_calls(step) == fewer
+    with floors.record_gemms() as seen:
+        step()
+    assert len(seen) == len(floor.calls)

@@ -185,4 +185,19 @@ _ATTENTION = {
     "causal_fill": lambda rng: (lambda a: (
         lambda: ops.causal_fill(a.copy(), -5.0),
         np.where(np.tri(3, dtype=bool), a, -5.0)))(rng.standard_normal((2, 3, 3))),
+    "sdpa_forward": lambda rng: (lambda a: (
+        lambda: ops.sdpa_forward(np.empty((1, 3, 4)), np.zeros((2, 3, 3)), a, 2, 0.5, True),
+        R.sdpa_forward(np.empty((1, 3, 4)), np.zeros((2, 3, 3)), a, 2, 0.5, True)))(
+            rng.standard_normal((1, 3, 12))),
+    "sdpa_backward": lambda rng: (lambda a, g: (
+        lambda: ops.sdpa_backward(np.empty((1, 3, 12)), g, _sdpa_p(a), a, 2, 0.5, True),
+        R.sdpa_backward(np.empty((1, 3, 12)), g, _sdpa_p(a), a, 2, 0.5, True)))(
+            rng.standard_normal((1, 3, 12)), rng.standard_normal((1, 3, 4))),
 }
+
+
+def _sdpa_p(qkv):
+    """The reference forward's probabilities for qkv (1, 3, 12) with 2 heads."""
+    p = np.zeros((2, 3, 3))
+    R.sdpa_forward(np.empty((1, 3, 4)), p, qkv, 2, 0.5, True)
+    return p

@@ -14,8 +14,12 @@ from kernels import reference as R
 F64 = np.float64
 
 
-def _mha(d=12, h=3, causal=True, dtype=F64, seed=0, **kw):
+PATHS = ["kernel", "blas"]  # the compiled heads (kernels.sdpa) and the per-head GEMMs
+
+
+def _mha(d=12, h=3, causal=True, dtype=F64, seed=0, path="auto", **kw):
     m = MultiHeadAttention(d, h, causal=causal, dtype=dtype, rng=seed, **kw)
+    m.path = path
     rng = np.random.default_rng(seed + 100)
     for p in m.parameters():  # non-zero biases, scores of order 1
         p.data = (0.5 * rng.standard_normal(p.shape)).astype(dtype)
@@ -29,26 +33,29 @@ def _ref(m, x):
                        b_o, m.n_heads, m.causal)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [True, False])
-def test_forward_matches_the_textbook_attention(causal):
+def test_forward_matches_the_textbook_attention(causal, path):
     # Check that the output equals softmax(q k^T / sqrt(dh) + mask) v W_o + b_o per head.
-    m = _mha(causal=causal)
+    m = _mha(causal=causal, path=path)
     x = np.random.default_rng(1).standard_normal((3, 7, 12))
     assert_close(m(x), _ref(m, x), "y", rtol=1e-12, atol=1e-12)
 
 
-def test_float32_forward_is_close_to_float64():
+@pytest.mark.parametrize("path", PATHS)
+def test_float32_forward_is_close_to_float64(path):
     # Check the float32 path (sgemm, float32 kernels) against the float64 reference.
-    m = _mha(16, 4, dtype=np.float32)
+    m = _mha(16, 4, dtype=np.float32, path=path)
     x = np.random.default_rng(2).standard_normal((2, 9, 16)).astype(np.float32)
     assert_close(m(x), _ref(m, x), "y", rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
-def test_gradients_match_finite_differences(causal, bias):
+def test_gradients_match_finite_differences(causal, bias, path):
     # Check dx and every parameter gradient against float64 central differences.
-    m = _mha(causal=causal, bias=bias)
+    m = _mha(causal=causal, bias=bias, path=path)
     x = np.random.default_rng(3).standard_normal((2, 5, 12))
     check_module_grads(m, x, np.random.default_rng(4))
 
@@ -80,10 +87,11 @@ def test_gradients_with_attention_dropout_match_finite_differences():
         assert_close(grads[n], numeric_grad(loss, p.data), n, 1e-5, 1e-7)
 
 
-def test_perturbing_the_future_changes_no_past_output():
+@pytest.mark.parametrize("path", PATHS)
+def test_perturbing_the_future_changes_no_past_output(path):
     # Check causality forward: outputs at positions <= t are bit-identical when inputs at
     # positions > t change.
-    m = _mha(causal=True)
+    m = _mha(causal=True, path=path)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((2, 8, 12))
     y = m(x).copy()
@@ -95,9 +103,10 @@ def test_perturbing_the_future_changes_no_past_output():
         assert not np.allclose(y2[:, t + 1:], y[:, t + 1:])
 
 
-def test_full_attention_does_see_the_future():
+@pytest.mark.parametrize("path", PATHS)
+def test_full_attention_does_see_the_future(path):
     # Check that the causality test above can fail: without the mask the past changes.
-    m = _mha(causal=False)
+    m = _mha(causal=False, path=path)
     rng = np.random.default_rng(9)
     x = rng.standard_normal((1, 6, 12))
     y = m(x).copy()
@@ -105,10 +114,11 @@ def test_full_attention_does_see_the_future():
     assert not np.allclose(m(x)[:, 0], y[:, 0])
 
 
-def test_no_gradient_flows_backwards_in_time():
+@pytest.mark.parametrize("path", PATHS)
+def test_no_gradient_flows_backwards_in_time(path):
     # Check causality backward: the gradient of the output at position t reaches inputs at
     # positions <= t only (exact zeros after t), and does reach position 0.
-    m = _mha(causal=True)
+    m = _mha(causal=True, path=path)
     rng = np.random.default_rng(10)
     x = rng.standard_normal((2, 8, 12))
     for t in (0, 3, 6):
@@ -120,9 +130,10 @@ def test_no_gradient_flows_backwards_in_time():
         assert np.all(np.abs(dx[:, 0]).sum(-1) > 0)
 
 
-def test_residual_and_dx_acc_are_fused_options():
+@pytest.mark.parametrize("path", PATHS)
+def test_residual_and_dx_acc_are_fused_options(path):
     # Check forward(x, residual=r) = forward(x) + r and backward(dy, dx_acc=a) = a + dx.
-    m = _mha()
+    m = _mha(path=path)
     rng = np.random.default_rng(11)
     x, r, dy, a = (rng.standard_normal((2, 5, 12)) for _ in range(4))
     y = m(x).copy()
@@ -135,17 +146,19 @@ def test_residual_and_dx_acc_are_fused_options():
     assert_close(acc, a + dx, "dx_acc", 1e-13, 1e-13)
 
 
-def test_every_gemm_runs_in_place_on_contiguous_operands():
+@pytest.mark.parametrize("path", PATHS)
+def test_every_gemm_runs_in_place_on_contiguous_operands(path):
     # Check that each GEMM of a step gets 2-D C-contiguous operands of the module's dtype, so
     # that scipy's wrapper copies nothing and writes its result into the buffer itself; and
-    # that the per-head products are B * n_heads GEMMs each (2 forward, 4 backward).
-    m = _mha(16, 4, dtype=np.float32)
+    # that the per-head products are B * n_heads GEMMs each (2 forward, 4 backward) on the
+    # BLAS path, none on the compiled one.
+    m = _mha(16, 4, dtype=np.float32, path=path)
     x = np.random.default_rng(12).standard_normal((3, 6, 16)).astype(np.float32)
     with instrument.record() as rec:
         m(x)
         m.backward(np.ones((3, 6, 16), np.float32))
     calls = rec.of("gemm")
-    assert len(calls) == 2 + 4 + 6 * 3 * 4
+    assert len(calls) == 2 + 4 + (6 * 3 * 4 if path == "blas" else 0)
     for c in calls:
         out, a, b, ta, tb, alpha, beta = c.args
         for arr in (out, a, b):
@@ -224,3 +237,72 @@ def test_scores_above_the_bound_are_refused_before_anything_runs():
         m(np.zeros((3, 8, 12)))
     with_dropout = _mha(12, 3, dropout=0.1)
     assert with_dropout.scores_nbytes(2, 8) == 2 * m.scores_nbytes(2, 8)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compiled_and_blas_paths_agree(path):
+    # Check the two paths against each other in float64: outputs and every gradient (each
+    # also checked against the reference above; this ties them at one larger shape, T = 21
+    # and d_head = 8, where neither is a multiple of the kernel's row blocks).
+    rng = np.random.default_rng(30)
+    x = rng.standard_normal((2, 21, 16))
+    dy = rng.standard_normal((2, 21, 16))
+    out = {}
+    for p in PATHS:
+        m = _mha(16, 2, path=p, seed=3)
+        y = m(x).copy()
+        dx = m.backward(dy).copy()
+        out[p] = [y, dx] + [q.grad.copy() for q in m.parameters()]
+    for a, b in zip(out[path], out["blas" if path == "kernel" else "kernel"]):
+        assert_close(a, b, "path", 1e-12, 1e-12)
+
+
+def test_path_is_checked_and_dropout_runs_blas():
+    # Check that path accepts its three values only, and that attention dropout in training
+    # runs the per-head GEMMs whatever path says (the compiled kernels have no dropout).
+    m = _mha(dropout=0.2, path="kernel")
+    with pytest.raises(ValueError, match="path"):
+        m.path = "fast"
+    assert m.path == "kernel"
+    assert not m.uses_kernel(8)
+    m.eval()
+    assert m.uses_kernel(8)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_empty_sequences_give_empty_outputs(path):
+    # Check that T = 0 (and B = 0) run: an empty output and input gradient, gradients unchanged.
+    m = _mha(path=path)
+    for shape in ((2, 0, 12), (0, 3, 12)):
+        m.zero_grad()
+        y = m(np.zeros(shape))
+        assert y.shape == shape
+        assert m.backward(np.zeros(shape)).shape == shape
+        assert all(not p.grad.any() for p in m.parameters())
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_transformer_block_on_empty_sequences(norm):
+    # Check that a TransformerBlock runs T = 0 like B = 0: empty output and input gradient.
+    from engine.nn.transformer import TransformerBlock
+    m = TransformerBlock(12, 3, 20, norm=norm, dtype=F64, rng=0)
+    y = m(np.zeros((2, 0, 12)))
+    assert y.shape == (2, 0, 12)
+    assert m.backward(np.zeros((2, 0, 12))).shape == (2, 0, 12)
+
+
+@pytest.mark.parametrize("causal, t, per_head", [(True, 130, False), (False, 130, True),
+                                                 (False, 9, False)])
+def test_auto_path_follows_kernel_wins_and_gemm_list_matches(causal, t, per_head):
+    # Check that "auto" takes the per-head GEMMs exactly where kernel_wins says BLAS is faster
+    # (full attention at long T), and that gemm_list lists the GEMMs that then run.
+    from engine.nn.attention import kernel_wins
+    m = _mha(8, 2, causal=causal, dtype=np.float32)
+    assert kernel_wins(t, 4, causal) is not per_head
+    x = np.random.default_rng(14).standard_normal((1, t, 8)).astype(np.float32)
+    with instrument.record() as rec:
+        m(x)
+        m.backward(np.ones_like(x))
+    seen = [c.args for c in rec.of("gemm")]
+    assert len(seen) == 6 + (6 * 2 if per_head else 0)
+    assert len(m.gemm_list((1, t))) == len(seen)

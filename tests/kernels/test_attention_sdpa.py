@@ -1,0 +1,182 @@
+"""kernels.sdpa, the compiled multi-head attention over all (batch, head) pairs: forward and
+backward against the NumPy reference (kernels.reference) in float64 and float32, the shapes
+where row blocks and vector widths have tails, causal skipping, thread-count independence,
+NaN propagation and argument errors."""
+import numpy as np
+import pytest
+
+from kernels import num_threads, parallel
+from kernels import reference as R
+from kernels import sdpa
+
+F64 = np.float64
+# float32 against the float64 reference, for unit-scale inputs: the exp approximation
+# (kernels.fmath, ~1e-7 relative) and float32 sums over at most T * d_head terms.
+F32_ATOL = 2e-5
+
+# (B, T, d_model, n_heads): T = 1, T not a multiple of the 4-row blocks or the 16-lane score
+# columns, B * h = 1, d_head = 1, and GPT-sized heads.
+SHAPES = [(1, 1, 4, 2), (2, 7, 12, 3), (1, 37, 8, 1), (3, 5, 3, 3), (2, 64, 64, 2),
+          (1, 19, 16, 1)]
+
+
+def _inputs(shape, dtype, seed=0):
+    b, t, d, h = shape
+    rng = np.random.default_rng(seed)
+    qkv = rng.standard_normal((b, t, 3 * d)).astype(dtype)
+    do = rng.standard_normal((b, t, d)).astype(dtype)
+    return qkv, do
+
+
+def _run(shape, dtype, causal, qkv, do):
+    """(out, p, dqkv) from the kernels, with scale 1/sqrt(d_head)."""
+    b, t, d, h = shape
+    scale = 1.0 / np.sqrt(d // h)
+    out = np.empty((b, t, d), dtype)
+    p = np.zeros((b * h, t, t), dtype)
+    dqkv = np.empty_like(qkv)
+    sdpa.sdpa_forward(out, p, qkv, h, scale, causal)
+    sdpa.sdpa_backward(dqkv, do, p, qkv, h, scale, causal)
+    return out, p, dqkv
+
+
+def _reference(shape, causal, qkv, do):
+    b, t, d, h = shape
+    scale = 1.0 / np.sqrt(d // h)
+    qkv, do = qkv.astype(F64), do.astype(F64)
+    out, p = np.empty((b, t, d)), np.empty((b * h, t, t))
+    R.sdpa_forward(out, p, qkv, h, scale, causal)
+    dqkv = R.sdpa_backward(np.empty_like(qkv), do, p, qkv, h, scale, causal)
+    return out, p, dqkv
+
+
+def _lower(p, causal):
+    """p with its causal upper half (undefined after the kernel) set to 0."""
+    t = p.shape[-1]
+    return np.where(np.tril(np.ones((t, t), bool)), p, 0.0) if causal else p
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_float64_matches_the_reference(shape, causal):
+    # Check O, P and d[q | k | v] against the NumPy reference to float64 rounding.
+    qkv, do = _inputs(shape, F64)
+    out, p, dqkv = _run(shape, F64, causal, qkv, do)
+    ro, rp, rd = _reference(shape, causal, qkv, do)
+    np.testing.assert_allclose(out, ro, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(_lower(p, causal), rp, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(dqkv, rd, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_float32_is_within_its_bound_of_float64(shape, causal):
+    # Check the float32 kernels (vectorised exp) against the float64 reference on the same
+    # (float32) inputs, within F32_ATOL.
+    qkv, do = _inputs(shape, np.float32)
+    out, p, dqkv = _run(shape, np.float32, causal, qkv, do)
+    ro, rp, rd = _reference(shape, causal, qkv, do)
+    for got, want in ((out, ro), (_lower(p, causal), rp), (dqkv, rd)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=F32_ATOL)
+
+
+def test_causal_backward_reads_no_probability_above_the_diagonal():
+    # Check that the causal backward skips the masked half of p: NaN written there after the
+    # forward changes no bit of the gradient.
+    shape = (2, 9, 12, 3)
+    qkv, do = _inputs(shape, F64)
+    _, p, dqkv = _run(shape, F64, True, qkv, do)
+    p[:, np.triu(np.ones((9, 9), bool), 1)] = np.nan
+    again = np.empty_like(dqkv)
+    sdpa.sdpa_backward(again, do, p, qkv, 3, 1.0 / np.sqrt(4), True)
+    np.testing.assert_array_equal(again, dqkv)
+
+
+def test_backward_overwrites_dqkv():
+    # Check that dqkv's previous contents do not leak into the gradient (it is not added to).
+    shape = (2, 6, 8, 2)
+    qkv, do = _inputs(shape, F64)
+    _, p, dqkv = _run(shape, F64, True, qkv, do)
+    again = np.full_like(qkv, 3.0)
+    sdpa.sdpa_backward(again, do, p, qkv, 2, 0.5, True)
+    np.testing.assert_array_equal(again, dqkv)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, F64])
+def test_results_do_not_depend_on_the_thread_count(dtype):
+    # Check bit-identical outputs and gradients at 1 and 2 threads, with the pairs really
+    # split at 2 (the pool was handed work), since each pair runs on one thread in one order.
+    shape = (8, 64, 128, 4)
+    qkv, do = _inputs(shape, dtype, seed=5)
+    with num_threads(1):
+        one = _run(shape, dtype, True, qkv, do)
+    before = parallel.handoffs()
+    with num_threads(2):
+        two = _run(shape, dtype, True, qkv, do)
+        split = parallel.threads_for(8 * 4, 64 * 64 * 32, passes=sdpa.FWD_COST) == 2
+    assert split and parallel.handoffs() > before
+    np.testing.assert_array_equal(one[0], two[0])
+    np.testing.assert_array_equal(_lower(one[1], True), _lower(two[1], True))
+    np.testing.assert_array_equal(one[2], two[2])
+
+
+def test_nan_reaches_only_the_positions_that_attend_to_it():
+    # Check NaN propagation under the causal mask: a NaN value at position 4 makes the
+    # outputs at positions >= 4 NaN (for its head only), while earlier positions, which
+    # never read it, stay finite.
+    shape = (1, 8, 8, 2)
+    qkv, do = _inputs(shape, F64)
+    qkv[0, 4, 2 * 8 + 1] = np.nan  # v of head 0, position 4
+    out = np.empty((1, 8, 8))
+    sdpa.sdpa_forward(out, np.zeros((2, 8, 8)), qkv, 2, 0.5, True)
+    assert np.all(np.isfinite(out[0, :4]))
+    assert np.all(np.isnan(out[0, 4:, 1]))
+    assert np.all(np.isfinite(out[0, :, 4:]))  # head 1 never reads head 0's columns
+
+
+def test_nan_score_gives_a_nan_row():
+    # Check that a NaN query makes its whole probability row NaN (not skipped by the max).
+    shape = (1, 5, 4, 1)
+    qkv, _ = _inputs(shape, F64)
+    qkv[0, 3, 0] = np.nan
+    p = np.zeros((1, 5, 5))
+    sdpa.sdpa_forward(np.empty((1, 5, 4)), p, qkv, 1, 0.5, False)
+    assert np.all(np.isnan(p[0, 3]))
+    assert np.all(np.isfinite(p[0, [0, 1, 2, 4]]))
+
+
+def test_empty_batch_or_sequence_writes_nothing():
+    # Check that B = 0 or T = 0 returns at once.
+    for b, t in ((0, 4), (2, 0)):
+        out = np.empty((b, t, 4))
+        assert sdpa.sdpa_forward(out, np.empty((2 * b, t, t)), np.empty((b, t, 12)), 2,
+                                 0.5) is out
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: sdpa.sdpa_forward(np.empty((2, 5, 8)), np.empty((4, 5, 5)), np.empty((2, 5, 23)),
+                               2, 0.5), "qkv"),
+    (lambda: sdpa.sdpa_forward(np.empty((2, 5, 6)), np.empty((4, 5, 5)), np.empty((2, 5, 24)),
+                               2, 0.5), "out"),
+    (lambda: sdpa.sdpa_forward(np.empty((2, 5, 8)), np.empty((2, 5, 5)), np.empty((2, 5, 24)),
+                               2, 0.5), "p"),
+    (lambda: sdpa.sdpa_forward(np.empty((2, 5, 8), np.float32), np.empty((4, 5, 5)),
+                               np.empty((2, 5, 24)), 2, 0.5), "out"),
+    (lambda: sdpa.sdpa_forward(np.empty((2, 5, 8)), np.empty((4, 5, 5)), np.empty((2, 5, 24)),
+                               0, 0.5), "n_heads"),
+    (lambda: sdpa.sdpa_backward(np.empty((2, 5, 23)), np.empty((2, 5, 8)), np.empty((4, 5, 5)),
+                                np.empty((2, 5, 24)), 2, 0.5), "dqkv"),
+])
+def test_bad_arguments_raise_naming_them(call, match):
+    # Check shape, dtype and head-count errors name the argument.
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+def test_overlapping_output_is_refused():
+    # Check that dqkv aliasing qkv (the kernel reads qkv while writing dqkv) is refused.
+    qkv, do = _inputs((1, 4, 4, 2), F64)
+    p = np.zeros((2, 4, 4))
+    sdpa.sdpa_forward(np.empty((1, 4, 4)), p, qkv, 2, 0.5)
+    with pytest.raises(ValueError, match="dqkv: must not overlap qkv"):
+        sdpa.sdpa_backward(qkv, do, p, qkv, 2, 0.5)
