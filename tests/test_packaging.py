@@ -80,7 +80,7 @@ def test_info_into_a_closed_pipe_exits_quietly():
 
 
 def test_info_piped_to_head_prints_one_line_without_error():
-    # Check the shell pipeline of the README: one line out, stderr empty.
+    # Check the shell pipeline of docs/threads-and-kernels.md: one line out, stderr empty.
     p = subprocess.run(f"'{sys.executable}' -m engine info | head -1", shell=True,
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=60)
     assert p.stdout.startswith("blasnet") and p.stdout.count("\n") == 1

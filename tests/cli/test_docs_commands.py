@@ -37,7 +37,8 @@ def _is_command(line: str) -> bool:
     return bool(re.match(r"(\S+=\S+ )*(blasnet|python -m engine|mpiexec|python )", line))
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/distributed.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/cli.md", "docs/lm.md", "docs/distributed.md",
+                                 "docs/threads-and-kernels.md"])
 def test_the_environment_is_activated_before_the_first_command(doc):
     # Check that `. .venv/bin/activate` comes before the first shell command that needs the
     # environment (blasnet, python -m engine, mpiexec) in the doc's code blocks.

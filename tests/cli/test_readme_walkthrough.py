@@ -1,7 +1,7 @@
-"""The README's command-line walkthrough (train -> inspect -> predict -> resume on a CSV),
-run as written: every fenced block marked ``<!-- walkthrough -->``, in a shell that
-activated the .venv first, as the README says to. The resume step continues the train
-command interrupted by a real SIGINT at a fixed optimizer step."""
+"""The command-line walkthrough of docs/cli.md (train -> inspect -> predict -> resume on a
+CSV), run as written: every fenced block marked ``<!-- walkthrough -->``, in a shell that
+activated the .venv first, as the README and the guide say to. The resume step continues
+the train command interrupted by a real SIGINT at a fixed optimizer step."""
 import os
 import re
 import subprocess
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GUIDE = os.path.join(ROOT, "docs", "cli.md")
 VENV = os.path.dirname(os.path.dirname(sys.executable))
 
 
 def _commands() -> list:
-    with open(os.path.join(ROOT, "README.md")) as f:
+    with open(GUIDE) as f:
         text = f.read()
     blocks = re.findall(r"<!-- walkthrough[^>]*-->\n```\n(.*?)```\n<!-- /walkthrough -->", text,
                         re.S)
@@ -28,9 +29,10 @@ def _commands() -> list:
     return cmds
 
 
-def test_readme_says_to_activate_the_venv():
-    # Check that the README shows the activation before its commands
-    with open(os.path.join(ROOT, "README.md")) as f:
+@pytest.mark.parametrize("doc", ["README.md", os.path.join("docs", "cli.md")])
+def test_the_doc_says_to_activate_the_venv(doc):
+    # Check that the doc shows the activation before its first train command
+    with open(os.path.join(ROOT, doc)) as f:
         text = f.read()
     assert ". .venv/bin/activate" in text
     assert text.index(". .venv/bin/activate") < text.index("\nblasnet train ")
@@ -46,7 +48,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
                                              ["blasnet", "predict"], ["blasnet", "train"]]
     assert "--resume spiral.interrupted.npz" in cmds[3]
     from engine import data
-    X, y = data.spiral(600, rng=0)  # the README's CSV, written as its Python example does
+    X, y = data.spiral(600, rng=0)  # the guide's CSV, written as its command does
     with open(tmp_path / "spiral.csv", "w") as f:
         f.write("x0,x1,label\n")
         f.writelines(f"{a},{b},{c}\n" for (a, b), c in zip(X, y))
@@ -89,7 +91,7 @@ optimizers.AdamW.step = step
 
 
 def _check_resume_step(tmp_path, cmds, run):
-    """Interrupt the README's train command (SIGINT at step 200), run the README's resume
+    """Interrupt the guide's train command (SIGINT at step 200), run the guide's resume
     command, and check it finishes the run with the uninterrupted run's weights."""
     import engine
     os.replace(tmp_path / "spiral.npz", tmp_path / "uninterrupted.npz")

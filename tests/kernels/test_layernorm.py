@@ -229,7 +229,7 @@ def test_no_whole_array_temporaries():
 
 
 def test_one_thread_results_are_bit_reproducible():
-    # Check that at one thread two runs give the same bits (the README promises it).
+    # Check that at one thread two runs give the same bits (docs/guarantees.md promises it).
     from kernels import num_threads
     rng = np.random.default_rng(10)
     x, gamma, beta, dout = _problem(rng, 3 * _rows_per_block(512, np.float32) + 7, 512,
