@@ -28,7 +28,7 @@ from ..models import gpt_lm, lm
 from ..models.lm_config import eval_interval, schedule_text
 from ..models.tokenizer import Vocabulary, tokenizer_meta
 from ..training import checkpoint
-from ..training.history import TrainingInterrupted
+from ..training.history import NonFiniteLossError, TrainingInterrupted
 from . import resume_cmd
 from .inputs import UsageError
 
@@ -211,20 +211,48 @@ def _prepare(args, spec):
             msg = f"--text {args.text}: {msg.removeprefix('text: ')}"
         elif msg.startswith("warmup "):  # GPTConfig.warmup is nanoGPT's warmup_iters
             msg = "--warmup-iters " + msg.removeprefix("warmup ")
-        raise UsageError(msg) from None
+        raise UsageError(flag_message(msg, args, spec)) from None
+
+
+def flag_message(msg: str, args, spec) -> str:
+    """``msg`` with a leading config field (``config.seq_len: ...``, ``seq_len: ...``) named
+    by the option that set it (as given: ``--block-size``, ``block_size (recipe.toml)``), or
+    by nanoGPT's option name when it was left at its default."""
+    head, sep, rest = msg.partition(": ")
+    field = head.removeprefix("config.")
+    if not sep or not field.isidentifier():
+        return msg
+    dests = [d for d, f in {**COMMON, **spec.options}.items() if f[0] == field]
+    if not dests:
+        return msg
+    given = [args.given[d] for d in dests if d in args.given]
+    return f"{given[0] if given else '--' + dests[0].replace('_', '-')}: {rest}"
 
 
 def run_cli(args, out=None) -> int:
     """``python -m engine train --model gmlp-lm|gpt [--text FILE]``: train, report, save and
     reload the checkpoint. Under ``mpiexec -n K`` the GPT's ranks each train their share of
-    every global batch and rank 0 reports. Returns the exit status."""
+    every global batch and rank 0 reports. Returns the exit status: a user error (a usage
+    error, a ValueError/TypeError of the setup or of ``fit``) is one line ``error: ...`` on
+    stderr (rank 0's only under MPI) and exit status 2; a diverged run's, 1."""
     spec = GPT if args.model == "gpt" else GMLP_LM
     if args.model not in spec.models or args.task not in (None, "text"):
         raise UsageError(f"--model {args.model} --task {args.task}: the text task trains the "
                          f"{spec.name} model (--model {spec.name} --task text)")
+    comm = distributed.world() if spec.mpi else None
+    try:
+        return _run(args, out, spec, comm)
+    except (UsageError, ValueError, TypeError, NonFiniteLossError, distributed.RankError) as e:
+        if comm is None or comm.Get_rank() == 0:
+            print(f"error: {flag_message(str(e), args, spec)}", file=sys.stderr)
+        diverged = isinstance(e, NonFiniteLossError) or (
+            isinstance(e, distributed.RankError) and e.error.startswith("NonFiniteLossError"))
+        return 1 if diverged else 2
+
+
+def _run(args, out, spec, comm) -> int:
     log_every = args.log_every if "log_every" in args.given else LOG_EVERY
     quiet = getattr(args, "quiet", False) and "quiet" in spec.extra
-    comm = distributed.world() if spec.mpi else None
     rank = 0 if comm is None else comm.Get_rank()
     threads = distributed.set_threads(comm, args.threads)  # under MPI: each rank's share
     t_all = time.perf_counter()

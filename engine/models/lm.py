@@ -44,6 +44,7 @@ __all__ = ["TextConfig", "LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpu
            "adamw_decaying_matrices", "run_training", "prepare"]
 
 LN2 = math.log(2.0)
+MAX_SPATIAL_BYTES = 4 << 30  # the gMLP's spatial weights' training state (4 GiB)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -278,7 +279,16 @@ def check_config(c) -> LMConfig:
         raise TypeError(f"config: expected an LMConfig, got {type(c).__name__}")
     for name in ("d_ffn", "blocks"):
         _count(f"config.{name}", getattr(c, name))
-    return check_text_config(c)
+    check_text_config(c)
+    # Each block's spatial gating weight is (seq_len, seq_len): with its gradient and two
+    # AdamW moments, 4 of them per block. A seq_len that would not fit is refused up front.
+    need = 4 * c.blocks * c.seq_len ** 2 * np.dtype(check_dtype(c.dtype)).itemsize
+    if need > MAX_SPATIAL_BYTES:
+        raise ValueError(f"config.seq_len: {c.seq_len} makes {c.blocks} spatial weights of "
+                         f"seq_len x seq_len that need {need:,} bytes with their gradients "
+                         f"and AdamW moments, above {MAX_SPATIAL_BYTES:,}; use a shorter "
+                         f"seq_len (block_size)")
+    return c
 
 
 def _split_block(n: int, c) -> int:
