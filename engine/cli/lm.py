@@ -28,6 +28,7 @@ from ..models import gpt_lm, lm
 from ..models.lm_config import eval_interval, schedule_text
 from ..models.tokenizer import Vocabulary, tokenizer_meta
 from ..training import checkpoint
+from ..training.callbacks import ModelCheckpoint
 from ..training.history import NonFiniteLossError, TrainingInterrupted
 from . import resume_cmd
 from .inputs import UsageError
@@ -38,7 +39,7 @@ __all__ = ["LanguageModelCLI", "GMLP_LM", "GPT", "config_of", "run_cli", "recipe
 # Options of the run itself (not of the config) that both models read; --log-every defaults
 # to every epoch for them.
 RUN_OPTIONS = ("model", "task", "threads", "save", "log_every", "text", "config", "resume",
-               "shard_optimizer")
+               "shard_optimizer", "out_dir")
 LOG_EVERY = 1
 
 # Parsed option -> (config field, least value; None: not a number[, bound it stays below])
@@ -107,7 +108,7 @@ GPT = LanguageModelCLI(name="gpt", models=("gpt",), module=gpt_lm, config=gpt_lm
 
 # The options only the language models read: an error with any other model.
 LM_ONLY = tuple(sorted((set(COMMON) | set(GPT.options) | set(GMLP_LM.options)
-                        | {"text", "config"})
+                        | {"text", "config", "out_dir"})
                        - {"d_hidden", "d_ff", "batch_size", "lr", "weight_decay", "epochs",
                           "warmup", "seed", "dtype"}))
 
@@ -269,11 +270,19 @@ def _run(args, out, spec, comm) -> int:
     _banner(out, spec, c, s)
     if args.resume is not None:
         print(f"resume    {args.resume}", file=out)
+    if args.out_dir is not None:
+        print(f"out_dir   {os.path.join(args.out_dir, BEST)} at each held-out estimate that "
+              f"improves on the best, {LAST} at every estimate", file=out)
     progress = False if quiet or rank != 0 else log_every
     r = _fit(args, spec, s, progress, comm)
     if isinstance(r, int):  # stopped by a signal: the resumable checkpoint is written
         return r
     lm.print_result(out, c, r)
+    if args.out_dir is not None and r.history.val_loss:
+        best = int(np.argmin(r.history.val_loss))
+        print(f"best      {os.path.join(args.out_dir, BEST)}: held-out "
+              f"{r.history.val_loss[best]:.4f} nats, estimate {best + 1} of "
+              f"{len(r.history.val_loss)}", file=out)
     if rank == 0 and not _round_trip(out, args.save, spec, s, r):
         return 1
     print(f"wall time {time.perf_counter() - t_all:.1f} s", file=out)
@@ -290,7 +299,8 @@ def _fit(args, spec, s, progress, comm):
     got = {"signal": "SIGINT"}
     try:
         with resume_cmd.preemption() as got:
-            return spec.module.train(progress=progress, prepared=s, resume_from=args.resume)
+            return lm.run_training(s, progress, resume_from=args.resume,
+                                   callbacks=out_dir_callbacks(args, spec, s))
     except TrainingInterrupted as e:
         return resume_cmd.save_interrupted(sys.stderr, args, (e, got["signal"]),
                                            checkpoint_metadata(spec, s))
@@ -298,6 +308,26 @@ def _fit(args, spec, s, progress, comm):
         if not str(e).startswith("resume_from: "):
             raise
         raise UsageError(f"--resume: {str(e).removeprefix('resume_from: ')}") from None
+
+
+BEST, LAST = "ckpt.npz", "last.npz"  # in --out-dir: nanoGPT's ckpt.pt, and the latest
+
+
+def out_dir_callbacks(args, spec, s) -> list:
+    """``--out-dir DIR``: ``ModelCheckpoint``s writing ``DIR/ckpt.npz`` when the held-out
+    loss improves (nanoGPT's ``always_save_checkpoint = False``) and ``DIR/last.npz`` at
+    every estimate; each a resumable checkpoint with the run's metadata. The directory is
+    made here (an I/O error is a usage error naming it)."""
+    if args.out_dir is None:
+        return []
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out-dir {args.out_dir}: {e.strerror or e}") from None
+    meta = checkpoint_metadata(spec, s)
+    return [ModelCheckpoint(os.path.join(args.out_dir, BEST), metadata=meta),
+            ModelCheckpoint(os.path.join(args.out_dir, LAST), save_best_only=False,
+                            metadata=meta)]
 
 
 def _check_resume(path, c) -> None:

@@ -350,6 +350,10 @@ def _lm_options(t) -> None:
         help="--max-iters runs: batches of held-out windows per estimate (default: 20)")
     add("log-interval", type=_nonnegative_int, default=None, metavar="N",
         help="print the training loss every N steps; 0: never (default: 0)")
+    add("out-dir", default=None, metavar="DIR",
+        help="nanoGPT's out_dir: write DIR/ckpt.npz at each held-out estimate that improves on "
+             "the best so far, and DIR/last.npz at every estimate (the final one at the end); "
+             "both resumable (--resume DIR/ckpt.npz) and loadable (blasnet sample)")
 
 
 def train_actions() -> dict:

@@ -387,16 +387,19 @@ def train(config: LMConfig | None = None, progress=True, text: str | None = None
     return run_training(s, progress, resume_from=resume_from)
 
 
-def run_training(s: LMSetup, progress=True, comm=None, resume_from=None) -> LMResult:
+def run_training(s: LMSetup, progress=True, comm=None, resume_from=None,
+                 callbacks=()) -> LMResult:
     """``fit`` of a prepared language model: epochs over its windows, or ``max_iters`` steps
     on random windows with a held-out estimate every ``eval_interval`` (``comm``: an MPI
     communicator, data parallel, epoch-based only); then held-out bits per token, the
     unigram baseline and a sample from the prompt. ``resume_from``: a checkpoint of the
-    same run stopped early (``TrainingInterrupted.save``), continued exactly."""
+    same run stopped early (``TrainingInterrupted.save``), continued exactly; ``callbacks``:
+    ``fit``'s (``ModelCheckpoint``: the best held-out model)."""
     c = s.config
     options = dict(validation=(s.Xh, s.Yh), progress=progress, scheduler=s.scheduler,
                    scheduler_interval="step", clip_grad_norm=c.grad_clip or None,
-                   log_every=c.log_interval or None, resume_from=resume_from)
+                   log_every=c.log_interval or None, resume_from=resume_from,
+                   callbacks=list(callbacks))
     t0 = time.perf_counter()
     if c.max_iters:
         if comm is not None:
