@@ -258,9 +258,6 @@ def _run(args, out, spec, comm) -> int:
     threads = distributed.set_threads(comm, args.threads)  # under MPI: each rank's share
     t_all = time.perf_counter()
     c, s = _prepare(args, spec)
-    if comm is not None and (c.max_iters or args.resume):
-        raise UsageError(f"{'--resume' if args.resume else '--max-iters'}: on one process "
-                         f"only (under mpiexec, train by --epochs)")
     out = out or sys.stdout
     if quiet:
         out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
@@ -291,17 +288,24 @@ def _run(args, out, spec, comm) -> int:
 
 
 def _fit(args, spec, s, progress, comm):
-    """The run's ``LMResult``; or, stopped by Ctrl-C or SIGTERM on one process, the exit
-    status (130, 143) once a checkpoint that ``--resume`` continues is written."""
-    if comm is not None:
-        with distributed.zero1(s, comm if args.shard_optimizer else None):  # --shard-optimizer
-            return lm.run_training(s, progress, comm)
+    """The run's ``LMResult``; or, stopped by Ctrl-C or SIGTERM, the exit status (130, 143)
+    once a checkpoint that ``--resume`` continues is written (on one process; under
+    mpiexec the ``--out-dir`` checkpoints, written by rank 0, are the resumable ones)."""
+    callbacks = out_dir_callbacks(args, spec, s)
     got = {"signal": "SIGINT"}
     try:
+        if comm is not None:  # --shard-optimizer: ZeRO-1
+            with distributed.zero1(s, comm if args.shard_optimizer else None):
+                return lm.run_training(s, progress, comm, args.resume, callbacks)
         with resume_cmd.preemption() as got:
-            return lm.run_training(s, progress, resume_from=args.resume,
-                                   callbacks=out_dir_callbacks(args, spec, s))
+            return lm.run_training(s, progress, resume_from=args.resume, callbacks=callbacks)
     except TrainingInterrupted as e:
+        if comm is not None:
+            if comm.Get_rank() == 0:
+                print(f"\ntraining interrupted after optimizer step {e.history.steps} (a "
+                      f"data-parallel run is not saved on an interrupt; its --out-dir "
+                      f"checkpoints are resumable)", file=sys.stderr)
+            return 130
         return resume_cmd.save_interrupted(sys.stderr, args, (e, got["signal"]),
                                            checkpoint_metadata(spec, s))
     except ValueError as e:  # a checkpoint of another run (checked before any change)

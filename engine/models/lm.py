@@ -391,7 +391,8 @@ def run_training(s: LMSetup, progress=True, comm=None, resume_from=None,
                  callbacks=()) -> LMResult:
     """``fit`` of a prepared language model: epochs over its windows, or ``max_iters`` steps
     on random windows with a held-out estimate every ``eval_interval`` (``comm``: an MPI
-    communicator, data parallel, epoch-based only); then held-out bits per token, the
+    communicator, data parallel: every rank draws the global batch, trains on its share);
+    then held-out bits per token, the
     unigram baseline and a sample from the prompt. ``resume_from``: a checkpoint of the
     same run stopped early (``TrainingInterrupted.save``), continued exactly; ``callbacks``:
     ``fit``'s (``ModelCheckpoint``: the best held-out model)."""
@@ -402,12 +403,9 @@ def run_training(s: LMSetup, progress=True, comm=None, resume_from=None,
                    callbacks=list(callbacks))
     t0 = time.perf_counter()
     if c.max_iters:
-        if comm is not None:
-            raise ValueError("max_iters: an iteration-based run trains on one process (under "
-                             "mpiexec, train by epochs)")
         history = fit(s.model, CrossEntropyLoss(), s.optimizer, sampler=s.sampler,
                       steps=c.max_iters, eval_every=eval_interval(c),
-                      batch_size=c.batch_size, **options)
+                      batch_size=c.batch_size, comm=comm, **options)
     else:
         history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, epochs=c.epochs,
                       batch_size=c.batch_size, rng=c.seed, comm=comm, **options)
