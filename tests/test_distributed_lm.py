@@ -120,3 +120,14 @@ def test_user_error_under_mpiexec_is_one_line_from_rank_0(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and lines == ["error: --prompt: expected a non-empty str, "
                                               "got ''"], proc.stderr
+
+
+@needs_mpi
+def test_shard_optimizer_banner_says_zero1(tmp_path):
+    # Check that the LM banner under --shard-optimizer names ZeRO-1, as the tabular one does.
+    (tmp_path / "in.txt").write_text(TEXT)
+    proc = launch(2, *RUN, "--text", str(tmp_path / "in.txt"), "--max-iters", "5",
+                  "--shard-optimizer")
+    first, training = proc.stdout.splitlines()[0], proc.stdout.split("training  ")[1]
+    assert first.endswith(", AdamW sharded (ZeRO-1)")
+    assert training.startswith("ZeRO-1: AdamW sharded over 2 ranks(lr=0.3")

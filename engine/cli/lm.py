@@ -263,8 +263,11 @@ def _run(args, out, spec, comm) -> int:
         out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
     elif rank != 0:
         out = io.StringIO()  # rank 0 reports
+    shards = comm.Get_size() if comm is not None and args.shard_optimizer else 0
+    if shards:  # as the tabular models' banner says it
+        threads += ", AdamW sharded (ZeRO-1)"
     print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | {threads}", file=out)
-    _banner(out, spec, c, s)
+    _banner(out, spec, c, s, shards)
     if args.resume is not None:
         print(f"resume    {args.resume}", file=out)
     if args.out_dir is not None:
@@ -307,7 +310,7 @@ def _fit(args, spec, s, progress, comm):
                       f"checkpoints are resumable)", file=sys.stderr)
             return 130
         return resume_cmd.save_interrupted(sys.stderr, args, (e, got["signal"]),
-                                           checkpoint_metadata(spec, s))
+                                           checkpoint_metadata(spec, s), s.config.max_iters)
     except ValueError as e:  # a checkpoint of another run (checked before any change)
         if not str(e).startswith("resume_from: "):
             raise
@@ -354,7 +357,7 @@ def _check_resume(path, c) -> None:
                          + "; resume with the run's own command line")
 
 
-def _banner(out, spec, c, s) -> None:
+def _banner(out, spec, c, s, shards: int = 0) -> None:
     unit = "byte" if c.tokenizer == "byte" else "character"
     print(f"text      {s.source}", file=out)
     print(f"split     {len(s.train_ids):,} training / {len(s.held_ids):,} held-out {unit}s "
@@ -369,7 +372,8 @@ def _banner(out, spec, c, s) -> None:
     else:
         run = (f"{c.epochs} epochs x {s.steps // max(c.epochs, 1)} steps of {c.batch_size} "
                f"windows of {c.seq_len}")
-    print(f"training  AdamW(lr={c.lr:g}, betas=({c.beta1:g}, {c.beta2:g}), weight_decay="
+    opt = f"ZeRO-1: AdamW sharded over {shards} ranks" if shards else "AdamW"
+    print(f"training  {opt}(lr={c.lr:g}, betas=({c.beta1:g}, {c.beta2:g}), weight_decay="
           f"{c.weight_decay:g} on matrices), {clip}; {schedule_text(c, s.steps)}; {run}; "
           f"seed {c.seed}", file=out)
     print(f"recipe    {recipe_line(c, spec, s)}", file=out)

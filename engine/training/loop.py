@@ -163,9 +163,12 @@ def _interrupted(run: RunState, model) -> TrainingInterrupted:
         with defer_keyboard_interrupt():
             model.zero_grad()  # a half-accumulated gradient belongs to no step
             model.train()      # as fit leaves it (also if a validation pass was cut)
-        where = (f"at epoch {run.epoch}/{run.epochs}, step "
-                 f"{run.step}/{run.steps_per_epoch}" if run.epoch else
-                 "before the first step")
+        if not run.epoch:
+            where = "before the first step"
+        elif run.plan.sampler is not None:  # an iteration-based run: its periods are no epochs
+            where = f"after step {h.steps}/{run.plan.steps}"
+        else:
+            where = f"at epoch {run.epoch}/{run.epochs}, step {run.step}/{run.steps_per_epoch}"
         text = (f"training interrupted (Ctrl-C) {where}: the model and the optimizer hold "
                 f"the state after optimizer step {h.steps}, the last complete one "
                 f"(gradients zeroed, training mode); the exception's .history holds the "
