@@ -71,8 +71,34 @@ def torch_gpt(s, bias: bool):
     ``engine.to_torch_state_dict`` of blasnet's GPT loads into it with ``load_state_dict``;
     attention by ``scaled_dot_product_attention``, exact GELU, no dropout."""
     import torch
+    nn = torch.nn
+    d = s["n_embd"]
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(s["vocab"], d), wpe=nn.Embedding(s["block_size"], d),
+                h=nn.ModuleList([_torch_block(d, s["n_head"], bias)
+                                 for _ in range(s["n_layer"])]),
+                ln_f=nn.LayerNorm(d, bias=bias)))
+            self.lm_head = nn.Linear(d, s["vocab"], bias=False)
+            self.lm_head.weight = self.transformer.wte.weight  # nanoGPT's weight tying
+
+        def forward(self, idx):
+            tr = self.transformer
+            x = tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1]))
+            for blk in tr.h:
+                x = blk(x)
+            return self.lm_head(tr.ln_f(x))
+
+    return Model()
+
+
+def _torch_block(d: int, h: int, bias: bool):
+    """nanoGPT's ``Block``: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
+    import torch
     nn, F = torch.nn, torch.nn.functional
-    d, h = s["n_embd"], s["n_head"]
 
     class CausalSelfAttention(nn.Module):
         def __init__(self):
@@ -109,24 +135,7 @@ def torch_gpt(s, bias: bool):
             x = x + self.attn(self.ln_1(x))
             return x + self.mlp(self.ln_2(x))
 
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.transformer = nn.ModuleDict(dict(
-                wte=nn.Embedding(s["vocab"], d), wpe=nn.Embedding(s["block_size"], d),
-                h=nn.ModuleList([Block() for _ in range(s["n_layer"])]),
-                ln_f=nn.LayerNorm(d, bias=bias)))
-            self.lm_head = nn.Linear(d, s["vocab"], bias=False)
-            self.lm_head.weight = self.transformer.wte.weight  # nanoGPT's weight tying
-
-        def forward(self, idx):
-            tr = self.transformer
-            x = tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1]))
-            for blk in tr.h:
-                x = blk(x)
-            return self.lm_head(tr.ln_f(x))
-
-    return Model()
+    return Block()
 
 
 def torch_adamw(m, s, fused: bool = True):
