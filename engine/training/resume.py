@@ -118,14 +118,13 @@ class RunState:
         if self.model is None:
             raise RuntimeError("the run had not started: there is nothing to save")
         if os.fspath(path).lower().endswith(checkpoint.SAFETENSORS):
-            checkpoint.write(path, self.model, metadata=metadata)
-            return
+            parts = (None, None, metadata, None)  # the parameters only
+        else:
+            parts = (self.optimizer, self.plan.scheduler, metadata, self.state())
         if self.processes is not None:  # over MPI: collective, rank 0 writes
-            self.processes.write_checkpoint(path, self.model, self.optimizer,
-                                            self.plan.scheduler, metadata, self.state())
+            self.processes.write_checkpoint(path, self.model, *parts)
             return
-        checkpoint.write(path, self.model, self.optimizer, self.plan.scheduler, metadata,
-                         self.state())
+        checkpoint.write(path, self.model, *parts)
 
     def save_after_epoch(self, path, **metadata) -> None:
         """``save`` once the epoch has ended for every callback (so the checkpoint holds every
