@@ -64,57 +64,104 @@ def blasnet_step(s, bias: bool):
     return step
 
 
-def torch_step(s, bias: bool):
-    """The same iteration in PyTorch: a GPT of nanoGPT's layout (scaled_dot_product_attention,
-    tied head), fused AdamW where this torch has it."""
+def torch_gpt(s, bias: bool):
+    """nanoGPT's ``GPT`` (model.py) in PyTorch with its module names (``transformer.wte``,
+    ``.wpe``, ``.h.<i>.ln_1``, ``.attn.c_attn``, ``.attn.c_proj``, ``.ln_2``, ``.mlp.c_fc``,
+    ``.mlp.c_proj``, ``.ln_f``, ``lm_head`` tied to ``wte``), so that
+    ``engine.to_torch_state_dict`` of blasnet's GPT loads into it with ``load_state_dict``;
+    attention by ``scaled_dot_product_attention``, exact GELU, no dropout."""
+    import torch
+    nn = torch.nn
+    d = s["n_embd"]
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(s["vocab"], d), wpe=nn.Embedding(s["block_size"], d),
+                h=nn.ModuleList([_torch_block(d, s["n_head"], bias)
+                                 for _ in range(s["n_layer"])]),
+                ln_f=nn.LayerNorm(d, bias=bias)))
+            self.lm_head = nn.Linear(d, s["vocab"], bias=False)
+            self.lm_head.weight = self.transformer.wte.weight  # nanoGPT's weight tying
+
+        def forward(self, idx):
+            tr = self.transformer
+            x = tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1]))
+            for blk in tr.h:
+                x = blk(x)
+            return self.lm_head(tr.ln_f(x))
+
+    return Model()
+
+
+def _torch_block(d: int, h: int, bias: bool):
+    """nanoGPT's ``Block``: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
     import torch
     nn, F = torch.nn, torch.nn.functional
-    d, h = s["n_embd"], s["n_head"]
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(d, 3 * d, bias=bias)
+            self.c_proj = nn.Linear(d, d, bias=bias)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.c_attn(x).split(d, dim=2)
+            q, k, v = (a.view(b, t, h, d // h).transpose(1, 2) for a in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, d))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc = nn.Linear(d, 4 * d, bias=bias)
+            self.gelu = nn.GELU()
+            self.c_proj = nn.Linear(4 * d, d, bias=bias)
+
+        def forward(self, x):
+            return self.c_proj(self.gelu(self.c_fc(x)))
 
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
             self.ln_1 = nn.LayerNorm(d, bias=bias)
+            self.attn = CausalSelfAttention()
             self.ln_2 = nn.LayerNorm(d, bias=bias)
-            self.c_attn = nn.Linear(d, 3 * d, bias=bias)
-            self.c_proj = nn.Linear(d, d, bias=bias)
-            self.mlp = nn.Sequential(nn.Linear(d, 4 * d, bias=bias), nn.GELU(),
-                                     nn.Linear(4 * d, d, bias=bias))
+            self.mlp = MLP()
 
         def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
-            q, k, v = (a.view(b, t, h, d // h).transpose(1, 2) for a in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, d))
+            x = x + self.attn(self.ln_1(x))
             return x + self.mlp(self.ln_2(x))
 
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = nn.Embedding(s["vocab"], d)
-            self.wpe = nn.Embedding(s["block_size"], d)
-            self.blocks = nn.ModuleList([Block() for _ in range(s["n_layer"])])
-            self.ln_f = nn.LayerNorm(d, bias=bias)
-            self.head = nn.Linear(d, s["vocab"], bias=False)
-            self.head.weight = self.wte.weight
+    return Block()
 
-        def forward(self, idx):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-            for blk in self.blocks:
-                x = blk(x)
-            return self.head(self.ln_f(x))
 
-    torch.manual_seed(0)
-    m = Model()
+def torch_adamw(m, s, fused: bool = True):
+    """nanoGPT's ``configure_optimizers``: weight decay on the parameters of 2 or more
+    dimensions (the tied ``wte`` once), none on the LayerNorm gains and biases."""
+    import torch
     decay = [p for p in m.parameters() if p.dim() >= 2]
     other = [p for p in m.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": s["weight_decay"]},
               {"params": other, "weight_decay": 0.0}]
-    try:
-        opt = torch.optim.AdamW(groups, lr=s["lr"], betas=s["betas"], fused=True)
-    except (RuntimeError, TypeError):  # a torch without the fused CPU AdamW
-        opt = torch.optim.AdamW(groups, lr=s["lr"], betas=s["betas"])
+    if fused:
+        try:
+            return torch.optim.AdamW(groups, lr=s["lr"], betas=s["betas"], fused=True)
+        except (RuntimeError, TypeError):  # a torch without the fused CPU AdamW
+            pass
+    return torch.optim.AdamW(groups, lr=s["lr"], betas=s["betas"])
+
+
+def torch_step(s, bias: bool):
+    """The same iteration in PyTorch: nanoGPT's GPT (``torch_gpt``), fused AdamW where this
+    torch has it."""
+    import torch
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    m = torch_gpt(s, bias)
+    opt = torch_adamw(m, s)
 
     def step(x, y):
         logits = m(torch.from_numpy(x))

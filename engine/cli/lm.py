@@ -28,7 +28,8 @@ from ..models import gpt_lm, lm
 from ..models.lm_config import eval_interval, schedule_text
 from ..models.tokenizer import Vocabulary, tokenizer_meta
 from ..training import checkpoint
-from ..training.history import TrainingInterrupted
+from ..training.callbacks import ModelCheckpoint
+from ..training.history import NonFiniteLossError, TrainingInterrupted
 from . import resume_cmd
 from .inputs import UsageError
 
@@ -38,7 +39,7 @@ __all__ = ["LanguageModelCLI", "GMLP_LM", "GPT", "config_of", "run_cli", "recipe
 # Options of the run itself (not of the config) that both models read; --log-every defaults
 # to every epoch for them.
 RUN_OPTIONS = ("model", "task", "threads", "save", "log_every", "text", "config", "resume",
-               "shard_optimizer")
+               "shard_optimizer", "out_dir")
 LOG_EVERY = 1
 
 # Parsed option -> (config field, least value; None: not a number[, bound it stays below])
@@ -107,7 +108,7 @@ GPT = LanguageModelCLI(name="gpt", models=("gpt",), module=gpt_lm, config=gpt_lm
 
 # The options only the language models read: an error with any other model.
 LM_ONLY = tuple(sorted((set(COMMON) | set(GPT.options) | set(GMLP_LM.options)
-                        | {"text", "config"})
+                        | {"text", "config", "out_dir"})
                        - {"d_hidden", "d_ff", "batch_size", "lr", "weight_decay", "epochs",
                           "warmup", "seed", "dtype"}))
 
@@ -211,41 +212,77 @@ def _prepare(args, spec):
             msg = f"--text {args.text}: {msg.removeprefix('text: ')}"
         elif msg.startswith("warmup "):  # GPTConfig.warmup is nanoGPT's warmup_iters
             msg = "--warmup-iters " + msg.removeprefix("warmup ")
-        raise UsageError(msg) from None
+        raise UsageError(flag_message(msg, args, spec)) from None
+
+
+def flag_message(msg: str, args, spec) -> str:
+    """``msg`` with a leading config field (``config.seq_len: ...``, ``seq_len: ...``) named
+    by the option that set it (as given: ``--block-size``, ``block_size (recipe.toml)``), or
+    by nanoGPT's option name when it was left at its default."""
+    head, sep, rest = msg.partition(": ")
+    field = head.removeprefix("config.")
+    if not sep or not field.isidentifier():
+        return msg
+    dests = [d for d, f in {**COMMON, **spec.options}.items() if f[0] == field]
+    if not dests:
+        return msg
+    given = [args.given[d] for d in dests if d in args.given]
+    return f"{given[0] if given else '--' + dests[0].replace('_', '-')}: {rest}"
 
 
 def run_cli(args, out=None) -> int:
     """``python -m engine train --model gmlp-lm|gpt [--text FILE]``: train, report, save and
     reload the checkpoint. Under ``mpiexec -n K`` the GPT's ranks each train their share of
-    every global batch and rank 0 reports. Returns the exit status."""
+    every global batch and rank 0 reports. Returns the exit status: a user error (a usage
+    error, a ValueError/TypeError of the setup or of ``fit``) is one line ``error: ...`` on
+    stderr (rank 0's only under MPI) and exit status 2; a diverged run's, 1."""
     spec = GPT if args.model == "gpt" else GMLP_LM
     if args.model not in spec.models or args.task not in (None, "text"):
         raise UsageError(f"--model {args.model} --task {args.task}: the text task trains the "
                          f"{spec.name} model (--model {spec.name} --task text)")
+    comm = distributed.world() if spec.mpi else None
+    try:
+        return _run(args, out, spec, comm)
+    except (UsageError, ValueError, TypeError, NonFiniteLossError, distributed.RankError) as e:
+        if comm is None or comm.Get_rank() == 0:
+            print(f"error: {flag_message(str(e), args, spec)}", file=sys.stderr)
+        diverged = isinstance(e, NonFiniteLossError) or (
+            isinstance(e, distributed.RankError) and e.error.startswith("NonFiniteLossError"))
+        return 1 if diverged else 2
+
+
+def _run(args, out, spec, comm) -> int:
     log_every = args.log_every if "log_every" in args.given else LOG_EVERY
     quiet = getattr(args, "quiet", False) and "quiet" in spec.extra
-    comm = distributed.world() if spec.mpi else None
     rank = 0 if comm is None else comm.Get_rank()
     threads = distributed.set_threads(comm, args.threads)  # under MPI: each rank's share
     t_all = time.perf_counter()
     c, s = _prepare(args, spec)
-    if comm is not None and (c.max_iters or args.resume):
-        raise UsageError(f"{'--resume' if args.resume else '--max-iters'}: on one process "
-                         f"only (under mpiexec, train by --epochs)")
     out = out or sys.stdout
     if quiet:
         out = open(os.devnull, "w")  # noqa: SIM115  (closed with the process)
     elif rank != 0:
         out = io.StringIO()  # rank 0 reports
+    shards = comm.Get_size() if comm is not None and args.shard_optimizer else 0
+    if shards:  # as the tabular models' banner says it
+        threads += ", AdamW sharded (ZeRO-1)"
     print(f"blasnet {__version__} | numpy {np.__version__} | {c.dtype} | {threads}", file=out)
-    _banner(out, spec, c, s)
+    _banner(out, spec, c, s, shards)
     if args.resume is not None:
         print(f"resume    {args.resume}", file=out)
+    if args.out_dir is not None:
+        print(f"out_dir   {os.path.join(args.out_dir, BEST)} at each held-out estimate that "
+              f"improves on the best, {LAST} at every estimate", file=out)
     progress = False if quiet or rank != 0 else log_every
     r = _fit(args, spec, s, progress, comm)
     if isinstance(r, int):  # stopped by a signal: the resumable checkpoint is written
         return r
     lm.print_result(out, c, r)
+    if args.out_dir is not None and r.history.val_loss:
+        best = int(np.argmin(r.history.val_loss))
+        print(f"best      {os.path.join(args.out_dir, BEST)}: held-out "
+              f"{r.history.val_loss[best]:.4f} nats, estimate {best + 1} of "
+              f"{len(r.history.val_loss)}", file=out)
     if rank == 0 and not _round_trip(out, args.save, spec, s, r):
         return 1
     print(f"wall time {time.perf_counter() - t_all:.1f} s", file=out)
@@ -254,22 +291,50 @@ def run_cli(args, out=None) -> int:
 
 
 def _fit(args, spec, s, progress, comm):
-    """The run's ``LMResult``; or, stopped by Ctrl-C or SIGTERM on one process, the exit
-    status (130, 143) once a checkpoint that ``--resume`` continues is written."""
-    if comm is not None:
-        with distributed.zero1(s, comm if args.shard_optimizer else None):  # --shard-optimizer
-            return lm.run_training(s, progress, comm)
+    """The run's ``LMResult``; or, stopped by Ctrl-C or SIGTERM, the exit status (130, 143)
+    once a checkpoint that ``--resume`` continues is written (on one process; under
+    mpiexec the ``--out-dir`` checkpoints, written by rank 0, are the resumable ones)."""
+    callbacks = out_dir_callbacks(args, spec, s)
     got = {"signal": "SIGINT"}
     try:
+        if comm is not None:  # --shard-optimizer: ZeRO-1
+            with distributed.zero1(s, comm if args.shard_optimizer else None):
+                return lm.run_training(s, progress, comm, args.resume, callbacks)
         with resume_cmd.preemption() as got:
-            return spec.module.train(progress=progress, prepared=s, resume_from=args.resume)
+            return lm.run_training(s, progress, resume_from=args.resume, callbacks=callbacks)
     except TrainingInterrupted as e:
+        if comm is not None:
+            if comm.Get_rank() == 0:
+                print(f"\ntraining interrupted after optimizer step {e.history.steps} (a "
+                      f"data-parallel run is not saved on an interrupt; its --out-dir "
+                      f"checkpoints are resumable)", file=sys.stderr)
+            return 130
         return resume_cmd.save_interrupted(sys.stderr, args, (e, got["signal"]),
-                                           checkpoint_metadata(spec, s))
+                                           checkpoint_metadata(spec, s), s.config.max_iters)
     except ValueError as e:  # a checkpoint of another run (checked before any change)
         if not str(e).startswith("resume_from: "):
             raise
         raise UsageError(f"--resume: {str(e).removeprefix('resume_from: ')}") from None
+
+
+BEST, LAST = "ckpt.npz", "last.npz"  # in --out-dir: nanoGPT's ckpt.pt, and the latest
+
+
+def out_dir_callbacks(args, spec, s) -> list:
+    """``--out-dir DIR``: ``ModelCheckpoint``s writing ``DIR/ckpt.npz`` when the held-out
+    loss improves (nanoGPT's ``always_save_checkpoint = False``) and ``DIR/last.npz`` at
+    every estimate; each a resumable checkpoint with the run's metadata. The directory is
+    made here (an I/O error is a usage error naming it)."""
+    if args.out_dir is None:
+        return []
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out-dir {args.out_dir}: {e.strerror or e}") from None
+    meta = checkpoint_metadata(spec, s)
+    return [ModelCheckpoint(os.path.join(args.out_dir, BEST), metadata=meta),
+            ModelCheckpoint(os.path.join(args.out_dir, LAST), save_best_only=False,
+                            metadata=meta)]
 
 
 def _check_resume(path, c) -> None:
@@ -292,7 +357,7 @@ def _check_resume(path, c) -> None:
                          + "; resume with the run's own command line")
 
 
-def _banner(out, spec, c, s) -> None:
+def _banner(out, spec, c, s, shards: int = 0) -> None:
     unit = "byte" if c.tokenizer == "byte" else "character"
     print(f"text      {s.source}", file=out)
     print(f"split     {len(s.train_ids):,} training / {len(s.held_ids):,} held-out {unit}s "
@@ -307,7 +372,8 @@ def _banner(out, spec, c, s) -> None:
     else:
         run = (f"{c.epochs} epochs x {s.steps // max(c.epochs, 1)} steps of {c.batch_size} "
                f"windows of {c.seq_len}")
-    print(f"training  AdamW(lr={c.lr:g}, betas=({c.beta1:g}, {c.beta2:g}), weight_decay="
+    opt = f"ZeRO-1: AdamW sharded over {shards} ranks" if shards else "AdamW"
+    print(f"training  {opt}(lr={c.lr:g}, betas=({c.beta1:g}, {c.beta2:g}), weight_decay="
           f"{c.weight_decay:g} on matrices), {clip}; {schedule_text(c, s.steps)}; {run}; "
           f"seed {c.seed}", file=out)
     print(f"recipe    {recipe_line(c, spec, s)}", file=out)

@@ -276,6 +276,11 @@ def _output_options(t) -> None:
                         "--save .npz of a finished one): its model, data and training options "
                         "are used unless given again (a different --model, --hidden, ... is "
                         "an error); --epochs is the run's total")
+    g.add_argument("--out-dir", "--out_dir", default=None, metavar="DIR",
+                   help="gpt, gmlp-lm (nanoGPT's out_dir): write DIR/ckpt.npz at each held-out "
+                        "estimate that improves on the best so far, and DIR/last.npz at every "
+                        "estimate (the final one at the end); both resumable (--resume "
+                        "DIR/ckpt.npz) and loadable (blasnet sample)")
     g.add_argument("--history", default=None, metavar="PATH",
                    help="write the per-epoch history here (.csv or .json)")
     loud = g.add_mutually_exclusive_group()

@@ -216,13 +216,21 @@ def _resume_command(args, path: str) -> str:
     return shlex.join(prog + out + ["--resume", path])
 
 
-def save_interrupted(err, args, stop, meta: dict) -> int:
+def save_interrupted(err, args, stop, meta: dict, max_iters: int = 0) -> int:
     """Write the interrupted run's checkpoint and ``--history``; print where, and the
-    command that resumes it, to ``err``; return the exit status (130 SIGINT, 143 SIGTERM)."""
+    command that resumes it, to ``err``; return the exit status (130 SIGINT, 143 SIGTERM).
+    ``max_iters``: an iteration-based run of that many steps, whose "epochs" are periods
+    between held-out estimates (said as steps and estimates)."""
     e, sig = stop
     code = 143 if sig == "SIGTERM" else 130
-    where = f"at epoch {e.epoch}, step {e.step}" if e.epoch else "before the first step"
-    print(f"\ntraining interrupted ({sig}) {where}; {len(e.history)} epoch(s) complete",
+    if not e.epoch:
+        where = "before the first step"
+    elif max_iters:
+        where = f"after step {e.history.steps}/{max_iters}"
+    else:
+        where = f"at epoch {e.epoch}, step {e.step}"
+    done = "held-out estimate(s)" if max_iters else "epoch(s)"
+    print(f"\ntraining interrupted ({sig}) {where}; {len(e.history)} {done} complete",
           file=err)
     if not e.resumable:
         print("nothing was trained, so nothing was saved", file=err)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .runtime import agree, communicator
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "write"]
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -22,6 +22,14 @@ def save(path, model, /, optimizer=None, scheduler=None, *, comm=None, **metadat
     """``engine.save`` for a data-parallel run (collective: every rank calls it, and a
     ``ShardedAdamW`` gathers its state first): rank 0 writes the file (atomically); an error
     on rank 0 is raised on every rank."""
+    write(path, model, optimizer, scheduler, metadata, comm=comm)
+
+
+def write(path, model, optimizer=None, scheduler=None, metadata=None, training=None, *,
+          comm=None) -> None:
+    """``checkpoint.write`` for a data-parallel run (collective; ``training``: a ``fit`` run's
+    resumable state, the same on every rank): rank 0 writes; its error is raised on every
+    rank."""
     from ..training import checkpoint
     comm = communicator(comm)
     agree(comm)
@@ -29,8 +37,8 @@ def save(path, model, /, optimizer=None, scheduler=None, *, comm=None, **metadat
     error = None
     if comm.Get_rank() == 0:
         try:
-            checkpoint.save(path, model, None if sd is None else _SavedState(sd),
-                            scheduler=scheduler, **metadata)
+            checkpoint.write(path, model, None if sd is None else _SavedState(sd), scheduler,
+                             metadata, training)
         except Exception as e:
             error = e
     agree(comm, error)

@@ -134,6 +134,13 @@ class DataParallel:
             return
         agree(self.comm, error, out=self._buf)
 
+    def write_checkpoint(self, path, model, optimizer, scheduler, metadata, training) -> None:
+        """A run's checkpoint, collective: a sharded optimizer's state is gathered on every
+        rank, rank 0 writes the file (the model, schedule, Generators and History are the
+        same on every rank), and an error on rank 0 is raised on every rank."""
+        from .checkpoints import write
+        write(path, model, optimizer, scheduler, metadata, training, comm=self.comm)
+
     def finish(self) -> None:
         """The last agreement of a run: a rank that fails after every other collective
         step still finds the others here."""
@@ -168,12 +175,18 @@ def fit_setup(comm, model, optimizer, X, Y, *, epochs, batch_size, shuffle, rng)
     batch size works: a rank whose share of a batch is empty adds a zero gradient."""
     dp = DataParallel(model, optimizer, comm)
     gen = make_rng(rng)
-    sig = [("X (shape, dtype, CRC-32 of the values)", (X.shape, str(X.dtype), _crc(X))),
-           ("Y (shape, dtype, CRC-32 of the values)", (Y.shape, str(Y.dtype), _crc(Y))),
+    sig = [("X (shape, dtype, CRC-32 of the values)", _data_signature(X)),
+           ("Y (shape, dtype, CRC-32 of the values)", _data_signature(Y)),
            ("epochs", epochs), ("batch_size", batch_size), ("shuffle", bool(shuffle)),
            ("the shuffling Generator's state", zlib.crc32(repr(gen.bit_generator.state).encode()))]
     agree_equal(dp.comm, "the training run", sig)
     return dp
+
+
+def _data_signature(a):
+    """An array's shape, dtype and checksum; None for an iteration-based run (its sampler's
+    Generator is the run's, compared as the shuffling Generator)."""
+    return None if a is None else (a.shape, str(a.dtype), _crc(a))
 
 
 def _crc(a) -> int:

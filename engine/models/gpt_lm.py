@@ -56,7 +56,11 @@ def setup(config: GPTConfig | None = None, text: str | None = None, path=None) -
     if not isinstance(c, GPTConfig):
         raise TypeError(f"config: expected a GPTConfig, got {type(c).__name__}")
     check_text_config(c)
-    return lm.prepare(c, lambda v, rng: build_model(v, c, rng), text, path)
+    s = lm.prepare(c, lambda v, rng: build_model(v, c, rng), text, path)
+    # A step's attention scores grow as batch * T^2: a block_size too long for them is
+    # refused now, not at the first forward.
+    s.model.h[0].attn.check_scores(c.batch_size, c.seq_len, "seq_len")
+    return s
 
 
 def train(config: GPTConfig | None = None, progress=True, text: str | None = None,

@@ -44,6 +44,7 @@ __all__ = ["TextConfig", "LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpu
            "adamw_decaying_matrices", "run_training", "prepare"]
 
 LN2 = math.log(2.0)
+MAX_SPATIAL_BYTES = 4 << 30  # the gMLP's spatial weights' training state (4 GiB)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -278,7 +279,16 @@ def check_config(c) -> LMConfig:
         raise TypeError(f"config: expected an LMConfig, got {type(c).__name__}")
     for name in ("d_ffn", "blocks"):
         _count(f"config.{name}", getattr(c, name))
-    return check_text_config(c)
+    check_text_config(c)
+    # Each block's spatial gating weight is (seq_len, seq_len): with its gradient and two
+    # AdamW moments, 4 of them per block. A seq_len that would not fit is refused up front.
+    need = 4 * c.blocks * c.seq_len ** 2 * np.dtype(check_dtype(c.dtype)).itemsize
+    if need > MAX_SPATIAL_BYTES:
+        raise ValueError(f"config.seq_len: {c.seq_len} makes {c.blocks} spatial weights of "
+                         f"seq_len x seq_len that need {need:,} bytes with their gradients "
+                         f"and AdamW moments, above {MAX_SPATIAL_BYTES:,}; use a shorter "
+                         f"seq_len (block_size)")
+    return c
 
 
 def _split_block(n: int, c) -> int:
@@ -377,24 +387,25 @@ def train(config: LMConfig | None = None, progress=True, text: str | None = None
     return run_training(s, progress, resume_from=resume_from)
 
 
-def run_training(s: LMSetup, progress=True, comm=None, resume_from=None) -> LMResult:
+def run_training(s: LMSetup, progress=True, comm=None, resume_from=None,
+                 callbacks=()) -> LMResult:
     """``fit`` of a prepared language model: epochs over its windows, or ``max_iters`` steps
     on random windows with a held-out estimate every ``eval_interval`` (``comm``: an MPI
-    communicator, data parallel, epoch-based only); then held-out bits per token, the
+    communicator, data parallel: every rank draws the global batch, trains on its share);
+    then held-out bits per token, the
     unigram baseline and a sample from the prompt. ``resume_from``: a checkpoint of the
-    same run stopped early (``TrainingInterrupted.save``), continued exactly."""
+    same run stopped early (``TrainingInterrupted.save``), continued exactly; ``callbacks``:
+    ``fit``'s (``ModelCheckpoint``: the best held-out model)."""
     c = s.config
     options = dict(validation=(s.Xh, s.Yh), progress=progress, scheduler=s.scheduler,
                    scheduler_interval="step", clip_grad_norm=c.grad_clip or None,
-                   log_every=c.log_interval or None, resume_from=resume_from)
+                   log_every=c.log_interval or None, resume_from=resume_from,
+                   callbacks=list(callbacks))
     t0 = time.perf_counter()
     if c.max_iters:
-        if comm is not None:
-            raise ValueError("max_iters: an iteration-based run trains on one process (under "
-                             "mpiexec, train by epochs)")
         history = fit(s.model, CrossEntropyLoss(), s.optimizer, sampler=s.sampler,
                       steps=c.max_iters, eval_every=eval_interval(c),
-                      batch_size=c.batch_size, **options)
+                      batch_size=c.batch_size, comm=comm, **options)
     else:
         history = fit(s.model, CrossEntropyLoss(), s.optimizer, s.X, s.Y, epochs=c.epochs,
                       batch_size=c.batch_size, rng=c.seed, comm=comm, **options)

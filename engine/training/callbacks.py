@@ -226,7 +226,7 @@ class ModelCheckpoint(Callback):
     ``fit(..., resume_from=path)`` continues it exactly."""
 
     def __init__(self, path, monitor: str = "val_loss", save_best_only: bool = True,
-                 mode: str = "auto"):
+                 mode: str = "auto", metadata: dict | None = None):
         self._mode = _mode(monitor, mode)
         try:
             self.path = os.fspath(path)
@@ -237,6 +237,7 @@ class ModelCheckpoint(Callback):
         self.monitor, self.mode, self.save_best_only = monitor, mode, save_best_only
         self.best = math.inf if self._mode == "min" else -math.inf
         self.saved: list = []
+        self.metadata = dict(metadata or {})  # written into every checkpoint, beside the figures
         self._model = self._optimizer = self._scheduler = self._run = None
 
     def _figures(self, history) -> dict:
@@ -281,13 +282,14 @@ class ModelCheckpoint(Callback):
         if better or not self.save_best_only:
             figures = self._figures(history)
             path = self._format(epoch, figures)
+            meta = {**self.metadata, "epoch": epoch, "steps": history.steps, **figures}
             if self._run is not None:  # written once every callback has seen the epoch
-                self._run.save_after_epoch(path, epoch=epoch, **figures)
+                self._run.save_after_epoch(path, **meta)
             elif path.lower().endswith(".safetensors"):
-                _checkpoint.save(path, self._model, epoch=epoch, **figures)
+                _checkpoint.save(path, self._model, **meta)
             else:
                 _checkpoint.save(path, self._model, self._optimizer, scheduler=self._scheduler,
-                                 epoch=epoch, **figures)
+                                 **meta)
             self.saved.append(path)
         return False
 

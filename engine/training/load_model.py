@@ -57,7 +57,7 @@ def _optimizer_types() -> dict:
 def _scheduler_types() -> dict:
     from ..optim import lr_scheduler as lrs
     return {name: getattr(lrs, name) for name in ("StepLR", "LinearLR", "CosineAnnealingLR",
-                                                  "SequentialLR", "LambdaLR")}
+                                                  "SequentialLR", "LambdaLR", "WarmupCosineLR")}
 
 
 def _build_optimizer(path, header, model, base_lrs):

@@ -107,8 +107,9 @@ def fit(model, loss, optimizer, X=None, Y=None, *, epochs=None, comm=None,
     block_size, batch_size, rng), steps=N, eval_every=k, validation=(Xv, Yv))`` draws each
     step's batch from ``sampler.sample()`` (or ``next(sampler)``); every ``eval_every``
     steps (default: a tenth of the run) ends as an epoch does: validation, a History row,
-    the callbacks, a progress line. Same sampler seed, same batches, same weights. Not with
-    ``comm``.
+    the callbacks, a progress line. Same sampler seed, same batches, same weights. With
+    ``comm`` every rank draws the same global batch (the same sampler seed on every rank)
+    and trains on its share.
 
     The options (keyword only: ``batch_size``, ``shuffle``, ``rng``, ``validation``,
     ``progress``, ``log_every``, ``callbacks``, ``scheduler``, ``scheduler_interval``,
@@ -133,10 +134,7 @@ def fit(model, loss, optimizer, X=None, Y=None, *, epochs=None, comm=None,
     """
     run = RunState(History())  # how far the run got: what a Ctrl-C reports and saves
     try:
-        if options.get("sampler") is not None and comm is not None:
-            raise ValueError("sampler: an iteration-based run trains on one process (comm="
-                             "None); data-parallel runs take (X, Y) and epochs")
-        ranks = processes(comm, resume=options.get("resume_from") is not None)
+        ranks = processes(comm)
         X, Y, options = ranks.checked(lambda: _entry(model, loss, X, Y, options))
         plan = ranks.checked(lambda: plan_fit(model, loss, optimizer, X, Y, epochs=epochs,
                                               **options))
@@ -165,9 +163,12 @@ def _interrupted(run: RunState, model) -> TrainingInterrupted:
         with defer_keyboard_interrupt():
             model.zero_grad()  # a half-accumulated gradient belongs to no step
             model.train()      # as fit leaves it (also if a validation pass was cut)
-        where = (f"at epoch {run.epoch}/{run.epochs}, step "
-                 f"{run.step}/{run.steps_per_epoch}" if run.epoch else
-                 "before the first step")
+        if not run.epoch:
+            where = "before the first step"
+        elif run.plan.sampler is not None:  # an iteration-based run: its periods are no epochs
+            where = f"after step {h.steps}/{run.plan.steps}"
+        else:
+            where = f"at epoch {run.epoch}/{run.epochs}, step {run.step}/{run.steps_per_epoch}"
         text = (f"training interrupted (Ctrl-C) {where}: the model and the optimizer hold "
                 f"the state after optimizer step {h.steps}, the last complete one "
                 f"(gradients zeroed, training mode); the exception's .history holds the "
@@ -186,12 +187,13 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
     dp, bar = SingleProcess(), Progress(False, plan.epochs)  # until the ranks have met
     try:
         dp = ranks.start(model, optimizer, X, Y, plan)  # data parallel: the ranks agree
-        batches = _Batches(X, Y, plan, dp) if plan.sampler is None else _Sampled(plan, model, loss)
+        batches = (_Batches(X, Y, plan, dp) if plan.sampler is None
+                   else _Sampled(plan, model, loss, dp))
         bar = Progress(plan.progress if dp.rank == 0 else False, plan.epochs,
                        batches.n, batches.bs or 1, steps=plan.steps)
         run.steps_per_epoch = batches.steps
         step = _Step(model, loss, optimizer, plan, dp, h)
-        run.attach(model, optimizer, plan, batches, step)
+        run.attach(model, optimizer, plan, batches, step, dp)
         _begin_callbacks(run, plan, model, optimizer)
         with defer_keyboard_interrupt():  # a resumed run is put in place whole
             if plan.resume is not None:
@@ -302,8 +304,9 @@ class _Sampled:
     ``eval_every`` steps, the last one shorter if ``eval_every`` does not divide ``steps``."""
     gather = False
 
-    def __init__(self, plan: FitPlan, model, loss):
+    def __init__(self, plan: FitPlan, model, loss, dp):
         sampler = plan.sampler
+        self.dp = dp  # every rank draws the same global batch and trains on its share
         self.plan, self.total, self.steps = plan, plan.steps, plan.eval_every
         self.bs = getattr(sampler, "batch_size", None)
         self.n = self.steps * (self.bs or 1)  # rows per period (for the progress line)
@@ -328,7 +331,8 @@ class _Sampled:
         self.drawn += 1
         if self.check:
             check_data(self.model, self.loss, xb, yb, what="sampler's ")
-        return xb, yb
+        lo, hi = self.dp.share(0, xb.shape[0])
+        return (xb, yb) if hi - lo == xb.shape[0] else (xb[lo:hi], yb[lo:hi])
 
 
 class _Step:

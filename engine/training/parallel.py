@@ -46,6 +46,11 @@ class SingleProcess:
     def allsum(self, *values) -> tuple:
         return values
 
+    def write_checkpoint(self, path, model, optimizer, scheduler, metadata, training) -> None:
+        """``checkpoint.write`` (over MPI: collective, rank 0 writes)."""
+        from . import checkpoint
+        checkpoint.write(path, model, optimizer, scheduler, metadata, training)
+
     def fail(self, error: BaseException) -> None:
         pass
 
@@ -53,14 +58,10 @@ class SingleProcess:
         pass
 
 
-def processes(comm, resume: bool = False):
+def processes(comm):
     """The processes of a ``fit`` run: this one alone (``comm=None``), or the ranks of an MPI
-    communicator (``engine.distributed``); ``resume``: the run continues a checkpoint (on one
-    process only)."""
+    communicator (``engine.distributed``)."""
     if comm is None:
         return SingleProcess()
-    if resume:
-        raise ValueError("resume_from: resuming a data-parallel run (comm=...) is not "
-                         "supported; resume it on one process")
     from ..distributed import FitRanks
     return FitRanks(comm)

@@ -56,7 +56,9 @@ class FitPlan:
       callbacks' states), epoch numbers continuing; the returned History holds the whole
       run. With the same data and options, k epochs then a resume to ``epochs`` equal
       ``epochs`` uninterrupted bit for bit (one thread). A checkpoint of another
-      architecture, optimizer, scheduler or Generators is a ValueError. Not with ``comm``.
+      architecture, optimizer, scheduler or Generators is a ValueError. With ``comm``
+      every rank reads the checkpoint (one written by K ranks, whose rank 0 writes it, or
+      by one process), and a run's checkpoints are written by rank 0.
     - ``comm``: an MPI communicator: data-parallel training over its ranks, ``batch_size``
       being the global batch (``engine.distributed``; every rank gets the same History,
       rank 0 prints).

@@ -82,13 +82,15 @@ class RunState:
         self.epoch = self.step = 0
         self.started = self.in_epoch = False
         self.model = self.optimizer = self.plan = self.batches = self.sums = None
+        self.processes = None
         self._pending = []
 
-    def attach(self, model, optimizer, plan, batches, sums) -> None:
+    def attach(self, model, optimizer, plan, batches, sums, processes=None) -> None:
         """The run's parts, once checked and built: ``sums`` holds the epoch's running
-        figures (``total``, ``hit``, ``rows``, ``lr0``, ``t0``)."""
+        figures (``total``, ``hit``, ``rows``, ``lr0``, ``t0``); ``processes``: the
+        data-parallel object that writes its checkpoints (rank 0 only over MPI)."""
         self.model, self.optimizer, self.plan = model, optimizer, plan
-        self.batches, self.sums = batches, sums
+        self.batches, self.sums, self.processes = batches, sums, processes
 
     def state(self) -> tuple:
         """``(JSON object, {name: array})``: the run's resumable state now."""
@@ -116,10 +118,13 @@ class RunState:
         if self.model is None:
             raise RuntimeError("the run had not started: there is nothing to save")
         if os.fspath(path).lower().endswith(checkpoint.SAFETENSORS):
-            checkpoint.write(path, self.model, metadata=metadata)
+            parts = (None, None, metadata, None)  # the parameters only
+        else:
+            parts = (self.optimizer, self.plan.scheduler, metadata, self.state())
+        if self.processes is not None:  # over MPI: collective, rank 0 writes
+            self.processes.write_checkpoint(path, self.model, *parts)
             return
-        checkpoint.write(path, self.model, self.optimizer, self.plan.scheduler, metadata,
-                         self.state())
+        checkpoint.write(path, self.model, *parts)
 
     def save_after_epoch(self, path, **metadata) -> None:
         """``save`` once the epoch has ended for every callback (so the checkpoint holds every

@@ -125,3 +125,16 @@ def test_sigterm_in_an_epoch_run_then_resume_equals_the_uninterrupted_run(tmp_pa
     assert ref.returncode == 0, ref.stderr
     a, b = _params(tmp_path / "m.npz"), _params(tmp_path / "ref.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_an_interrupted_iteration_run_says_steps_not_epochs(tmp_path, monkeypatch, capsys):
+    # Check that Ctrl-C in a --max-iters run reports the step reached and the held-out
+    # estimates done (its periods are no epochs).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.txt").write_text(TEXT)
+    with monkeypatch.context() as m:
+        _stop_at_draw(m, 8)
+        assert main([*RUN, "--text", "in.txt", "--save", "m.npz"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted (SIGINT) after step 7/12; 1 held-out estimate(s) complete" in err
+    assert "epoch" not in err.split("resume with:")[0]

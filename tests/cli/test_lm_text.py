@@ -180,8 +180,8 @@ def test_a_key_the_model_does_not_read_is_an_error(capsys, tmp_path):
     (["--model", "gpt", *TINY, "--max-iters", "5", "--warmup-iters", "5"],
      "--warmup-iters 5: the run has 5 optimizer step(s)"),
     (["--model", "gpt", *TINY, "--max-iters", "9", "--warmup-iters", "4",
-      "--lr-decay-iters", "4"], "lr_decay_iters: expected more than warmup_iters"),
-    (["--model", "gpt", "--min-lr", "0.1"], "min_lr"),
+      "--lr-decay-iters", "4"], "--lr-decay-iters: expected more than warmup_iters"),
+    (["--model", "gpt", "--min-lr", "0.1"], "--min-lr: expected at most lr"),
 ])
 def test_option_errors_exit_2(capsys, argv, msg):
     # Check spellings of one setting given twice, epochs with iterations, an iteration-only

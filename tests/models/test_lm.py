@@ -135,7 +135,7 @@ def test_cli_runs_the_language_model(capsys):
 @pytest.mark.parametrize("argv,msg", [
     (["--task", "text", "--model", "mlp"], "gmlp-lm"),
     (["--model", "gmlp-lm", "--hidden", "3,4"], "unrecognized arguments: --hidden"),
-    (["--model", "gmlp-lm", "--d-ff", "7", "--epochs", "0"], "d_ffn: expected an even"),
+    (["--model", "gmlp-lm", "--d-ff", "7", "--epochs", "0"], "--d-ff: expected an even"),
     (["--model", "gmlp-lm", "--prompt", "\u20ac", "--epochs", "0", "--d-hidden", "4",
       "--d-ff", "4"], "not in the vocabulary"),
     (["--model", "mlp", "--sample-length", "5"], "only with the language models"),

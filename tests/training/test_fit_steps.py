@@ -119,7 +119,7 @@ def test_progress_lines_count_steps(capsys):
     (dict(X=np.zeros((2, T), np.int64), Y=np.zeros((2, T), np.int64)), ValueError, "pass no X"),
     (dict(steps=None), TypeError, "steps"),
     (dict(eval_every=0), ValueError, "eval_every"),
-    (dict(comm=object()), ValueError, "one process"),
+    (dict(comm=object()), TypeError, "comm: expected an MPI communicator"),
     (dict(sampler=[1, 2]), TypeError, "sampler"),
 ])
 def test_bad_iteration_based_calls_change_nothing(kwargs, err, msg):

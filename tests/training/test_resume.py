@@ -220,12 +220,15 @@ def test_a_resume_with_generators_laid_out_differently_is_refused(tmp_path):
     assert opt2.steps == 0
 
 
-def test_resume_from_a_data_parallel_run_is_refused_up_front(tmp_path):
-    # Check resume_from with comm= is a clear ValueError (not a silently different run).
+def test_resume_with_a_bad_comm_is_refused_before_anything_changes(tmp_path):
+    # Check resume_from with a comm= that is no communicator is a TypeError naming comm, and
+    # the model is untouched (data-parallel resuming itself: tests/test_distributed_lm.py).
     m, opt, _ = _build()
     X, Y, _ = _data()
-    with pytest.raises(ValueError, match="data-parallel"):
+    before = m.flat_params().copy()
+    with pytest.raises(TypeError, match="comm: expected an MPI communicator"):
         fit(m, MSELoss(), opt, X, Y, epochs=2, comm=object(), resume_from=os.devnull)
+    assert np.array_equal(m.flat_params(), before)
 
 
 def test_a_resumed_runs_progress_lines_count_on_from_its_epoch(tmp_path, capsys):
