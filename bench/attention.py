@@ -117,45 +117,16 @@ def gpt_case(s=GPT_SHAPE, dtype=np.float32, path="auto"):
 
 
 def torch_gpt_step(s=GPT_SHAPE):
-    """The same GPT step in PyTorch (nanoGPT's layout, float32), or None without torch."""
+    """The same GPT step in PyTorch (nanoGPT's layout, bench/gpt_recipe.py's ``torch_gpt``,
+    with biases, AdamW lr 1e-4), or None without torch."""
     if importlib.util.find_spec("torch") is None:
         return None
     import torch
-    nn, F = torch.nn, torch.nn.functional
-    d, h = s["d_model"], s["n_head"]
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
-            q, k, v = (a.view(b, t, h, d // h).transpose(1, 2) for a in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, d))
-            return x + self.mlp(self.ln_2(x))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(s["vocab"], d), nn.Embedding(s["seq_len"], d)
-            self.h = nn.ModuleList([Block() for _ in range(s["n_layer"])])
-            self.ln_f = nn.LayerNorm(d)
-            self.head = nn.Linear(d, s["vocab"], bias=False)
-            self.head.weight = self.wte.weight
-
-        def forward(self, idx):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-            for blk in self.h:
-                x = blk(x)
-            return self.head(self.ln_f(x))
-
+    from bench.gpt_recipe import torch_gpt
+    F = torch.nn.functional
     torch.manual_seed(0)
-    model = GPT()
+    model = torch_gpt(dict(vocab=s["vocab"], block_size=s["seq_len"], n_layer=s["n_layer"],
+                           n_head=s["n_head"], n_embd=s["d_model"]), bias=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rng = np.random.default_rng(0)
     ids = torch.from_numpy(rng.integers(0, s["vocab"], (s["batch"], s["seq_len"])))
