@@ -45,7 +45,7 @@ def _sgd(n):
 
 
 def _clip(n):
-    from engine.layers import Linear
+    from engine.nn.layers import Linear
     from engine.optim import clip_grad_norm
     d = int(n ** 0.5)
     lin = Linear(d, n // d, dtype=F32)

@@ -128,7 +128,7 @@ def _adamw_engine_321k():
     """engine.optim.AdamW.step over a Linear(512, 627): 321,651 parameters, the size the
     compiled update is held to 5x the NumPy chain at (bench/baselines.py); ``run.params``
     gives the report its ns per parameter."""
-    from engine.layers import Linear
+    from engine.nn.layers import Linear
     from engine.optim import AdamW
     module = Linear(512, 627, rng=0)
     rng = np.random.default_rng(0)

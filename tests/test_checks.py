@@ -4,7 +4,8 @@ function is called; the command line's number options go through the same checks
 import numpy as np
 import pytest
 
-from engine import (SGD, EarlyStopping, Linear, MSELoss, data, fit, lr_scheduler)
+from engine import SGD, EarlyStopping, Linear, MSELoss, data, fit
+from engine.optim import lr_scheduler
 from engine._checks import argparse_int, argparse_real, check_int, check_real
 from engine.cli import main
 

@@ -2,7 +2,7 @@
 the row-wise ``Softmax`` / ``LogSoftmax``, ``Sequential`` (optionally with gradient
 checkpointing) and ``MLP`` (a ``Sequential`` of ``Linear`` layers).
 
-Each follows the module protocol of ``engine.module``: the base class checks arguments and
+Each follows the module protocol of ``engine.nn.module``: the base class checks arguments and
 overlaps; ``_forward``/``_backward`` run ``kernels.ops`` on work buffers that grow to the
 largest batch seen.
 """
@@ -313,5 +313,7 @@ class LogSoftmax(RowwiseActivation):
     activation = "log_softmax"
 
 
-# Sequential and MLP live in containers.py; imported here for the paths they had.
+# Sequential and MLP live in containers.py. This re-import (an import cycle, the one allowed
+# in tests/test_import_cycles.py) remains only while engine/models/gpt.py and lm.py import
+# Sequential from here; delete it once they import it from .containers.
 from .containers import MLP, Sequential  # noqa: E402

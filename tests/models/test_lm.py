@@ -1,4 +1,4 @@
-"""engine.lm, the character language model: corpus, vocabulary, split, windows, the unigram
+"""engine.models.lm, the character language model: corpus, vocabulary, split, windows, the unigram
 baseline and bits per character against formulas written here, a tiny model whose loss falls
 in a few steps, sampling, and the command line (`train --model gmlp-lm --task text`)."""
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from engine import lm
+from engine.models import lm
 from engine.cli import main
 
 TINY = dict(seq_len=16, d_model=16, d_ffn=32, blocks=2, batch_size=16, epochs=3, lr=1e-2,
