@@ -183,14 +183,22 @@ class Activation(Module):
         return f"{self.activation!r}{slope}"
 
 
-class ReLU(Activation):
-    """``max(z, 0)``."""
+class _NamedActivation(Activation):
+    """An activation whose only option is its dtype; a subclass names it in ``kind``."""
+
+    kind = ""
 
     def __init__(self, dtype=np.float32):
-        super().__init__("relu", dtype=dtype)
+        super().__init__(self.kind, dtype=dtype)
 
     def get_config(self) -> dict:
         return {"dtype": self.dtype.name}
+
+
+class ReLU(_NamedActivation):
+    """``max(z, 0)``."""
+
+    kind = "relu"
 
 
 class LeakyReLU(Activation):
@@ -216,34 +224,22 @@ class GELU(Activation):
         return {"approximate": self.approximate, "dtype": self.dtype.name}
 
 
-class SiLU(Activation):
+class SiLU(_NamedActivation):
     """``z * sigmoid(z)``."""
 
-    def __init__(self, dtype=np.float32):
-        super().__init__("silu", dtype=dtype)
-
-    def get_config(self) -> dict:
-        return {"dtype": self.dtype.name}
+    kind = "silu"
 
 
-class Sigmoid(Activation):
+class Sigmoid(_NamedActivation):
     """``1 / (1 + exp(-z))``."""
 
-    def __init__(self, dtype=np.float32):
-        super().__init__("sigmoid", dtype=dtype)
-
-    def get_config(self) -> dict:
-        return {"dtype": self.dtype.name}
+    kind = "sigmoid"
 
 
-class Tanh(Activation):
+class Tanh(_NamedActivation):
     """``tanh(z)``."""
 
-    def __init__(self, dtype=np.float32):
-        super().__init__("tanh", dtype=dtype)
-
-    def get_config(self) -> dict:
-        return {"dtype": self.dtype.name}
+    kind = "tanh"
 
 
 class Identity(Module):
