@@ -26,6 +26,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 import scipy.linalg.blas  # noqa: E402,F401  (load scipy's OpenBLAS so the controller sees it)
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
+from .checks import check_int  # noqa: E402
 from .warn import warn  # noqa: E402
 
 __all__ = ["ENV_VAR", "MAX_THREADS", "check_environment", "set_num_threads", "get_num_threads", "num_threads",
@@ -49,18 +50,15 @@ def check_environment() -> None:
 
 
 def _check_count(n, what: str, high: int | None = MAX_THREADS) -> int:
-    """Return ``n`` as an int in [1, high], or raise naming ``what``."""
-    if isinstance(n, bool) or not isinstance(n, (int, str)) and not hasattr(n, "__index__"):
-        raise TypeError(f"{what}: expected a positive integer, got {n!r} ({type(n).__name__})")
-    try:
-        value = int(n.strip()) if isinstance(n, str) else int(n)
-    except ValueError:
-        raise ValueError(f"{what}: expected a positive integer, got {n!r}") from None
-    if value < 1:
-        raise ValueError(f"{what}: expected a positive integer, got {n!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{what}: expected a positive integer <= {high}, got {n!r}")
-    return value
+    """Return ``n`` (an int, or its text: an environment variable) as an int in [1, high], or
+    raise naming ``what``."""
+    if isinstance(n, str):
+        try:
+            n = int(n.strip())
+        except ValueError:
+            raise ValueError(f"{what}: expected a positive integer, got {n!r}") from None
+    return check_int(what, n, 1, high, what="a positive integer" +
+                     ("" if high is None else f" <= {high}"))
 
 
 def usable_cores() -> int:
