@@ -2,10 +2,10 @@
 
 A case is (block, shape). Each builds the engine module, its input, a target, the loss and an
 AdamW optimizer, all float32 by default, from a fixed seed, so every run times the same
-numbers. Its training step is the one ``engine.train.fit`` runs (``step_fn``), with the
+numbers. Its training step is the one ``engine.fit`` runs (``step_fn``), with the
 input gradient computed: a block inside a network (fit leaves it out for the model's first
 layer, whose input is data: ``backward(dy, input_grad=False)``). The blocks,
-their modules, naive twins and GEMM lists come from the block registry (``engine.registry``:
+their modules, naive twins and GEMM lists come from the block registry (``engine.models.registry``:
 each entry's ``bench`` rows); a bench block is a registry entry plus its options and loss.
 Engine imports are deferred so that this module loads before the engine does.
 """
@@ -18,7 +18,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class BenchBlock:
-    """A benched block: its registry entry (``engine.registry``), the options it is built
+    """A benched block: its registry entry (``engine.models.registry``), the options it is built
     with, and the loss its training step uses ("mse" or "cross_entropy")."""
     kind: str
     options: dict = field(default_factory=dict)
@@ -126,7 +126,7 @@ def bench_block(block: str) -> BenchBlock:
 
 def entry(block: str):
     """The registry entry of a benched block."""
-    from engine import registry
+    from engine.models import registry
     return registry.get(bench_block(block).kind)
 
 
@@ -136,8 +136,8 @@ def build_module(block: str, shape: Shape, dtype=np.float32, seed: int = 0):
 
 
 def naive_twin(block: str, module, lr: float = LR):
-    """The naive twin (engine.naive) of a module built by ``build_module``: the baseline of the
-    "x naive" columns."""
+    """The naive twin (engine.models.naive) of a module built by ``build_module``: the baseline
+    of the "x naive" columns."""
     b = bench_block(block)
     return entry(block).twin(module, lr=lr, loss=b.loss, **b.options)
 
@@ -170,7 +170,7 @@ def make_data(block: str, shape: Shape, dtype=np.float32, seed: int = 1):
 
 
 def make_loss(block: str):
-    from engine import losses
+    from engine.nn import losses
     cls = {"mse": losses.MSELoss, "cross_entropy": losses.CrossEntropyLoss}
     return cls[bench_block(block).loss]()
 
@@ -192,7 +192,7 @@ def fwd_bwd_fn(module, x, dy, input_grad: bool = True):
 
 
 def step_fn(module, x, target, loss, opt, input_grad: bool = True):
-    """One full training step as ``engine.train.fit`` runs it when the optimizer updates
+    """One full training step as ``engine.fit`` runs it when the optimizer updates
     exactly the model's parameters: forward, loss forward, loss backward, backward (with the
     input gradient, which fit leaves out for its model's first layer: ``input_grad=False``
     is fit's step itself), and the AdamW step with the gradients zeroed inside its pass

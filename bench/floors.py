@@ -27,7 +27,7 @@ _gemm = importlib.import_module("kernels.gemm")  # the module (kernels.gemm is a
 
 def gemm_list(block: str, shape) -> list:
     """The GEMMs of one forward + backward of ``block`` at ``shape``, forward first, as
-    (M, N, K, trans_a, trans_b, beta) tuples (engine.registry's list for the block)."""
+    (M, N, K, trans_a, trans_b, beta) tuples (engine.models.registry's list for the block)."""
     return cases.gemm_list(block, shape)
 
 

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 import kernels
+from bench.arrays import layernorm_buffers, rand
 from kernels import ops
 
 F32 = np.float32
@@ -25,14 +26,12 @@ ADAMW_N = 321_000   # parameters: the small-model AdamW figure of the performanc
 ROWS, COLS = 1024, 512  # activations: make run's d_ff (row-wise kernels at 2048 x 512)
 
 
-def _rand(rng, shape, scale=1.0):
-    return (scale * rng.standard_normal(shape)).astype(F32)
 
 
 def _adamw(n):
     from kernels.optim import adamw_consts
     rng = np.random.default_rng(0)
-    p, g = _rand(rng, n, 0.02), _rand(rng, n, 1e-3)
+    p, g = rand(rng, n, 0.02), rand(rng, n, 1e-3)
     m, v = np.zeros(n, F32), np.zeros(n, F32)
     items = [((p, g, m, v), adamw_consts(p.dtype, 10, 1e-4, 0.9, 0.999, 1e-8, 1e-2))]
     return (lambda: ops.adamw(items, False)), n
@@ -40,38 +39,35 @@ def _adamw(n):
 
 def _sgd(n):
     rng = np.random.default_rng(0)
-    p, g, b = _rand(rng, n, 0.02), _rand(rng, n, 1e-3), np.zeros(n, F32)
+    p, g, b = rand(rng, n, 0.02), rand(rng, n, 1e-3), np.zeros(n, F32)
     return (lambda: ops.sgd(p, g, b, 1e-4, 0.9, 1e-4, 0.0, True, False, False)), n
 
 
 def _clip(n):
-    from engine.layers import Linear
+    from engine.nn.layers import Linear
     from engine.optim import clip_grad_norm
     d = int(n ** 0.5)
     lin = Linear(d, n // d, dtype=F32)
     rng = np.random.default_rng(0)
     for p in lin.parameters():
-        p.grad[...] = _rand(rng, p.shape, 1e-3)
+        p.grad[...] = rand(rng, p.shape, 1e-3)
     params = list(lin.parameters())
     return (lambda: clip_grad_norm(params, 1e9)), sum(p.size for p in params)
 
 
 def _layernorm(direction, n=2048, d=COLS):
-    rng = np.random.default_rng(0)
-    x, dout = _rand(rng, (n, d)), _rand(rng, (n, d))
-    gamma, beta = np.ones(d, F32), np.zeros(d, F32)
-    out, dx = np.empty((n, d), F32), np.empty((n, d), F32)
-    mean, rstd = np.empty(n, F32), np.empty(n, F32)
-    dgamma, dbeta = np.zeros(d, F32), np.zeros(d, F32)
-    ops.layernorm_forward(out, mean, rstd, x, gamma, beta, 1e-5)
+    b = layernorm_buffers(n, d)
+    ops.layernorm_forward(b.out, b.mean, b.rstd, b.x, b.gamma, b.beta, 1e-5)
     if direction == "fwd":
-        return (lambda: ops.layernorm_forward(out, mean, rstd, x, gamma, beta, 1e-5)), n * d
-    return (lambda: ops.layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)), n * d
+        return (lambda: ops.layernorm_forward(b.out, b.mean, b.rstd, b.x, b.gamma, b.beta,
+                                              1e-5)), n * d
+    return (lambda: ops.layernorm_backward(b.dx, b.dgamma, b.dbeta, b.dout, b.x, b.mean, b.rstd,
+                                           b.gamma)), n * d
 
 
 def _gate(direction, n=ROWS * COLS):
     rng = np.random.default_rng(0)
-    g0, p0, da0 = _rand(rng, n), _rand(rng, n), _rand(rng, n)
+    g0, p0, da0 = rand(rng, n), rand(rng, n), rand(rng, n)
     a, g, p, da = np.empty(n, F32), g0.copy(), p0.copy(), da0.copy()
     if direction == "fwd":
         def run():  # g is overwritten: restore the input (a copy, counted in the time)
@@ -89,7 +85,7 @@ def _gate(direction, n=ROWS * COLS):
 
 def _softmax(which, n=ROWS, c=COLS):
     rng = np.random.default_rng(0)
-    x, dy = _rand(rng, (n, c)), _rand(rng, (n, c))
+    x, dy = rand(rng, (n, c)), rand(rng, (n, c))
     y, dx = np.empty((n, c), F32), np.empty((n, c), F32)
     fwd = getattr(ops, which + "_forward")
     bwd = getattr(ops, which + "_backward")
@@ -99,7 +95,7 @@ def _softmax(which, n=ROWS, c=COLS):
 
 def _cross_entropy(direction, n=ROWS, c=COLS):
     rng = np.random.default_rng(0)
-    logits = _rand(rng, (n, c))
+    logits = rand(rng, (n, c))
     labels = rng.integers(0, c, n)
     probs, dl = np.empty((n, c), F32), np.empty((n, c), F32)
     ops.cross_entropy_forward(probs, logits, labels)
@@ -110,13 +106,13 @@ def _cross_entropy(direction, n=ROWS, c=COLS):
 
 def _mse(n=ROWS * COLS):
     rng = np.random.default_rng(0)
-    p, t, d = _rand(rng, n), _rand(rng, n), np.empty(n, F32)
+    p, t, d = rand(rng, n), rand(rng, n), np.empty(n, F32)
     return (lambda: ops.mse_forward_backward(d, p, t)), n
 
 
 def _dropout(direction, n=ROWS * COLS):
     rng = np.random.default_rng(0)
-    x = _rand(rng, (ROWS, COLS))
+    x = rand(rng, (ROWS, COLS))
     out, mask = np.empty((ROWS, COLS), F32), np.empty((ROWS, COLS), F32)
     gen = np.random.default_rng(1)
     if direction == "fwd":
@@ -127,22 +123,22 @@ def _dropout(direction, n=ROWS * COLS):
 
 def _fill_rows(n=ROWS, d=COLS):
     rng = np.random.default_rng(0)
-    y, res, b = np.empty((n, d), F32), _rand(rng, (n, d)), _rand(rng, d)
+    y, res, b = np.empty((n, d), F32), rand(rng, (n, d)), rand(rng, d)
     return (lambda: ops.fill_rows(y, b, res)), n * d
 
 
 def _add(n=ROWS, d=COLS):
     rng = np.random.default_rng(0)
-    out, a, b = np.empty((n, d), F32), _rand(rng, (n, d)), _rand(rng, (n, d))
+    out, a, b = np.empty((n, d), F32), rand(rng, (n, d)), rand(rng, (n, d))
     return (lambda: ops.add(out, a, b)), n * d
 
 
 def _sgu(direction, b=8, t=128, c=COLS // 2):
     rng = np.random.default_rng(0)
-    u_full = _rand(rng, (b, t, 2 * c))
+    u_full = rand(rng, (b, t, 2 * c))
     u = u_full[:, :, :c]
-    s_tm, bias, a = _rand(rng, (t, b, c)), _rand(rng, (t,)), np.empty((b, t, c), F32)
-    da, tmp, db = _rand(rng, (b, t, c)), np.empty((b, t, c), F32), np.zeros(t, F32)
+    s_tm, bias, a = rand(rng, (t, b, c)), rand(rng, (t,)), np.empty((b, t, c), F32)
+    da, tmp, db = rand(rng, (b, t, c)), np.empty((b, t, c), F32), np.zeros(t, F32)
     du = np.empty((b, t, c), F32)
     ops.sgu_gate_forward(a, s_tm, bias, u)
     if direction == "fwd":
@@ -154,7 +150,7 @@ def _sgu(direction, b=8, t=128, c=COLS // 2):
 def _embedding(n=4096, v=256, d=128):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, v, n)
-    dw, dout = np.zeros((v, d), F32), _rand(rng, (n, d), 1e-3)
+    dw, dout = np.zeros((v, d), F32), rand(rng, (n, d), 1e-3)
     return (lambda: ops.embedding_backward(dw, ids, dout)), n * d
 
 

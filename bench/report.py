@@ -65,7 +65,7 @@ def _blocks_section(data) -> tuple:
         return [], False
     out = [
         "BLOCKS (float32, medians). f+b = forward + backward; step = forward, loss, backward,\n"
-        "AdamW step with the gradients zeroed in its pass (as engine.train.fit). floor = the\n"
+        "AdamW step with the gradients zeroed in its pass (as engine.fit). floor = the\n"
         "same GEMMs alone (forward 1x, backward 2x), same shapes, same run.\n"
         "ratio = time / floor, median over alternating pairs of calls.\n"
         "x naive = time of the naive whole-array step / time. GF/s = GEMM FLOPs / time.\n"

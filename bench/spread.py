@@ -6,7 +6,7 @@ the bench times it. ``python bench/spread.py [--quick] [--runs N] [--threads 1 2
 RUNS fresh processes per thread count (``BLASNET_NUM_THREADS``), interleaved 1, 2, 1, 2, ...
 so that a drift of the machine reaches both. Each process builds the cases of
 ``cases.SMALL_CASES`` one after the other, warms each up (``timing.warm_up``) and times its
-full training step (``cases.step_fn``, the step of ``engine.train.fit``): the median over the
+full training step (``cases.step_fn``, the step of ``engine.fit``): the median over the
 undisturbed steps (``timing.CpuProbe``) of STEPS steps or STEP_S seconds of them, whichever
 is less, each step paired with its GEMM floor (the baseline measured in the same run). The
 report gives, per case and thread count, the min / median / max of the per-process medians

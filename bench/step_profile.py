@@ -2,7 +2,7 @@
 the loss, the optimizer step (gradients zeroed in its pass) and the Python around them, next
 to its GEMM floor.
 
-The instrumented step is ``cases.step_fn``'s (``engine.train.fit``'s) inside
+The instrumented step is ``cases.step_fn``'s (``engine.fit``'s) inside
 ``kernels.instrument.record(timed=True)``, which times every ``kernels.ops`` call the engine
 makes (exclusive: a recorded call inside another is not counted twice; calling thread only).
 The forward and backward are split into one part per ops name they call (``gemm``,

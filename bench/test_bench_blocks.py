@@ -3,7 +3,7 @@ floor, and the naive reference, all in one process so the ratios compare like wi
 
 Benchmarks of one case run next to each other (floor, fwd+bwd, step, naive); the floor is
 the block's own GEMM calls replayed on its own buffers (``floors.replay_fn``), the naive
-step is the block's twin from the registry (``engine.naive``); fwd+bwd and
+step is the block's twin from the registry (``engine.models.naive``); fwd+bwd and
 step also record their ratio to the floor over alternating pairs of calls (``paired_ratio``),
 which is what the table reports; the step and the floor also record their one-thread /
 N-thread time ratio the same way (``timing.paired_scaling``), at every shape. Quick mode

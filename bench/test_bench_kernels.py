@@ -10,20 +10,19 @@ import pytest
 import kernels
 from kernels import reference as ref
 from bench import bandwidth, cases
+from bench.arrays import layernorm_buffers, rand
 from bench.timing import run_benchmark
 
 F32 = np.float32
 
 
-def _rand(rng, shape, scale=1.0):
-    return (scale * rng.standard_normal(shape)).astype(F32)
 
 
 def _gemm(shape, impl, ta=False, tb=False):
     m, n, k = shape
     rng = np.random.default_rng(0)
-    a = _rand(rng, (k, m) if ta else (m, k))
-    b = _rand(rng, (n, k) if tb else (k, n))
+    a = rand(rng, (k, m) if ta else (m, k))
+    b = rand(rng, (n, k) if tb else (k, n))
     out = np.empty((m, n), F32)
     A, B = (a.T if ta else a), (b.T if tb else b)
     if impl == "fast":
@@ -38,8 +37,8 @@ def _gemm(shape, impl, ta=False, tb=False):
 def _act_pair(act, impl, n=2048, d=2048):
     """Forward (bias + activation) and backward of one (n, d) activation."""
     rng = np.random.default_rng(0)
-    z, h, dz = _rand(rng, (n, d)), np.empty((n, d), F32), np.empty((n, d), F32)
-    dh, bias = _rand(rng, (n, d)), np.zeros(d, F32)  # zero bias: z stays put over rounds
+    z, h, dz = rand(rng, (n, d)), np.empty((n, d), F32), np.empty((n, d), F32)
+    dh, bias = rand(rng, (n, d)), np.zeros(d, F32)  # zero bias: z stays put over rounds
     mod = kernels if impl == "fast" else ref
     fwd, bwd = mod.bias_act_forward, mod.act_backward
 
@@ -51,24 +50,19 @@ def _act_pair(act, impl, n=2048, d=2048):
 
 def _bias_grad(impl, n=2048, d=2048):
     rng = np.random.default_rng(0)
-    dz, db = _rand(rng, (n, d)), np.zeros(d, F32)
+    dz, db = rand(rng, (n, d)), np.zeros(d, F32)
     f = kernels.bias_grad if impl == "fast" else ref.bias_grad
     return lambda: f(db, dz)
 
 
 def _layernorm(impl, n=2048, d=512):
-    rng = np.random.default_rng(0)
-    x, dout = _rand(rng, (n, d)), _rand(rng, (n, d))
-    gamma, beta = np.ones(d, F32), np.zeros(d, F32)
-    out, dx = np.empty((n, d), F32), np.empty((n, d), F32)
-    mean, rstd = np.empty(n, F32), np.empty(n, F32)
-    dgamma, dbeta = np.zeros(d, F32), np.zeros(d, F32)
+    b = layernorm_buffers(n, d)
     mod = kernels if impl == "fast" else ref
     fwd, bwd = mod.layernorm_forward, mod.layernorm_backward
 
     def run():
-        fwd(out, mean, rstd, x, gamma, beta, 1e-5)
-        bwd(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
+        fwd(b.out, b.mean, b.rstd, b.x, b.gamma, b.beta, 1e-5)
+        bwd(b.dx, b.dgamma, b.dbeta, b.dout, b.x, b.mean, b.rstd, b.gamma)
     return run
 
 
@@ -80,7 +74,7 @@ def _adamw(impl):
     rng = np.random.default_rng(0)
     groups = []
     for s in _ffn_param_shapes():
-        groups.append((_rand(rng, s, 0.02), _rand(rng, s, 1e-3), np.zeros(s, F32),
+        groups.append((rand(rng, s, 0.02), rand(rng, s, 1e-3), np.zeros(s, F32),
                        np.zeros(s, F32)))
     f = kernels.adamw_update if impl == "fast" else ref.adamw_update
     state = {"t": 0}
@@ -97,7 +91,7 @@ def _adamw_many():
     """kernels.adamw_update_many over the same 2.1M parameters: one call, one parallel region
     over all four parameters (what AdamW.step runs)."""
     rng = np.random.default_rng(0)
-    quads = [(_rand(rng, s, 0.02), _rand(rng, s, 1e-3), np.zeros(s, F32), np.zeros(s, F32))
+    quads = [(rand(rng, s, 0.02), rand(rng, s, 1e-3), np.zeros(s, F32), np.zeros(s, F32))
              for s in _ffn_param_shapes()]
     ps, gs, ms, vs = (list(q) for q in zip(*quads))
     state = {"t": 0}
@@ -108,18 +102,24 @@ def _adamw_many():
     return run
 
 
-def _adamw_engine():
-    """engine.optim.AdamW.step over the large FFN's 2.1M parameters (one kernel call over the
-    parameter arena, plus the optimizer's bookkeeping); ``run.bytes``: what one step moves."""
+def _adamw_step(module):
+    """One engine.optim.AdamW step over ``module``'s parameters, with fixed random grads."""
     from engine.optim import AdamW
-    module = cases.build_module("FFN-relu", cases.SHAPES["large"])
     rng = np.random.default_rng(0)
     for p in module.parameters():
-        p.grad[...] = _rand(rng, p.shape, 1e-3)
+        p.grad[...] = rand(rng, p.shape, 1e-3)
     step = AdamW(module.parameters(), lr=1e-4).step
 
     def run():
         step()
+    return run
+
+
+def _adamw_engine():
+    """engine.optim.AdamW.step over the large FFN's 2.1M parameters (one kernel call over the
+    parameter arena, plus the optimizer's bookkeeping); ``run.bytes``: what one step moves."""
+    module = cases.build_module("FFN-relu", cases.SHAPES["large"])
+    run = _adamw_step(module)
     run.bytes = bandwidth.adamw_bytes(module.num_parameters(), np.dtype(F32).itemsize)
     return run
 
@@ -128,16 +128,9 @@ def _adamw_engine_321k():
     """engine.optim.AdamW.step over a Linear(512, 627): 321,651 parameters, the size the
     compiled update is held to 5x the NumPy chain at (bench/baselines.py); ``run.params``
     gives the report its ns per parameter."""
-    from engine.layers import Linear
-    from engine.optim import AdamW
+    from engine.nn.layers import Linear
     module = Linear(512, 627, rng=0)
-    rng = np.random.default_rng(0)
-    for p in module.parameters():
-        p.grad[...] = _rand(rng, p.shape, 1e-3)
-    step = AdamW(module.parameters(), lr=1e-4).step
-
-    def run():
-        step()
+    run = _adamw_step(module)
     run.params = sum(p.size for p in module.parameters())
     return run
 

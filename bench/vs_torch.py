@@ -126,7 +126,7 @@ def torch_module(block: str, shape):
         d_in, d_out = shape.dims.get("d_in", d), shape.dims.get("d_out", d)
         return GMLP(d_in, d, f, d_out), {"w_in.weight": ("W_in", True), "w_gate.weight": ("W_gate", True),
                             "w_proj.weight": ("W_proj", True), "w_out.weight": ("W_out", True)}
-    if block == "MLP":  # Linear -> ReLU -> ... -> Linear, as engine.layers.MLP with relu
+    if block == "MLP":  # Linear -> ReLU -> ... -> Linear, as engine.nn.layers.MLP with relu
         sizes, layers, pmap = shape.sizes, [], {}
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
             if i:

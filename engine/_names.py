@@ -39,7 +39,7 @@ def _fix() -> str:
 
 def import_kernels():
     """blasnet's ``kernels`` module, imported; ImportError if the name resolves to another
-    package's files. A ValueError of the import itself (a bad BLASNET_NUM_THREADS) passes."""
+    package's files."""
     expected = _beside()
     mod = sys.modules.get("kernels")
     origin = getattr(mod, "__file__", None) if mod is not None else None
@@ -55,8 +55,6 @@ def import_kernels():
                           f", not from {expected}: " + _fix())
     try:
         mod = importlib.import_module("kernels")
-    except ValueError:
-        raise
     except ModuleNotFoundError as e:  # blasnet's own kernels, missing a dependency
         raise ImportError(f"blasnet: a required package is not installed: {e.name!r} (imported "
                           f"by {origin}); install it (`pip install {e.name}`) or reinstall "

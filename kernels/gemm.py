@@ -25,9 +25,24 @@ _GEMV = {np.dtype(np.float32): _blas.sgemv, np.dtype(np.float64): _blas.dgemv}
 _ROUTINES = {dt: (_GEMM[dt], _GEMV[dt]) for dt in _GEMM}
 
 
+def _environment_ok() -> bool:
+    try:
+        _threads.check_environment()
+    except ValueError:
+        return False
+    return True
+
+
+# False under an invalid BLASNET_NUM_THREADS (fixed at import): then every GEMM raises its
+# ValueError instead of running at a thread count nobody chose.
+_ENV_OK = _environment_ok()
+
+
 def routines(dtype):
     """``(gemm, gemv)``: scipy's Fortran BLAS routines for ``dtype`` (float32 or float64), for
     kernels that call them on Fortran views directly (layernorm, losses)."""
+    if not _ENV_OK:
+        _threads.check_environment()
     return _ROUTINES[dtype]
 
 
@@ -98,6 +113,8 @@ def gemm_unchecked(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0)
 
     The caller guarantees C-contiguous 2-D arrays of one dtype, compatible shapes and
     M, N, K > 0; otherwise scipy copies silently or raises."""
+    if not _ENV_OK:
+        _threads.check_environment()
     m, n = out.shape
     if _BLAS_CALLS is not None and min(m, n, a.shape[0] if trans_a else a.shape[1]) <= ONE_THREAD_DIM:
         get, put = _BLAS_CALLS
@@ -120,6 +137,7 @@ def gemm(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
     2-D, C-contiguous and of one dtype, float32 (sgemm) or float64 (dgemm). Empty
     dimensions give the mathematically right result (``K == 0``: ``out = beta * out``).
     """
+    _threads.check_environment()
     check_array("out", out, ndim=2)
     check_array("a", a, ndim=2, dtype=out.dtype)
     check_array("b", b, ndim=2, dtype=out.dtype)

@@ -13,11 +13,11 @@ that element alone, so it does not depend on the split.
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
 from . import parallel as _par
+from .checks import check_bool, check_int, check_real
 from .gemm import check_contiguous, check_like
 from .jit import jit
 from .lanes import sum_in_order
@@ -276,25 +276,7 @@ def scale_(flats, coef) -> None:
             _par.split(lambda i0, i1, _, g=g, c=c: _scale_range(g, c, i0, i1), n, k=k)
 
 
-# ----------------------------------------------------------------------------- checks
-def _check_flag(name, x):
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {x!r} ({type(x).__name__})")
-    return bool(x)
-
-
-def _check_number(name, x, lo, hi=None, hi_open=True):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name}: expected a real number, got {type(x).__name__}")
-    x = float(x)
-    ok = x >= lo and (hi is None or (x < hi if hi_open else x <= hi))
-    if not ok:
-        rng = f"[{lo}, {hi})" if hi is not None and hi_open else (
-            f"[{lo}, {hi}]" if hi is not None else f">= {lo}")
-        raise ValueError(f"{name}: expected a value in {rng}, got {x}")
-    return x
-
-
+# ------------------------------------------------------------------ checks (kernels/checks.py)
 def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.999,
                  eps=1e-8, weight_decay=1e-2, zero_grad=False):
     """One AdamW step in place, as PyTorch's ``torch.optim.AdamW`` (``step`` counts from 1):
@@ -309,7 +291,7 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.
     unless ``zero_grad`` sets it to 0 in the same pass (what a separate ``grad.fill(0)``
     would do, without reading it from memory again). Returns ``param``."""
     check_contiguous("param", param, written=True)
-    zero_grad = _check_flag("zero_grad", zero_grad)
+    zero_grad = check_bool("zero_grad", zero_grad)
     check_like("grad", grad, "param", param, written=zero_grad)
     check_like("exp_avg", exp_avg, "param", param, written=True)
     check_like("exp_avg_sq", exp_avg_sq, "param", param, written=True)
@@ -320,13 +302,10 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1=0.9, beta2=0.
 
 def _check_adamw_options(step, lr, beta1, beta2, eps, weight_decay):
     """``(step, lr, beta1, beta2, eps, weight_decay)`` checked, as int and floats."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        raise TypeError(f"step: expected an int >= 1, got {type(step).__name__}")
-    if step < 1:
-        raise ValueError(f"step: expected an int >= 1 (the first update is step 1), got {step}")
-    return (int(step), _check_number("lr", lr, 0.0), _check_number("beta1", beta1, 0.0, 1.0),
-            _check_number("beta2", beta2, 0.0, 1.0), _check_number("eps", eps, 0.0),
-            _check_number("weight_decay", weight_decay, 0.0))
+    return (check_int("step", step, 1, what="an int >= 1 (the first update is step 1)"),
+            check_real("lr", lr, 0.0), check_real("beta1", beta1, 0.0, 1.0, high_open=True),
+            check_real("beta2", beta2, 0.0, 1.0, high_open=True), check_real("eps", eps, 0.0),
+            check_real("weight_decay", weight_decay, 0.0))
 
 
 def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
@@ -345,7 +324,7 @@ def adamw_update_many(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1=0.9,
     if not len(params) == len(grads) == len(exp_avgs) == len(exp_avg_sqs):
         raise ValueError("params, grads, exp_avgs, exp_avg_sqs: expected sequences of one "
                          f"length, got {[len(s) for s in seqs.values()]}")
-    zero_grad = _check_flag("zero_grad", zero_grad)
+    zero_grad = check_bool("zero_grad", zero_grad)
     for i, p in enumerate(params):
         check_contiguous(f"params[{i}]", p, written=True)
         for name in ("grads", "exp_avgs", "exp_avg_sqs"):
@@ -378,12 +357,12 @@ def sgd_update(param, grad, momentum_buf, lr, momentum=0.0, weight_decay=0.0,
     ``zero_grad`` sets it to 0 in the same pass. Nesterov needs momentum > 0 and
     dampening == 0 (as in PyTorch). Returns ``param``."""
     check_contiguous("param", param, written=True)
-    zero_grad = _check_flag("zero_grad", zero_grad)
+    zero_grad = check_bool("zero_grad", zero_grad)
     check_like("grad", grad, "param", param, written=zero_grad)
-    lr = _check_number("lr", lr, 0.0)
-    momentum = _check_number("momentum", momentum, 0.0)
-    weight_decay = _check_number("weight_decay", weight_decay, 0.0)
-    dampening = _check_number("dampening", dampening, 0.0, 1.0, hi_open=False)
+    lr = check_real("lr", lr, 0.0)
+    momentum = check_real("momentum", momentum, 0.0)
+    weight_decay = check_real("weight_decay", weight_decay, 0.0)
+    dampening = check_real("dampening", dampening, 0.0, 1.0)
     if momentum != 0.0:
         if momentum_buf is None:
             raise ValueError(f"momentum_buf: expected an array like param (shape {param.shape},"

@@ -2,7 +2,10 @@
 
 ``BLASNET_NUM_THREADS`` is read once, at import, and applied through one reused
 ``threadpoolctl.ThreadpoolController`` (a fresh ``threadpool_limits`` would rescan the loaded
-libraries on every call). ``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS`` are read by OpenBLAS
+libraries on every call). An invalid value does not stop the import: it is recorded, and the
+first use of the thread setting (get/set_num_threads, the elementwise pool, a GEMM) and
+``check_environment()`` (called first by the command line) raise the ValueError naming it, so
+nothing runs at a thread count nobody chose. ``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS`` are read by OpenBLAS
 itself when it loads, before any of this runs.
 
 After each parallel call OpenBLAS's worker threads spin for 2^OPENBLAS_THREAD_TIMEOUT cycles
@@ -23,9 +26,10 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "18")
 import scipy.linalg.blas  # noqa: E402,F401  (load scipy's OpenBLAS so the controller sees it)
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
+from .checks import check_int  # noqa: E402
 from .warn import warn  # noqa: E402
 
-__all__ = ["ENV_VAR", "MAX_THREADS", "set_num_threads", "get_num_threads", "num_threads",
+__all__ = ["ENV_VAR", "MAX_THREADS", "check_environment", "set_num_threads", "get_num_threads", "num_threads",
            "blas_info", "elementwise_threads", "usable_cores", "explicit_threads"]
 
 ENV_VAR = "BLASNET_NUM_THREADS"
@@ -34,20 +38,27 @@ MAX_THREADS = 1024
 
 _controller = ThreadpoolController()
 
+# The message of an invalid BLASNET_NUM_THREADS read at import (None: valid or unset).
+_env_error = None
+
+
+def check_environment() -> None:
+    """Raise the ValueError naming ``BLASNET_NUM_THREADS`` if the value read at import is not
+    a positive integer; return None otherwise. Every use of the thread setting calls it."""
+    if _env_error is not None:
+        raise ValueError(_env_error)
+
 
 def _check_count(n, what: str, high: int | None = MAX_THREADS) -> int:
-    """Return ``n`` as an int in [1, high], or raise naming ``what``."""
-    if isinstance(n, bool) or not isinstance(n, (int, str)) and not hasattr(n, "__index__"):
-        raise TypeError(f"{what}: expected a positive integer, got {n!r} ({type(n).__name__})")
-    try:
-        value = int(n.strip()) if isinstance(n, str) else int(n)
-    except ValueError:
-        raise ValueError(f"{what}: expected a positive integer, got {n!r}") from None
-    if value < 1:
-        raise ValueError(f"{what}: expected a positive integer, got {n!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{what}: expected a positive integer <= {high}, got {n!r}")
-    return value
+    """Return ``n`` (an int, or its text: an environment variable) as an int in [1, high], or
+    raise naming ``what``."""
+    if isinstance(n, str):
+        try:
+            n = int(n.strip())
+        except ValueError:
+            raise ValueError(f"{what}: expected a positive integer, got {n!r}") from None
+    return check_int(what, n, 1, high, what="a positive integer" +
+                     ("" if high is None else f" <= {high}"))
 
 
 def usable_cores() -> int:
@@ -74,6 +85,8 @@ _elementwise = 1
 
 def elementwise_threads() -> int:
     """Threads the elementwise kernels split large arrays over (the blasnet setting)."""
+    if _env_error is not None:
+        check_environment()
     return _elementwise
 
 
@@ -92,6 +105,7 @@ def explicit_threads():
     """``(count, source)``: the thread count last chosen on purpose and what chose it
     (``"BLASNET_NUM_THREADS"`` at import, ``"kernels.set_num_threads"`` since), or None when
     the libraries' own count is in use (engine.distributed then picks one per MPI rank)."""
+    check_environment()
     return _explicit
 
 
@@ -99,6 +113,7 @@ def set_num_threads(n: int) -> None:
     """Limit every loaded BLAS (and OpenMP) thread pool, and blasnet's own elementwise
     passes, to ``n`` threads."""
     global _explicit
+    check_environment()
     n = _check_count(n, "n")
     _apply(n)
     _explicit = (n, "kernels.set_num_threads")
@@ -122,6 +137,7 @@ SCIPY_OPENBLAS_CALLS = _scipy_openblas_calls()
 
 def get_num_threads() -> int:
     """Threads of the BLAS that the engine's GEMMs run on (scipy's OpenBLAS)."""
+    check_environment()
     libs = _blas_libs()
     for lib in libs:
         if _owner(lib.filepath) == "scipy":
@@ -134,6 +150,7 @@ def num_threads(n: int):
     """Context manager: run the block with ``n`` BLAS threads, then restore every pool's
     previous limit (even if the block raises)."""
     global _elementwise
+    check_environment()
     n = _check_count(n, "n")
     previous = _elementwise
     limiter = _controller.limit(limits=n)
@@ -148,6 +165,7 @@ def num_threads(n: int):
 def blas_info() -> list[dict]:
     """One dict per loaded BLAS/OpenMP library: ``user_api``, ``internal_api``, ``version``,
     ``num_threads``, ``filepath`` and which package ships it (``owner``)."""
+    check_environment()
     out = []
     for info in _controller.info():
         out.append({**info, "owner": _owner(info.get("filepath", ""))})
@@ -155,8 +173,11 @@ def blas_info() -> list[dict]:
 
 
 _env = os.environ.get(ENV_VAR)
-if _env is not None and _env.strip() != "":
-    _n = _check_count(_env, ENV_VAR, high=None)
+try:
+    _n = _check_count(_env, ENV_VAR, high=None) if _env and _env.strip() else None
+except ValueError as e:  # raised at the first use instead (check_environment)
+    _env_error, _n = str(e), None
+if _n is not None:
     if _n > usable_cores():
         # More threads than cores only makes them wait on each other: use the cores.
         warn(f"{ENV_VAR}={_env.strip()} exceeds the {usable_cores()} usable cores; "
@@ -164,5 +185,6 @@ if _env is not None and _env.strip() != "":
         _n = usable_cores()
     set_num_threads(_n)
     _explicit = (_n, ENV_VAR)
-else:  # OpenBLAS's own count (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / the cores)
+elif _env_error is None:
+    # OpenBLAS's own count (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / the cores)
     _elementwise = max(1, get_num_threads())

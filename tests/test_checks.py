@@ -4,7 +4,8 @@ function is called; the command line's number options go through the same checks
 import numpy as np
 import pytest
 
-from engine import (SGD, EarlyStopping, Linear, MSELoss, data, fit, lr_scheduler)
+from engine import SGD, EarlyStopping, Linear, MSELoss, data, fit
+from engine.optim import lr_scheduler
 from engine._checks import argparse_int, argparse_real, check_int, check_real
 from engine.cli import main
 
@@ -84,3 +85,31 @@ def test_cli_number_options_are_usage_errors(capsys):
         main(["train", "--epochs", "3.5"])
     assert e.value.code == 2
     assert "--epochs" in capsys.readouterr().err
+
+
+def test_kernels_and_engine_share_one_copy_of_the_checks():
+    # Check engine/_checks.py's number, flag and choice checks are kernels/checks.py's own
+    # functions (kernels cannot import engine, so the one copy lives in kernels).
+    from engine import _checks
+    from kernels import checks
+    for name in checks.__all__:
+        assert getattr(_checks, name) is getattr(checks, name), name
+
+
+@pytest.mark.parametrize("kwargs, error, text", [
+    ({"lr": float("inf")}, ValueError, "lr: expected a finite number >= 0.0, got inf"),
+    ({"beta1": 1.0}, ValueError, "beta1: expected a finite number in [0.0, 1.0)"),
+    ({"step": True}, TypeError, "step: expected an int >= 1"),
+    ({"zero_grad": 1}, TypeError, "zero_grad: expected True or False"),
+])
+def test_kernel_options_follow_the_shared_rule(kwargs, error, text):
+    # Check kernels.adamw_update's options go through the shared checks (an infinite lr is
+    # refused, a bool is not a step) and a refused call leaves the parameter unchanged.
+    import kernels
+    p, g = np.ones(4), np.full(4, 0.5)
+    m, v = np.zeros(4), np.zeros(4)
+    args = {"step": 1, "lr": 1e-3, **kwargs}
+    with pytest.raises(error) as e:
+        kernels.adamw_update(p, g, m, v, **args)
+    assert str(e.value).startswith(text)
+    assert np.array_equal(p, np.ones(4)) and not m.any() and not v.any()

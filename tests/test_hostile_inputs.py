@@ -64,8 +64,8 @@ def test_csv_big_integer_in_a_float_target_column_is_a_number(tmp_path):
 @pytest.fixture
 def small_safetensors(tmp_path):
     pytest.importorskip("safetensors")
-    from engine import checkpoint
-    from engine.layers import Linear
+    from engine.training import checkpoint
+    from engine.nn.layers import Linear
     model = Linear(3, 2, rng=0)
     path = str(tmp_path / "m.safetensors")
     checkpoint.save(path, model, scale=2.0, epoch=7)
@@ -76,8 +76,8 @@ def test_safetensors_every_bit_of_a_blasnet_file_is_checked(small_safetensors, t
     # Check that flipping any single bit of a blasnet-written .safetensors file (length
     # prefix, header with the metadata and the "format" key, tensor bytes) is refused
     # with a CheckpointError: nothing loads silently changed, no check is switched off.
-    from engine import checkpoint
-    from engine.layers import Linear
+    from engine.training import checkpoint
+    from engine.nn.layers import Linear
     path, model = small_safetensors
     good = open(path, "rb").read()
     bad = str(tmp_path / "bad.safetensors")
@@ -104,8 +104,8 @@ def test_safetensors_every_bit_of_a_blasnet_file_is_checked(small_safetensors, t
 def test_safetensors_foreign_file_without_checksums_loads(tmp_path):
     # Check that a file written by another tool (no blasnet metadata) loads as before.
     st = pytest.importorskip("safetensors.numpy")
-    from engine import checkpoint
-    from engine.layers import Linear
+    from engine.training import checkpoint
+    from engine.nn.layers import Linear
     model = Linear(3, 2, rng=0)
     path = str(tmp_path / "other.safetensors")
     st.save_file({k: v for k, v in model.state_dict().items()}, path,
@@ -126,7 +126,7 @@ def test_data_parallel_refuses_an_optimizer_over_other_parameters():
     # Check that DataParallel(model, AdamW(other.parameters())) is a ValueError (as
     # fit(comm=...) is), not a wrapper whose step never updates the model.
     dist = _mpi()
-    from engine.layers import Linear
+    from engine.nn.layers import Linear
     from engine.optim import AdamW
     model, other = Linear(3, 2, rng=0), Linear(3, 2, rng=1)
     before = model.W.data.copy()
@@ -139,7 +139,7 @@ def test_data_parallel_refuses_an_optimizer_over_other_parameters():
 def test_a_communicator_that_is_not_one_is_a_type_error(make):
     # Check that comm=42 is a TypeError naming comm, not an AttributeError.
     dist = _mpi()
-    from engine.layers import Linear
+    from engine.nn.layers import Linear
     from engine.optim import AdamW
     model = Linear(3, 2, rng=0)
     with pytest.raises(TypeError, match="comm: expected an MPI communicator"):
@@ -153,7 +153,7 @@ def test_sharded_adamw_checks_its_options_at_step_time():
     # Check that a learning rate made invalid between steps is refused at step() naming
     # it, before the gradients or parameters change (as AdamW.step does).
     dist = _mpi()
-    from engine.layers import Linear
+    from engine.nn.layers import Linear
     model = Linear(3, 2, rng=0)
     opt = dist.ShardedAdamW(model.parameters())
     model.W.grad[...] = 1.0
@@ -170,7 +170,7 @@ def test_sharded_adamw_step_defers_ctrl_c_to_its_end():
     # update (parameters gathered, gradients zeroed, step counted), never half way.
     import signal
     dist = _mpi()
-    from engine.layers import Linear
+    from engine.nn.layers import Linear
 
     class Interrupted(dist.ShardedAdamW):
         def update_shard(self):
@@ -216,7 +216,7 @@ def test_warmup_longer_than_the_run_is_refused_for_every_schedule(capsys, schedu
 def test_lm_warmup_longer_than_the_run_is_refused_not_clamped():
     # Check that the language model's warmup is refused when the run is too short for it
     # (it used to be clamped while the banner printed the value given).
-    from engine import lm
+    from engine.models import lm
     cfg = lm.LMConfig(seq_len=16, d_model=8, d_ffn=16, blocks=1, batch_size=16, epochs=1,
                       block=512, warmup=100000, prompt="ab")
     with pytest.raises(ValueError, match="warmup 100000"):
@@ -228,8 +228,9 @@ def test_checkpointed_sequential_refuses_backward_after_a_mode_change():
     # Check that eval() between forward and backward of Sequential(checkpoint=True) is a
     # RuntimeError naming the mode change (not eval-mode gradients), that nothing changed,
     # and that restoring the mode gives the gradients of the plain Sequential.
-    from engine.blocks import Dropout
-    from engine.layers import Linear, Sequential
+    from engine.nn.blocks import Dropout
+    from engine.nn.layers import Linear
+    from engine.nn.containers import Sequential
     def make(checkpoint):
         g = np.random.default_rng(3)
         return Sequential(Linear(4, 8, dtype=np.float64, rng=0),
@@ -255,8 +256,8 @@ def test_checkpointed_sequential_refuses_backward_after_a_mode_change():
 def test_save_to_a_directory_name_or_empty_is_a_value_error(tmp_path, monkeypatch, name):
     # Check that save("newdir/") and save("") are ValueErrors naming the path, and nothing
     # is written (it used to write a file named newdir, or raise IsADirectoryError).
-    from engine import checkpoint
-    from engine.layers import Linear
+    from engine.training import checkpoint
+    from engine.nn.layers import Linear
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
     with pytest.raises(ValueError, match=r"path: expected a file name, got " + repr(name)):
@@ -267,7 +268,7 @@ def test_save_to_a_directory_name_or_empty_is_a_value_error(tmp_path, monkeypatc
 
 # ----------------------------------------------------------------------------- fit up front
 def _lm_stack(seq_len=8, vocab=11):
-    from engine import lm
+    from engine.models import lm
     return lm.build_model(vocab, seq_len=seq_len, d_model=8, d_ffn=16, blocks=1,
                           dtype=np.float64, rng=0)
 
@@ -280,9 +281,9 @@ def _lm_data(n=12, seq_len=8, vocab=11):
 def _unchanged_fit(model, *args, match, error=ValueError, **kw):
     """fit(model, ...) raises ``error`` matching ``match`` and leaves the parameters, the
     gradients, the mode and the optimizer as they were."""
-    from engine.losses import CrossEntropyLoss
+    from engine.nn.losses import CrossEntropyLoss
     from engine.optim import AdamW
-    from engine.train import fit
+    from engine.training.loop import fit
     opt = AdamW(model.parameters(), lr=0.1)
     model.eval()
     model.flat_grads()[...] = 0.5
@@ -319,11 +320,11 @@ def test_fit_checks_the_sequence_length_through_every_child():
 
 
 def test_fit_checks_the_width_of_a_first_gmlp_block():
-    from engine.gmlp_block import GMLPBlock
+    from engine.nn.gmlp_block import GMLPBlock
     model = GMLPBlock(8, 16, 4, dtype=np.float64, rng=0)
     X = np.zeros((3, 4, 7))
     Y = np.zeros((3, 4, 8))
-    from engine.losses import MSELoss
+    from engine.nn.losses import MSELoss
     _unchanged_fit(model, X, Y, epochs=1, loss=MSELoss(), match=r"X: expected shape \(N, 8\)")
 
 
@@ -336,8 +337,8 @@ def test_fit_checks_the_lm_target_shape():
 def test_fit_asks_a_users_module_through_the_protocol():
     # Check that a user's module with its own forward and check_input is asked (its check
     # runs up front), and one without check_input is not judged by the default rules.
-    from engine.layers import Linear
-    from engine.module import Module
+    from engine.nn.layers import Linear
+    from engine.nn.module import Module
 
     class Picky(Linear):
         def check_input(self, x, name="x"):
@@ -348,7 +349,7 @@ def test_fit_asks_a_users_module_through_the_protocol():
         def forward(self, x, *, residual=None):
             return super().forward(x, residual=residual)
 
-    from engine.losses import MSELoss
+    from engine.nn.losses import MSELoss
     X, Y = np.zeros((3, 2)), np.zeros((3, 2))
     _unchanged_fit(Picky(2, 2, dtype=np.float64, rng=0), X, Y, epochs=1, loss=MSELoss(),
                    match="even number of rows")
@@ -376,12 +377,12 @@ def test_check_input_predicts_forward(name, shape_kind):
 def test_fit_refuses_a_class_where_an_instance_is_expected(what):
     # Check that fit(loss=MSELoss) (the class), scheduler=StepLR, optimizer=AdamW or
     # callbacks=[EarlyStopping] is a TypeError naming the argument before anything changes.
-    from engine.callbacks import EarlyStopping
-    from engine.layers import Linear
-    from engine.losses import MSELoss
-    from engine.lr_scheduler import StepLR
+    from engine.training.callbacks import EarlyStopping
+    from engine.nn.layers import Linear
+    from engine.nn.losses import MSELoss
+    from engine.optim.lr_scheduler import StepLR
     from engine.optim import AdamW
-    from engine.train import fit
+    from engine.training.loop import fit
     model = Linear(2, 2, dtype=np.float64, rng=0)
     opt = AdamW(model.parameters())
     model.eval()
@@ -415,11 +416,11 @@ def test_model_checkpoint_template_naming_an_unrecorded_figure_is_refused_up_fro
         tmp_path, template, kind, validation):
     # Check that a path template naming a figure this run does not record is a ValueError
     # naming it before the first step (it used to fail after epoch 1), nothing written.
-    from engine.callbacks import ModelCheckpoint
-    from engine.layers import Linear
-    from engine.losses import CrossEntropyLoss, MSELoss
+    from engine.training.callbacks import ModelCheckpoint
+    from engine.nn.layers import Linear
+    from engine.nn.losses import CrossEntropyLoss, MSELoss
     from engine.optim import AdamW
-    from engine.train import fit
+    from engine.training.loop import fit
     model = Linear(2, 3, dtype=np.float64, rng=0)
     X = np.ones((4, 2))
     Y = np.zeros((4, 3)) if kind == "regression" else np.array([0, 1, 2, 0])
@@ -436,7 +437,7 @@ def test_model_checkpoint_template_naming_an_unrecorded_figure_is_refused_up_fro
 
 
 def test_model_checkpoint_template_with_an_unknown_field_is_refused_at_construction(tmp_path):
-    from engine.callbacks import ModelCheckpoint
+    from engine.training.callbacks import ModelCheckpoint
     with pytest.raises(ValueError, match=r"path: the template .* names \{lr\}"):
         ModelCheckpoint(str(tmp_path / "ck-{lr}.npz"))
 
@@ -455,11 +456,11 @@ def test_model_checkpoint_onto_a_read_only_file_is_refused_before_the_first_step
         read_only_file):
     # Check that the start-of-run check predicts what save does with a read-only file (it
     # refuses it, even for root, whom os.access lets through): ValueError before any step.
-    from engine.callbacks import ModelCheckpoint
-    from engine.layers import Linear
-    from engine.losses import MSELoss
+    from engine.training.callbacks import ModelCheckpoint
+    from engine.nn.layers import Linear
+    from engine.nn.losses import MSELoss
     from engine.optim import AdamW
-    from engine.train import fit
+    from engine.training.loop import fit
     model = Linear(2, 2, dtype=np.float64, rng=0)
     opt = AdamW(model.parameters())
     before = model.flat_params().copy()
@@ -481,8 +482,8 @@ def test_cli_save_onto_a_read_only_file_is_a_usage_error_before_training(capsys,
 def test_a_254_byte_file_name_saves_through_save_and_the_cli(tmp_path, capsys):
     # Check one temporary-name scheme: a name as long as the file system allows (minus the
     # suffix) is accepted by save() and by the CLI's up-front check alike.
-    from engine import checkpoint
-    from engine.layers import Linear
+    from engine.training import checkpoint
+    from engine.nn.layers import Linear
     name = "s" * 250 + ".npz"  # 254 bytes
     checkpoint.save(str(tmp_path / name), Linear(2, 2, rng=0))
     (tmp_path / name).unlink()
@@ -497,7 +498,7 @@ def test_cli_save_failing_at_the_end_keeps_the_model(tmp_path, capsys, monkeypat
     # checkpoint to a temporary file, says where, exits 1 with no traceback, and that file
     # holds the trained model.
     import errno
-    from engine import checkpoint
+    from engine.training import checkpoint
     target = str(tmp_path / "m.npz")
     real_write = checkpoint.write  # the writer under save and save_or_rescue
 
@@ -512,7 +513,7 @@ def test_cli_save_failing_at_the_end_keeps_the_model(tmp_path, capsys, monkeypat
     assert "No space left on device" in err and "saved to " in err
     rescued = err.split("saved to ")[1].split(" instead")[0]
     try:
-        from engine.layers import MLP
+        from engine.nn.containers import MLP
         meta = checkpoint.load(rescued, MLP([1, 4, 1], rng=5))
         assert meta["epochs"] == 2
     finally:
@@ -535,7 +536,7 @@ def test_lm_train_checks_its_config_before_training(field, value, kind):
     # Check that a config sampling would reject (or one that divides by zero) is refused,
     # naming the field, before any step: by setup, and by train on a prepared setup whose
     # config was edited afterwards.
-    from engine import lm
+    from engine.models import lm
     with pytest.raises(kind, match=f"{field}"):
         lm.setup(lm.LMConfig(**{**_TINY_LM, field: value}), text=_TEXT)
     s = lm.setup(lm.LMConfig(**_TINY_LM), text=_TEXT)
@@ -572,9 +573,9 @@ def test_cli_lm_with_an_empty_prompt_is_a_usage_error_before_training(capsys):
     (lambda lm, v, ids: lm.unigram_bits(ids, ids, 0), ValueError, "vocab_size"),
 ])
 def test_lm_functions_validate_their_arguments(call, kind, match):
-    # Check that each public function of engine.lm names a bad argument (no
+    # Check that each public function of engine.models.lm names a bad argument (no
     # ZeroDivisionError, IndexError, wrap-around, truncation or silent no-op).
-    from engine import lm
+    from engine.models import lm
     v = lm.Vocabulary("abcdef")
     ids = v.encode("abcdefabcdef" * 10)
     with pytest.raises(kind, match=match):
@@ -596,7 +597,7 @@ def test_lm_functions_validate_their_arguments(call, kind, match):
 def test_lm_sample_validates_its_arguments(kw, kind, match):
     # Check that sample names each bad argument before generating anything, the vocabulary
     # and window length checked against the model through its check_input.
-    from engine import lm
+    from engine.models import lm
     model = lm.build_model(6, seq_len=8, d_model=8, d_ffn=16, blocks=1, rng=0)
     args = dict(vocab=lm.Vocabulary("abcdef"), prompt="ab", length=3, seq_len=8,
                 temperature=0.8)
@@ -720,7 +721,7 @@ def test_cli_refuses_labels_that_would_build_a_trillion_classes(tmp_path, capsys
 def test_rowwise_activations_take_an_empty_feature_axis(kind, shape):
     # Check that Softmax/LogSoftmax on rows of zero features return empty arrays of the
     # input's shape, forward and backward (NumPy cannot reshape (2, 3, 0) to (-1, 0)).
-    from engine import layers
+    from engine.nn import layers
     m = getattr(layers, kind)()
     x = np.zeros(shape, np.float32)
     assert m.forward(x).shape == shape
@@ -740,7 +741,7 @@ def test_history_plot_honours_the_suffix(tmp_path):
     # Check that plot("loss.pdf") writes a PDF (not PNG bytes), ".svg" an SVG, and an
     # unknown suffix is a ValueError naming the path before anything is written.
     pytest.importorskip("matplotlib")
-    from engine.train import History
+    from engine.training.history import History
     h = History(loss=[1.0, 0.5], steps=2)
     h.plot(tmp_path / "loss.pdf")
     h.plot(tmp_path / "loss.svg")
@@ -758,7 +759,8 @@ def test_to_torch_state_dict_keeps_the_identity_slot(identity):
     # Check the documented layout: an MLP layer with an "identity" activation maps to
     # nn.Sequential(nn.Linear, nn.Identity(), nn.Linear), so the second Linear is slot 2.
     from engine.interop import load_torch_state_dict, to_torch_state_dict
-    from engine.layers import MLP, Identity
+    from engine.nn.containers import MLP
+    from engine.nn.layers import Identity
     act = "identity" if identity == "identity" else Identity()
     m = MLP([2, 3, 2], activations=[act, None], rng=0)
     sd = to_torch_state_dict(m)
@@ -771,7 +773,8 @@ def test_to_torch_state_dict_keeps_the_identity_slot(identity):
 def test_checkpointed_sequential_accepts_a_mode_restored_or_changed_elsewhere():
     # Check that only an actual difference from the forward's modes is refused: eval() then
     # train() on the model, or eval() of another model, between forward and backward pass.
-    from engine.layers import Linear, Sequential
+    from engine.nn.layers import Linear
+    from engine.nn.containers import Sequential
     m = Sequential(Linear(3, 4, dtype=np.float64, rng=0), Linear(4, 2, dtype=np.float64, rng=1),
                    checkpoint=True)
     other = Linear(2, 2, rng=0)
@@ -823,7 +826,7 @@ def test_a_column_named_twice_is_refused(tmp_path):
 
 @pytest.mark.parametrize("call", ["load", "to_csv", "to_json", "plot"])
 def test_a_path_that_is_not_one_is_named(call):
-    from engine.train import History
+    from engine.training.history import History
     h = History(loss=[1.0], steps=1)
     with pytest.raises(TypeError, match="path: expected a str or os.PathLike, got NoneType"):
         if call == "load":
@@ -835,11 +838,11 @@ def test_a_path_that_is_not_one_is_named(call):
 def test_model_checkpoint_template_that_cannot_be_filled_is_refused_up_front(tmp_path):
     # Check that {loss[0]} (a float is not subscriptable) is refused at the start of fit,
     # as a ValueError naming the path, not a TypeError after epoch 1.
-    from engine.callbacks import ModelCheckpoint
-    from engine.layers import Linear
-    from engine.losses import MSELoss
+    from engine.training.callbacks import ModelCheckpoint
+    from engine.nn.layers import Linear
+    from engine.nn.losses import MSELoss
     from engine.optim import AdamW
-    from engine.train import fit
+    from engine.training.loop import fit
     m = Linear(2, 2, dtype=np.float64, rng=0)
     opt = AdamW(m.parameters())
     X = np.ones((4, 2))
@@ -851,10 +854,10 @@ def test_model_checkpoint_template_that_cannot_be_filled_is_refused_up_front(tmp
 
 def test_fit_with_a_communicator_that_is_not_one_is_a_type_error():
     _mpi()
-    from engine.layers import Linear
-    from engine.losses import MSELoss
+    from engine.nn.layers import Linear
+    from engine.nn.losses import MSELoss
     from engine.optim import AdamW
-    from engine.train import fit
+    from engine.training.loop import fit
     m = Linear(2, 2, rng=0)
     X = np.ones((4, 2), np.float32)
     with pytest.raises(TypeError, match="comm: expected an MPI communicator"):
@@ -862,22 +865,22 @@ def test_fit_with_a_communicator_that_is_not_one_is_a_type_error():
 
 
 def test_save_into_a_missing_directory_names_the_target(tmp_path):
-    from engine import checkpoint
-    from engine.layers import Linear
+    from engine.training import checkpoint
+    from engine.nn.layers import Linear
     target = str(tmp_path / "nodir" / "m.npz")
     with pytest.raises(FileNotFoundError, match=r"nodir/m\.npz: cannot create a file in"):
         checkpoint.save(target, Linear(2, 2, rng=0))
 
 
 def test_lm_sample_refuses_a_model_that_is_not_one():
-    from engine import lm
+    from engine.models import lm
     with pytest.raises(TypeError, match="model: expected an engine Module"):
         lm.sample(None, lm.Vocabulary("ab"), "a", 3, 8)
 
 
 def test_data_parallel_step_names_a_bad_weight():
     dist = _mpi()
-    from engine.layers import Linear
+    from engine.nn.layers import Linear
     from engine.optim import AdamW
     m = Linear(2, 2, rng=0)
     dp = dist.DataParallel(m, AdamW(m.parameters()))

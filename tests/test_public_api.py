@@ -1,6 +1,7 @@
-"""The public names and module paths from before the sub-packages keep working: every name
-``engine`` exported, and the deep module paths users were shown (with a name each)."""
+"""The public names keep working: every name ``engine`` exported before the sub-packages, and
+the module paths users are shown (with a name each)."""
 import importlib
+import sys
 
 import pytest
 
@@ -17,27 +18,33 @@ EXPORTS = [
     "lr_scheduler", "predict", "save", "to_torch_state_dict",
 ]
 
-# Deep paths and a name each was used for.
+# Module paths and a name each was used for (the modules' own paths: engine has no aliases).
 DEEP = {
-    "engine.lr_scheduler": ["LambdaLR", "StepLR", "LinearLR", "CosineAnnealingLR",
-                            "SequentialLR", "LRScheduler"],
+    "engine.optim.lr_scheduler": ["LambdaLR", "StepLR", "LinearLR", "CosineAnnealingLR",
+                                  "SequentialLR", "LRScheduler"],
     "engine.data": ["make_task", "load", "TASKS", "REGRESSION_OUTPUTS"],
     "engine.distributed": ["ShardedAdamW", "fit_setup", "save", "load"],
-    "engine.callbacks": ["Callback", "EarlyStopping", "ModelCheckpoint", "check_output_path"],
+    "engine.training.callbacks": ["Callback", "EarlyStopping", "ModelCheckpoint",
+                                  "check_output_path"],
     "engine.interop": ["to_torch_state_dict", "load_torch_state_dict", "torch_names"],
-    "engine.train": ["fit", "evaluate", "predict", "History", "TrainingInterrupted",
-                     "r2_score", "mean_absolute_error"],
+    "engine.training.loop": ["fit", "evaluate", "predict", "History", "TrainingInterrupted"],
+    "engine.training.metrics": ["r2_score", "mean_absolute_error"],
     "engine.optim": ["SGD", "AdamW", "Optimizer", "clip_grad_norm", "defer_keyboard_interrupt"],
-    "engine.checkpoint": ["save", "load", "CheckpointError"],
-    "engine.module": ["Module", "Parameter", "Workspace"],
-    "engine.layers": ["Linear", "MLP", "Activation", "Sequential"],
-    "engine.blocks": ["FFN", "GMLP", "FFNSublayer", "LayerNorm"],
-    "engine.losses": ["MSELoss", "CrossEntropyLoss"],
-    "engine.registry": ["BLOCKS"],
-    "engine.naive": ["NaiveBlock"],
-    "engine.lm": ["build_model", "Vocabulary"],
+    "engine.training.checkpoint": ["save", "load", "CheckpointError", "read_header"],
+    "engine.nn.module": ["Module", "Parameter", "Workspace"],
+    "engine.nn.layers": ["Linear", "Activation"],
+    "engine.nn.containers": ["MLP", "Sequential"],
+    "engine.nn.blocks": ["FFN", "FFNSublayer", "LayerNorm"],
+    "engine.nn.losses": ["MSELoss", "CrossEntropyLoss"],
+    "engine.models.registry": ["BLOCKS"],
+    "engine.models.naive": ["NaiveBlock"],
+    "engine.models.lm": ["build_model", "Vocabulary"],
     "engine.cli": ["main", "build_parser"],
 }
+
+# Sub-modules that are also attributes of engine itself.
+MODULE_ATTRIBUTES = {"data": "engine.data", "lm": "engine.models.lm",
+                     "lr_scheduler": "engine.optim.lr_scheduler"}
 
 
 @pytest.mark.parametrize("name", EXPORTS)
@@ -48,12 +55,38 @@ def test_every_old_export_is_still_there(name):
 
 @pytest.mark.parametrize("path", sorted(DEEP))
 def test_deep_paths_import_with_their_names(path):
-    # Check `import engine.x` and `from engine.x import Y` work, and that an old path is the
-    # same module object as the attribute (so monkeypatching through either reaches both).
+    # Check `import engine.x.y` and `from engine.x.y import Z` work for the paths users are shown.
     mod = importlib.import_module(path)
     for name in DEEP[path]:
         assert hasattr(mod, name), f"{path}.{name}"
-    assert getattr(engine, path.split(".")[1]) is mod
+
+
+@pytest.mark.parametrize("name", sorted(MODULE_ATTRIBUTES))
+def test_module_attributes_are_the_modules_themselves(name):
+    # Check engine.lm (and the like) is the defining module, so monkeypatching through either
+    # reaches the one module.
+    assert getattr(engine, name) is importlib.import_module(MODULE_ATTRIBUTES[name])
+
+
+# Old paths still served, each with why (engine/__init__.py).
+KNOWN_ALIASES = {}
+
+
+def test_no_module_is_imported_under_a_second_name():
+    # Check no engine module sits in sys.modules under a path other than its own (an alias
+    # gives one module two paths and keeps import cycles through the old one alive).
+    importlib.import_module("engine.cli")
+    aliased = {key: mod.__name__ for key, mod in list(sys.modules.items())
+               if key.startswith("engine.") and getattr(mod, "__name__", key) != key}
+    assert aliased == KNOWN_ALIASES
+
+
+@pytest.mark.parametrize("old", ["engine.train", "engine.layers", "engine.checkpoint",
+                                 "engine.blocks", "engine.registry"])
+def test_pre_layout_paths_are_gone(old):
+    # Check the module paths from before engine's sub-packages no longer import.
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
 
 
 def test_descriptive_names_of_the_two_gated_mlps():
@@ -63,16 +96,6 @@ def test_descriptive_names_of_the_two_gated_mlps():
     assert engine.ChannelGatedMLP is engine.GMLP
     assert engine.SpatialGMLPBlock is engine.GMLPBlock
     assert engine.ChannelGatedMLP is not engine.SpatialGMLPBlock
-
-
-def test_old_paths_share_classes_with_new_ones():
-    # Check a class reached through an old path is the one exported, not a copy.
-    from engine.train import fit as old_fit
-    from engine.training.loop import fit as new_fit
-    assert old_fit is new_fit is engine.fit
-    from engine.lr_scheduler import StepLR
-    from engine.optim.lr_scheduler import StepLR as NewStepLR
-    assert StepLR is NewStepLR
 
 
 # Exports added since the split, each the object of its defining module.

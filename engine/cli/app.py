@@ -19,11 +19,12 @@ import time
 import numpy as np
 
 import kernels
-from kernels.threads import usable_cores
+from kernels.threads import check_environment, usable_cores
 
 from .. import __version__
 from .. import distributed
-from ..nn.layers import Linear, Sequential
+from ..nn.containers import Sequential
+from ..nn.layers import Linear
 from ..nn.losses import CrossEntropyLoss, MSELoss
 from ..optim import lr_scheduler as _lrs
 from ..optim.optimizers import SGD, AdamW
@@ -443,6 +444,12 @@ def info(args) -> int:
 
 
 def main(argv=None) -> int:
+    try:
+        # A bad BLASNET_NUM_THREADS (read when kernels is imported) is a usage error, first.
+        check_environment()
+    except ValueError as e:
+        print(f"blasnet: error: {e}", file=sys.stderr)
+        return 2
     try:
         args = build_parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed: the resume hint

@@ -1,5 +1,6 @@
 """The ``train`` command's inputs: checks of the parsed options that need no data, and the
-data set (a synthetic task or the user's file), split and standardised."""
+data set (a synthetic task or the user's file), split and standardised; the ``--delimiter``
+option of the CSV files ``train`` and ``predict`` read."""
 from __future__ import annotations
 
 import os
@@ -13,9 +14,18 @@ from ..data import make_task
 from ..training.callbacks import check_output_path
 from .task_rule import refusal, small_label_set
 
-__all__ = ["UsageError", "check_args", "val_fraction", "TrainData", "load_data", "MAX_CLASSES"]
+__all__ = ["UsageError", "check_args", "val_fraction", "TrainData", "load_data", "MAX_CLASSES",
+           "add_delimiter_option"]
 
 MAX_CLASSES = 1 << 20  # labels of --data: one output unit (and a weight column) per class
+
+
+def add_delimiter_option(group) -> None:
+    """``--delimiter``, read by ``train --data`` and ``predict``: a CSV's field separator."""
+    group.add_argument("--delimiter", default=None, metavar="CHAR",
+                       type=lambda t: "\t" if t in ("\\t", "tab") else t,
+                       help="field separator of the CSV (default: the one of , ; tab | found "
+                            "most often in its header line)")
 
 
 class UsageError(Exception):

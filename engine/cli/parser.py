@@ -12,11 +12,13 @@ from .. import __version__
 from .._checks import argparse_int, argparse_real
 from ..data import TASKS
 from ..models import registry
+from . import inspect_cmd, predict_cmd, sample_cmd
+from .inputs import add_delimiter_option
 
-__all__ = ["build_parser", "CommandParser", "add_delimiter_option", "MODELS", "SCHEDULES",
-           "block_models", "train_actions"]
+__all__ = ["build_parser", "CommandParser", "MODELS", "SCHEDULES", "block_models",
+           "train_actions"]
 
-# The character language models, after the registry's blocks (--task text): engine/lm.py's
+# The character language models, after the registry's blocks (--task text): engine/models/lm.py's
 # and the GPT of engine/models/gpt_lm.py.
 LM_MODELS = {"gmlp-lm": "the attention-free character language model (--task text; "
                         "docs/lm.md)",
@@ -55,14 +57,6 @@ def _sizes(text: str) -> list:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"expected positive comma-separated integers, got {text!r}")
     return sizes
-
-
-def add_delimiter_option(group) -> None:
-    """``--delimiter``, read by ``train --data`` and ``predict``: a CSV's field separator."""
-    group.add_argument("--delimiter", default=None, metavar="CHAR",
-                       type=lambda t: "\t" if t in ("\\t", "tab") else t,
-                       help="field separator of the CSV (default: the one of , ; tab | found "
-                            "most often in its header line)")
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -154,8 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "OPENBLAS_CORETYPE holds OpenBLAS below what the CPU supports, "
                                "one line says so with both kernels' sgemm rate, measured on "
                                "the spot. Changes nothing.")
-    from . import inspect_cmd, predict_cmd, sample_cmd  # a saved model's uses
-    for command in (inspect_cmd, predict_cmd, sample_cmd):
+    for command in (inspect_cmd, predict_cmd, sample_cmd):  # a saved model's uses
         command.add_parser(sub)
     return parser
 

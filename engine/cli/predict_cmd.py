@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from .parser import add_delimiter_option
+from .inputs import add_delimiter_option
 from .safe_text import safe
 
 __all__ = ["add_parser", "run"]

@@ -13,7 +13,8 @@ from kernels import ops
 
 from ..nn.blocks import Dropout, LayerNorm
 from ..nn.embedding import Embedding, check_id_range, check_integer_ids
-from ..nn.layers import Linear, Sequential
+from ..nn.containers import Sequential
+from ..nn.layers import Linear
 from .._checks import check_bool, check_positive_int, check_real
 from ..nn.module import Module, check_input_grad, make_rng
 from ..nn.transformer import TransformerBlock

@@ -26,7 +26,8 @@ import numpy as np
 from ..nn.blocks import LayerNorm
 from ..nn.embedding import Embedding
 from ..nn.gmlp_block import GMLPBlock
-from ..nn.layers import Linear, Sequential
+from ..nn.containers import Sequential
+from ..nn.layers import Linear
 from ..nn.losses import CrossEntropyLoss
 from ..nn.module import Module, check_dtype, check_positive_int, make_rng
 from ..optim.lr_scheduler import WarmupCosineLR

@@ -1,6 +1,6 @@
 """Transformer feed-forward blocks: ``Dropout``, ``LayerNorm`` (Ba et al. 2016), ``FFN``
-(Vaswani et al. 2017), ``AddNorm`` and ``FFNSublayer``; ``GMLP`` (engine/nn/channel_gated_mlp.py)
-is imported here too, for the path it had.
+(Vaswani et al. 2017), ``AddNorm`` and ``FFNSublayer`` (``GMLP`` lives in
+engine/nn/channel_gated_mlp.py).
 
 Leaf blocks run ``kernels.ops`` on work buffers they own (grown to the largest batch seen,
 row slices otherwise), so a steady step allocates nothing; ``FFNSublayer`` is a composite
@@ -20,7 +20,7 @@ from .module import (INITS, SKIP_DX, Module, Parameter, as_rows, check_float, ch
                      check_positive_int, init_weight, make_rng, rows_of, shaped)
 from .registry import linear_gemms, register_block
 
-__all__ = ["Dropout", "LayerNorm", "FFN", "GMLP", "ChannelGatedMLP", "AddNorm", "FFNSublayer", "INITS"]
+__all__ = ["Dropout", "LayerNorm", "FFN", "AddNorm", "FFNSublayer", "INITS"]
 
 
 def _check_p(name, p) -> float:
@@ -421,6 +421,3 @@ class FFNSublayer(Module):
         dx = norm.backward(ffn.backward(dmid), input_grad=not skip)
         return None if skip else ops.add(dx, dx, dy2)
 
-
-# GMLP lived here; imported for the path it had (engine.blocks.GMLP).
-from .channel_gated_mlp import GMLP, ChannelGatedMLP  # noqa: E402

@@ -2,7 +2,7 @@
 the row-wise ``Softmax`` / ``LogSoftmax``, ``Sequential`` (optionally with gradient
 checkpointing) and ``MLP`` (a ``Sequential`` of ``Linear`` layers).
 
-Each follows the module protocol of ``engine.module``: the base class checks arguments and
+Each follows the module protocol of ``engine.nn.module``: the base class checks arguments and
 overlaps; ``_forward``/``_backward`` run ``kernels.ops`` on work buffers that grow to the
 largest batch seen.
 """
@@ -17,7 +17,7 @@ from .module import (INITS, SKIP_DX, Module, Parameter, check_float, check_init,
                      check_positive_int, init_weight, make_rng)
 
 __all__ = ["INITS", "Linear", "Activation", "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid",
-           "Tanh", "Identity", "Softmax", "LogSoftmax", "Sequential", "MLP", "check_activation",
+           "Tanh", "Identity", "Softmax", "LogSoftmax", "check_activation",
            "sign_from_output", "ROWWISE_ACTIVATIONS"]
 
 # Activations over a whole row (the last axis) rather than per element: not entries of the
@@ -183,14 +183,22 @@ class Activation(Module):
         return f"{self.activation!r}{slope}"
 
 
-class ReLU(Activation):
-    """``max(z, 0)``."""
+class _NamedActivation(Activation):
+    """An activation whose only option is its dtype; a subclass names it in ``kind``."""
+
+    kind = ""
 
     def __init__(self, dtype=np.float32):
-        super().__init__("relu", dtype=dtype)
+        super().__init__(self.kind, dtype=dtype)
 
     def get_config(self) -> dict:
         return {"dtype": self.dtype.name}
+
+
+class ReLU(_NamedActivation):
+    """``max(z, 0)``."""
+
+    kind = "relu"
 
 
 class LeakyReLU(Activation):
@@ -216,34 +224,22 @@ class GELU(Activation):
         return {"approximate": self.approximate, "dtype": self.dtype.name}
 
 
-class SiLU(Activation):
+class SiLU(_NamedActivation):
     """``z * sigmoid(z)``."""
 
-    def __init__(self, dtype=np.float32):
-        super().__init__("silu", dtype=dtype)
-
-    def get_config(self) -> dict:
-        return {"dtype": self.dtype.name}
+    kind = "silu"
 
 
-class Sigmoid(Activation):
+class Sigmoid(_NamedActivation):
     """``1 / (1 + exp(-z))``."""
 
-    def __init__(self, dtype=np.float32):
-        super().__init__("sigmoid", dtype=dtype)
-
-    def get_config(self) -> dict:
-        return {"dtype": self.dtype.name}
+    kind = "sigmoid"
 
 
-class Tanh(Activation):
+class Tanh(_NamedActivation):
     """``tanh(z)``."""
 
-    def __init__(self, dtype=np.float32):
-        super().__init__("tanh", dtype=dtype)
-
-    def get_config(self) -> dict:
-        return {"dtype": self.dtype.name}
+    kind = "tanh"
 
 
 class Identity(Module):
@@ -311,7 +307,3 @@ class LogSoftmax(RowwiseActivation):
     ``LogSoftmax(dim=-1)``); backward ``dx = dy - softmax(x) * sum(dy)``."""
 
     activation = "log_softmax"
-
-
-# Sequential and MLP live in containers.py; imported here for the paths they had.
-from .containers import MLP, Sequential  # noqa: E402

@@ -288,8 +288,8 @@ class SequentialLR(LRScheduler):
             raise ValueError(f"schedulers: expected a non-empty list of schedulers, got {schedulers!r}")
         for i, s in enumerate(schedulers):
             if not isinstance(s, LRScheduler) or isinstance(s, SequentialLR):
-                raise TypeError(f"schedulers[{i}]: expected a scheduler of engine.lr_scheduler "
-                                f"(not a SequentialLR), got {type(s).__name__}")
+                raise TypeError(f"schedulers[{i}]: expected a scheduler of "
+                                f"engine.optim.lr_scheduler (not a SequentialLR), got {type(s).__name__}")
             if s.optimizer is not optimizer:
                 raise ValueError(f"schedulers[{i}]: drives another optimizer than the one given")
         if not isinstance(milestones, (list, tuple)) or len(milestones) != len(schedulers) - 1:

@@ -4,7 +4,7 @@ defaults, and ``clip_grad_norm``.
 Each class is bookkeeping over a functional kernel (``kernels.optim``), as PyTorch's
 ``optim.AdamW.step`` is over its functional ``adamw``: the class holds parameter groups,
 moment buffers and the step count; the kernels update in place. Parameters live in flat
-arenas (``engine.module``) and the optimizer's buffers are flat too, laid out like them, so
+arenas (``engine.nn.module``) and the optimizer's buffers are flat too, laid out like them, so
 a step is one kernel call over a few long runs of memory (one run for a whole model in one
 parameter group), at most one parallel region.
 """

@@ -320,7 +320,7 @@ def prepare_load(path, model, optimizer=None, scheduler=None) -> PreparedLoad:
     if optimizer is not None:
         _check_optimizer(optimizer, model, saving=False)
     if scheduler is not None and getattr(scheduler, "validate_state_dict", None) is None:
-        raise TypeError(f"scheduler: expected a scheduler of engine.lr_scheduler, got "
+        raise TypeError(f"scheduler: expected a scheduler of engine.optim.lr_scheduler, got "
                         f"{type(scheduler).__name__}")
     header, arrays = _read(path)
     params = _checked_parameters(path, header, arrays, model)

@@ -43,8 +43,8 @@ class FitPlan:
       validation's (default: the sampler's ``batch_size``) and the sampler's ``rng``, if it
       has one, is the run's Generator (saved by a checkpoint of the run).
     - ``callbacks``: objects with ``on_epoch_end(epoch, history)`` returning True to stop
-      (``engine.callbacks``: ``EarlyStopping``, ``ModelCheckpoint``, the protocol).
-    - ``scheduler``: an ``engine.lr_scheduler`` scheduler of ``optimizer``, stepped after
+      (``engine.training.callbacks``: ``EarlyStopping``, ``ModelCheckpoint``, the protocol).
+    - ``scheduler``: an ``engine.optim.lr_scheduler`` scheduler of ``optimizer``, stepped after
       every optimizer step (``scheduler_interval="step"``) or after every epoch (``"epoch"``,
       the default, before the callbacks, so a checkpoint saved by one resumes at the next
       epoch's rate).

@@ -1,4 +1,4 @@
-"""The bench's training step is the one engine.train.fit runs, and its "run" shape is the model
+"""The bench's training step is the one engine.fit runs, and its "run" shape is the model
 `make run` trains (engine.cli's defaults). No timings."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from engine.cli import app as cli
 from engine.data import make_task
-from engine.train import fit
+from engine.training.loop import fit
 from kernels.instrument import record
 
 ROOT = Path(__file__).resolve().parents[2]

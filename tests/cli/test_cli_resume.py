@@ -79,7 +79,7 @@ def test_ctrl_c_without_save_writes_a_checkpoint_in_the_current_directory(tmp_pa
     assert code == 130, err
     path = tmp_path / "blasnet-mlp-sine.interrupted.npz"
     assert f"checkpoint {path.name}" in err and "--resume" in err
-    header = engine.checkpoint.read_header(path)
+    header = engine.training.checkpoint.read_header(path)
     assert header["metadata"]["cli"]["hidden"] == [16] and header["training"] is not None
     assert header["metadata"]["interrupted"] == "SIGINT"
     import json

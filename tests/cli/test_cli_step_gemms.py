@@ -6,12 +6,12 @@ import re
 import numpy as np
 import pytest
 
-from engine import registry
+from engine.models import registry
 from engine.cli import app as cli
 from engine.data import make_task
-from engine.losses import MSELoss
+from engine.nn.losses import MSELoss
 from engine.optim import AdamW
-from engine.train import fit
+from engine.training.loop import fit
 
 SMALL = ["train", "--verbose", "--samples", "64", "--d-hidden", "16", "--d-ff", "32", "--seed",
          "3", "--epochs", "4"]

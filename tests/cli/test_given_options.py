@@ -2,6 +2,7 @@
 (``args.given``), and the language models build their configs from that record, with their
 own defaults for the rest."""
 import pytest
+from probes import capture_config
 
 from engine.cli import build_parser, main
 from engine.cli import lm as lm_cli
@@ -36,19 +37,8 @@ def test_language_model_config_takes_its_own_defaults_and_the_given_options(spec
 def test_the_language_model_reads_the_parsed_arguments_not_sys_argv(monkeypatch):
     # Check main(argv) runs from its own argv even when sys.argv says something else (the
     # command line is parsed once, never re-read).
-    class Stop(Exception):
-        pass
-
-    def capture(config, **_):
-        seen["config"] = config
-        raise Stop
-
-    seen = {}
-    monkeypatch.setattr(lm, "setup", capture)
     monkeypatch.setattr("sys.argv", ["blasnet", "train", "--model", "gmlp-lm", "--epochs", "7"])
-    with pytest.raises(Stop):
-        main(["train", "--model", "gmlp-lm", "--epochs", "3"])
-    assert seen["config"].epochs == 3
+    assert capture_config(monkeypatch, lm, ["--model", "gmlp-lm", "--epochs", "3"]).epochs == 3
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from engine import MLP, AdamW, lr_scheduler, save
+from engine import MLP, AdamW, save
+from engine.optim import lr_scheduler
 from engine.cli.app import main
 
 ESC = "\x1b]0;owned\x07\x1b[2J\u202e\u2028"  # a title change, a bell, a clear, an override

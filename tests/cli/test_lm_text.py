@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from probes import capture_config
 
 from engine.cli import main
 from engine.models import gpt_lm, lm
@@ -95,39 +96,19 @@ def test_bad_text_files_are_one_line_errors_and_write_nothing(capsys, tmp_path, 
 
 def test_nanogpt_options_reach_the_gpt_config(monkeypatch):
     # Check every nanoGPT-named option lands in GPTConfig under its field.
-    seen = {}
-
-    def capture(config, **kw):
-        seen["c"] = config
-        raise SystemExit(0)
-    monkeypatch.setattr(gpt_lm, "setup", capture)
-    with pytest.raises(SystemExit):
-        main(["train", "--model", "gpt", "--n_layer", "3", "--n-head", "2", "--n-embd", "32",
-              "--block_size", "16", "--batch_size", "12", "--dropout", "0.1", "--no-bias",
-              "--max-iters", "100", "--lr", "1e-3", "--min-lr", "1e-4", "--warmup-iters", "10",
-              "--lr-decay-iters", "90", "--weight_decay", "0.2", "--beta1", "0.8",
-              "--beta2", "0.95", "--grad-clip", "1.0", "--eval-interval", "20",
-              "--eval-iters", "5", "--log-interval", "7", "--seed", "3",
-              "--tokenizer", "byte"])
-    c = seen["c"]
+    c = capture_config(monkeypatch, gpt_lm, [
+        "--model", "gpt", "--n_layer", "3", "--n-head", "2", "--n-embd", "32",
+        "--block_size", "16", "--batch_size", "12", "--dropout", "0.1", "--no-bias",
+        "--max-iters", "100", "--lr", "1e-3", "--min-lr", "1e-4", "--warmup-iters", "10",
+        "--lr-decay-iters", "90", "--weight_decay", "0.2", "--beta1", "0.8",
+        "--beta2", "0.95", "--grad-clip", "1.0", "--eval-interval", "20",
+        "--eval-iters", "5", "--log-interval", "7", "--seed", "3", "--tokenizer", "byte"])
     assert (c.n_layer, c.n_head, c.d_model, c.seq_len, c.batch_size, c.dropout, c.bias) == \
         (3, 2, 32, 16, 12, 0.1, False)
     assert (c.max_iters, c.lr, c.min_lr, c.warmup, c.lr_decay_iters, c.weight_decay) == \
         (100, 1e-3, 1e-4, 10, 90, 0.2)
     assert (c.beta1, c.beta2, c.grad_clip, c.eval_interval, c.eval_iters, c.log_interval,
             c.seed, c.tokenizer) == (0.8, 0.95, 1.0, 20, 5, 7, 3, "byte")
-
-
-def _capture_config(monkeypatch, module, argv):
-    seen = {}
-
-    def capture(config, **kw):
-        seen["c"] = config
-        raise SystemExit(0)
-    monkeypatch.setattr(module, "setup", capture)
-    with pytest.raises(SystemExit):
-        main(["train", *argv])
-    return seen["c"]
 
 
 @pytest.mark.parametrize("suffix", [".toml", ".json"])
@@ -141,7 +122,7 @@ def test_a_recipe_file_sets_options_and_the_command_line_wins(monkeypatch, tmp_p
         p.write_text(json.dumps(recipe))
     else:
         p.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in recipe.items()))
-    c = _capture_config(monkeypatch, gpt_lm, ["--model", "gpt", "--config", str(p),
+    c = capture_config(monkeypatch, gpt_lm, ["--model", "gpt", "--config", str(p),
                                               "--layers", "2"])
     assert (c.n_layer, c.n_head, c.d_model, c.bias, c.lr, c.max_iters) == \
         (2, 2, 16, False, 0.001, 50)

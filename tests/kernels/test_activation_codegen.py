@@ -12,6 +12,7 @@ import textwrap
 import numba
 import numpy as np
 import pytest
+from probes import vector_register
 
 from kernels import activations as A
 from kernels import gen_activations as G
@@ -92,13 +93,7 @@ def test_float32_kernels_are_vectorised(act, kind):
     # Check that the float32 loops run on vector registers: zmm where the CPU has AVX-512,
     # else ymm with AVX2 (a libm call or a float64 promotion in the loop would make them
     # scalar, or halve their width).
-    if numba.config.DISABLE_JIT:
-        pytest.skip("NUMBA_DISABLE_JIT")
-    from llvmlite import binding as ll
-    features = ll.get_host_cpu_features()
-    reg = "zmm" if features.get("avx512f") else "ymm" if features.get("avx2") else None
-    if reg is None:
-        pytest.skip("no AVX2 on this CPU")
+    reg = vector_register()
     f32 = np.float32
     z = np.ones((4, 40), f32)
     args = {"fwd_ip": (z, np.zeros(40, f32), 0, 4, 0.01),

@@ -3,9 +3,9 @@ dense sweep with ±inf, NaN, huge magnitudes and denormals, with the bound each 
 the float64 versions against numpy/scipy."""
 from __future__ import annotations
 
-import numba
 import numpy as np
 import pytest
+from probes import vector_register
 from scipy.special import ndtr
 
 from kernels import fmath as F
@@ -120,13 +120,7 @@ def test_plain_python_primitives_are_float64():
 def test_float32_kernels_use_vector_registers():
     # Check that a loop calling the float32 functions is vectorised: its assembly uses
     # AVX-512 (zmm) or, on an AVX2 machine, ymm registers.
-    if numba.config.DISABLE_JIT:
-        pytest.skip("NUMBA_DISABLE_JIT")
-    from llvmlite import binding as ll
-    features = ll.get_host_cpu_features()
-    reg = "zmm" if features.get("avx512f") else "ymm" if features.get("avx2") else None
-    if reg is None:
-        pytest.skip("no AVX2 on this CPU")
+    reg = vector_register()
     x = np.ones(64, np.float32)
     _run(1, x)
     asm = _apply.inspect_asm(_apply.signatures[0])

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 from gradcheck import assert_close, numeric_grad
+from probes import count_splits
 
 from kernels import losses, reference
 from kernels import num_threads, parallel
@@ -395,15 +396,7 @@ def test_mse_split_over_threads_gives_one_thread_results(dtype, monkeypatch):
     # thread pool) the loss and gradients are bit-identical to one thread's, for sizes
     # around the threshold, and that the split does happen at and above it.
     monkeypatch.setattr(parallel, "SPLIT_WORK", 1 << 20)
-    calls = []  # the thread count of each split over more than one thread
-    real_split = parallel.split
-
-    def counting(*a, **kw):
-        k = real_split(*a, **kw)
-        if k > 1:
-            calls.append(k)
-        return k
-    monkeypatch.setattr(parallel, "split", counting)
+    calls = count_splits(monkeypatch)  # the thread count of each split over > 1 thread
     rng = np.random.default_rng(26)
     for n in _split_sizes(dtype):
         pred, target = _mse_arrays(rng, (n,), dtype)

@@ -7,9 +7,9 @@ import pytest
 
 from kernels import memory
 
-from engine.blocks import FFN
-from engine.layers import MLP
-from engine.module import Workspace
+from engine.nn.blocks import FFN
+from engine.nn.containers import MLP
+from engine.nn.module import Workspace
 from kernels.memory import ALIGN, aligned_empty
 
 

@@ -31,12 +31,37 @@ def test_env_var_one_is_honoured_in_a_fresh_process():
     assert any(lib["owner"] == "scipy" for lib in blas), info
 
 
+# Each use of the thread setting, run in a fresh process under a bad BLASNET_NUM_THREADS.
+_USES = {
+    "check_environment": "kernels.threads.check_environment()",
+    "get_num_threads": "kernels.get_num_threads()",
+    "set_num_threads": "kernels.set_num_threads(1)",
+    "elementwise pool": "kernels.threads.elementwise_threads()",
+    "gemm": "a = np.ones((3, 3), np.float32); kernels.gemm(np.empty_like(a), a, a)",
+    "gemm_unchecked": "a = np.ones((3, 3), np.float32); "
+                      "kernels.gemm_unchecked(np.empty_like(a), a, a)",
+}
+
+
 @pytest.mark.parametrize("bad", ["0", "-2", "abc", "1.5"])
 def test_env_var_bad_values_are_rejected_naming_the_variable(bad):
-    # Check that a bad BLASNET_NUM_THREADS stops the import with an error that names it.
-    r = _run(bad, "import kernels")
-    assert r.returncode != 0
-    assert "ValueError" in r.stderr and "BLASNET_NUM_THREADS" in r.stderr and bad in r.stderr
+    # Check that a bad BLASNET_NUM_THREADS lets `import kernels` through but every use of
+    # the thread setting then raises a ValueError naming the variable and its value.
+    lines = ["import numpy as np, kernels", "failed = []"]
+    for name, call in _USES.items():
+        lines += ["try:", f"    {call}", f"    failed.append({name!r})",
+                  "except ValueError as e:", f"    assert {bad!r} in str(e), str(e)",
+                  "    assert str(e).startswith('BLASNET_NUM_THREADS: expected'), str(e)"]
+    lines.append("print(failed)")
+    r = _run(bad, "\n".join(lines))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"  # no use ran at a thread count nobody chose
+
+
+def test_check_environment_passes_a_good_value():
+    # Check that check_environment() returns None when BLASNET_NUM_THREADS is a valid count.
+    r = _run("1", "import kernels; print(kernels.threads.check_environment())")
+    assert r.returncode == 0 and r.stdout.strip() == "None", r.stderr
 
 
 def test_set_and_get_num_threads():

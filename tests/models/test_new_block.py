@@ -142,7 +142,8 @@ def test_cli_offers_the_new_block_and_trains_it(block, capsys, tmp_path):
     assert code == 0, out
     assert "(Sequential," in out and "identical to the trained model" in out
     from engine import load
-    from engine.nn.layers import Linear, Sequential
+    from engine.nn.containers import Sequential
+    from engine.nn.layers import Linear
     model = Sequential(Linear(16, 8), block(8), Linear(8, 4))
     load(str(path), model)
     assert model[1].W.data.any()
@@ -160,7 +161,7 @@ def test_interop_round_trips_the_new_block(block):
     interop.load_torch_state_dict(fresh, sd)
     np.testing.assert_array_equal(fresh.W.data, m.W.data)
     np.testing.assert_array_equal(fresh.b.data, m.b.data)
-    from engine.nn.layers import Sequential
+    from engine.nn.containers import Sequential
     assert list(interop.to_torch_state_dict(Sequential(block(6), m))) == [
         "0.proj.weight", "0.proj.bias", "1.proj.weight", "1.proj.bias"]
     assert NAME in interop.supported()

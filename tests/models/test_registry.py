@@ -1,5 +1,5 @@
-"""engine.registry: every block entry is complete, its engine module and its naive twin
-(engine.naive, whole-array NumPy on kernels.reference) compute the same forward and
+"""engine.models.registry: every block entry is complete, its engine module and its naive twin
+(engine.models.naive, whole-array NumPy on kernels.reference) compute the same forward and
 gradients in float64, and its GEMM list is what the module really runs
 (kernels.instrument.record)."""
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import Module, registry
-from engine.naive import NaiveBlock
+from engine import Module
+from engine.models import registry
+from engine.models.naive import NaiveBlock
 from kernels.instrument import record
 
 F64 = np.float64

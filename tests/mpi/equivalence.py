@@ -28,7 +28,7 @@ import zlib
 import numpy as np
 
 from engine import FFN, GMLP, MLP, AdamW, CrossEntropyLoss, FFNSublayer, MSELoss, fit, load
-from engine.lr_scheduler import CosineAnnealingLR
+from engine.optim.lr_scheduler import CosineAnnealingLR
 from engine import distributed as D
 
 comm = D.mpi().COMM_WORLD

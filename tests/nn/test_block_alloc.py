@@ -1,4 +1,4 @@
-"""engine.blocks: after three warm-up steps (forward + backward + zero_grad), forward + backward
+"""engine.nn.blocks: after three warm-up steps (forward + backward + zero_grad), forward + backward
 allocate no array larger than 1 KiB (tracemalloc sees NumPy's data allocations and its ufunc
 iterator buffers).
 

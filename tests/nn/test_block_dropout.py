@@ -1,4 +1,4 @@
-"""engine.blocks with dropout on: the Dropout module's mask, and backward of FFN, AddNorm and
+"""engine.nn.blocks with dropout on: the Dropout module's mask, and backward of FFN, AddNorm and
 FFNSublayer consistent with the mask their forward drew (finite differences with the random
 stream replayed), eval mode and p == 0 as identity."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""engine.blocks: bad input at the public boundary gives a clear error and leaves the module
+"""engine.nn.blocks: bad input at the public boundary gives a clear error and leaves the module
 unchanged (parameters and the cached forward), for every block; constructor argument checks."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""engine.blocks: FFN, GMLP, LayerNorm, AddNorm, FFNSublayer (dropout off) against finite
+"""engine.nn.blocks: FFN, GMLP, LayerNorm, AddNorm, FFNSublayer (dropout off) against finite
 differences and naive float64 NumPy; batch-size changes, (B, T, d) inputs, float32 vs float64,
 state dicts and seeding. Dropout: test_block_dropout.py; bad input: test_block_errors.py."""
 import numpy as np

@@ -134,7 +134,7 @@ def test_embedding_and_gpt_take_the_option():
 
 
 def _mlp_data():
-    from engine.nn.layers import MLP
+    from engine.nn.containers import MLP
     rng = np.random.default_rng(3)
     X = rng.standard_normal((12, 6)).astype(np.float32)
     Y = rng.standard_normal((12, 2)).astype(np.float32)
@@ -210,7 +210,8 @@ def test_sequential_whose_first_child_has_the_older_signature():
     # Check that a Sequential calls such a child as before (no input_grad passed when the
     # input gradient is wanted), and with input_grad=False computes its gradient and drops
     # it: the same parameter gradients, None returned, no TypeError.
-    from engine.nn.layers import Linear, Sequential
+    from engine.nn.containers import Sequential
+    from engine.nn.layers import Linear
     rng = np.random.default_rng(2)
     x = rng.standard_normal((4, 6)).astype(np.float32)
     dy = rng.standard_normal((4, 3)).astype(np.float32)
@@ -224,7 +225,8 @@ def test_sequential_whose_first_child_has_the_older_signature():
 
 def _leading_dropout(checkpoint):
     from engine.nn.blocks import Dropout
-    from engine.nn.layers import Linear, ReLU, Sequential
+    from engine.nn.containers import Sequential
+    from engine.nn.layers import Linear, ReLU
     return Sequential(Dropout(0.3, dtype=np.float64, rng=4), ReLU(dtype=np.float64),
                       Linear(6, 5, dtype=np.float64, rng=1), ReLU(dtype=np.float64),
                       Linear(5, 3, dtype=np.float64, rng=2), checkpoint=checkpoint)
@@ -253,7 +255,8 @@ def test_sequential_stops_at_its_first_child_with_parameters(checkpoint):
 
 def test_sequential_without_parameters_runs_no_backward():
     from engine.nn.blocks import Dropout
-    from engine.nn.layers import ReLU, Sequential
+    from engine.nn.containers import Sequential
+    from engine.nn.layers import ReLU
     m = Sequential(Dropout(0.5, rng=0), ReLU())
     x = np.ones((4, 3), np.float32)
     m.forward(x)

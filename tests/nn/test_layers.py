@@ -1,4 +1,4 @@
-"""engine.layers: Linear, the activation modules and Sequential (gradients by finite
+"""engine.nn.layers: Linear, the activation modules and Sequential (gradients by finite
 differences, buffers, batch-size changes, bad input, state dicts)."""
 import tracemalloc
 

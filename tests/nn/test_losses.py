@@ -1,4 +1,4 @@
-"""engine.losses: MSELoss and CrossEntropyLoss against independent math and finite
+"""engine.nn.losses: MSELoss and CrossEntropyLoss against independent math and finite
 differences; (B, T, C) logits, buffers, bad input."""
 import numpy as np
 import pytest

@@ -15,7 +15,7 @@ from scipy.special import expit
 
 import kernels
 from engine import FFN, MLP, FFNSublayer
-from engine.layers import Activation
+from engine.nn.layers import Activation
 from modules_zoo import randomize
 
 F64 = np.float64

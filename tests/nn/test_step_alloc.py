@@ -27,12 +27,12 @@ PY_OBJECTS = 8 * 1024
 
 
 def _mse():
-    from engine.losses import MSELoss
+    from engine.nn.losses import MSELoss
     return MSELoss()
 
 
 def _ce():
-    from engine.losses import CrossEntropyLoss
+    from engine.nn.losses import CrossEntropyLoss
     return CrossEntropyLoss()
 
 
@@ -52,33 +52,34 @@ def _data(rng, n, d_in, d_out, labels=False):
 # array is 8 KiB.
 def _ffn(act, dropout=0.0, n=64, d=32, f=96):
     def make(rng, k):
-        from engine.blocks import FFN
+        from engine.nn.blocks import FFN
         m = FFN(d * k, f * k, activation=act, dropout=dropout, rng=0)
         return m, *_data(rng, n * k, d * k, d * k), _mse()
     return make
 
 
 def _gmlp(rng, k):
-    from engine.blocks import GMLP
+    from engine.nn.channel_gated_mlp import GMLP
     return GMLP(32 * k, 48 * k, 64 * k, 24 * k, rng=0), *_data(rng, 64 * k, 32 * k, 24 * k), _mse()
 
 
 def _sublayer(norm, dropout=0.0, n=64, d=32, f=96):
     def make(rng, k):
-        from engine.blocks import FFNSublayer
+        from engine.nn.blocks import FFNSublayer
         m = FFNSublayer(d * k, f * k, activation="gelu", dropout=dropout, norm=norm, rng=0)
         return m, *_data(rng, n * k, d * k, d * k), _mse()
     return make
 
 
 def _mlp(rng, k):
-    from engine.layers import MLP
+    from engine.nn.containers import MLP
     m = MLP([784 * k, 256 * k, 128 * k, 10 * k], ["relu", "relu", None], rng=0)
     return m, *_data(rng, 64 * k, 784 * k, 10 * k, labels=True), _ce()
 
 
 def _sequential(rng, k):
-    from engine.layers import GELU, Linear, Sequential
+    from engine.nn.layers import GELU, Linear
+    from engine.nn.containers import Sequential
     m = Sequential(Linear(32 * k, 96 * k, rng=0), GELU(), Linear(96 * k, 32 * k, rng=1))
     return m, *_data(rng, 64 * k, 32 * k, 32 * k), _mse()
 

@@ -5,7 +5,7 @@ import pytest
 
 from engine.nn.blocks import FFN, LayerNorm
 from engine.nn.gated import GatedFFN
-from engine.nn.layers import Sequential
+from engine.nn.containers import Sequential
 from engine.nn.transformer import TransformerBlock
 from gradcheck import assert_close, check_module_grads
 

@@ -9,7 +9,7 @@ import pytest
 
 from engine import (FFN, MLP, SGD, AddNorm, AdamW, FFNSublayer, LayerNorm, LeakyReLU, Linear,
                     Sequential)
-from engine.train import r2_score
+from engine.training.metrics import r2_score
 
 
 # ----------------------------------------------------------------------------- eps

@@ -1,4 +1,4 @@
-"""engine.lr_scheduler: PyTorch's schedules, each compared over 100 steps with its closed form
+"""engine.optim.lr_scheduler: PyTorch's schedules, each compared over 100 steps with its closed form
 written out here, on two parameter groups; state dicts; exact resume through a checkpoint."""
 import json
 import math
@@ -8,7 +8,7 @@ import pytest
 
 import kernels
 from engine import SGD, AdamW, Linear, MSELoss, fit, load, save
-from engine.lr_scheduler import (CosineAnnealingLR, LambdaLR, LinearLR, SequentialLR, StepLR)
+from engine.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, SequentialLR, StepLR
 
 BASES = (0.1, 0.02)  # one rate per parameter group
 STEPS = 100

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from probes import count_splits
 
 import kernels
 from engine import GMLP, SGD, AdamW, Linear, Parameter, clip_grad_norm
@@ -145,15 +146,7 @@ def test_adamw_step_is_one_region_with_the_bits_of_per_parameter_updates(monkeyp
     # Check that at two threads AdamW.step over two groups (different lr, betas, decay) makes
     # one parallel region per step and gives the same bits as kernels.adamw_update called on
     # each parameter with its group's options on one thread.
-    regions = []  # thread count of each kernels.parallel.split call over > 1 thread
-    real = parallel.split
-
-    def counting(*args, **kwargs):
-        k = real(*args, **kwargs)
-        if k > 1:
-            regions.append(k)
-        return k
-    monkeypatch.setattr(parallel, "split", counting)
+    regions = count_splits(monkeypatch)  # thread count of each split over > 1 thread
     rng = np.random.default_rng(11)
     ps = _large_params(rng, dtype)
     copies = [Parameter(p.data.copy(order="K"), p.name) for p in ps]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from engine import AdamW, Linear, SGD
-from engine.lr_scheduler import LinearLR, SequentialLR, StepLR
+from engine.optim.lr_scheduler import LinearLR, SequentialLR, StepLR
 
 
 @pytest.mark.parametrize("make", [lambda p: AdamW(p, lr=0.5), lambda p: SGD(p, lr=0.5,

@@ -12,7 +12,7 @@ import numpy as np
 from engine import (FFN, GELU, GMLP, MLP, AddNorm, CrossEntropyLoss, Dropout, FFNSublayer,
                     Identity, LayerNorm, LeakyReLU, Linear, MSELoss, ReLU, Sequential, Sigmoid,
                     SiLU, Tanh)
-from engine.layers import Activation
+from engine.nn.layers import Activation
 from kernels.activations import ACTIVATIONS
 
 F64 = np.float64

@@ -1,4 +1,4 @@
-"""engine.callbacks: EarlyStopping (Keras's rules), ModelCheckpoint, your own callback, and
+"""engine.training.callbacks: EarlyStopping (Keras's rules), ModelCheckpoint, your own callback, and
 fit's checks of callbacks and output paths before the first step."""
 import os
 
@@ -8,7 +8,7 @@ import pytest
 import kernels
 from engine import (SGD, Callback, EarlyStopping, History, Linear, ModelCheckpoint, MSELoss,
                     fit, load)
-from engine.callbacks import check_output_path
+from engine.training.callbacks import check_output_path
 
 
 @pytest.fixture(autouse=True)

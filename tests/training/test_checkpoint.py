@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import kernels
-from engine import (GMLP, MLP, SGD, AdamW, CheckpointError, MSELoss, checkpoint, data, fit,
-                    load, save)
+from engine import GMLP, MLP, SGD, AdamW, CheckpointError, MSELoss, data, fit, load, save
+from engine.training import checkpoint
 
 
 def _setup(seed=0, d_ffn=16, dtype=np.float32):

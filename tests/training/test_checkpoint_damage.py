@@ -16,7 +16,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from engine import MLP, AdamW, CheckpointError, Linear, load, lr_scheduler, save
+from engine import MLP, AdamW, CheckpointError, Linear, load, save
+from engine.optim import lr_scheduler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -9,7 +9,7 @@ import pytest
 import kernels
 from engine import (GMLP, MLP, SGD, AdamW, CrossEntropyLoss, Linear, Module, MSELoss,
                     NonFiniteLossError, data, evaluate, fit, predict)
-from engine.train import mean_absolute_error, r2_score
+from engine.training.metrics import mean_absolute_error, r2_score
 
 
 @pytest.fixture(autouse=True)

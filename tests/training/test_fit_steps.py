@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from engine.nn.embedding import Embedding
-from engine.nn.layers import Linear, Sequential
+from engine.nn.containers import Sequential
+from engine.nn.layers import Linear
 from engine.nn.losses import CrossEntropyLoss
 from engine.optim.optimizers import AdamW
 from engine.training.loop import fit

@@ -10,7 +10,7 @@ import pytest
 
 import kernels
 from engine import SGD, History, Linear, MSELoss, fit
-from engine.lr_scheduler import LambdaLR, StepLR
+from engine.optim.lr_scheduler import LambdaLR, StepLR
 
 
 @pytest.fixture(autouse=True)

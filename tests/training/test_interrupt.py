@@ -13,7 +13,7 @@ import pytest
 import kernels
 from engine import MLP, SGD, AdamW, CrossEntropyLoss, Module, NonFiniteLossError, fit
 from engine.optim import defer_keyboard_interrupt
-from engine.train import TrainingInterrupted
+from engine.training.history import TrainingInterrupted
 
 
 @pytest.fixture(autouse=True)

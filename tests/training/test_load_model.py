@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine import lr_scheduler as lrs
+from engine.optim import lr_scheduler as lrs
 from engine.models.config import ConfigError, from_config, module_types, to_config
 
 F64 = np.float64
@@ -257,7 +257,7 @@ def test_checkpoint_without_config_names_why(tmp_path):
     # Check that a file whose model could not describe itself says so in read_header too
     p = tmp_path / "n.npz"
     engine.save(p, NoConfig(2))
-    h = engine.checkpoint.read_header(p)
+    h = engine.training.checkpoint.read_header(p)
     assert h["model_config"] is None and "NoConfig.get_config()" in h["model_config_error"]
 
 

@@ -13,7 +13,7 @@ import kernels
 from engine import (FFN, SGD, AdamW, EarlyStopping, Linear, ModelCheckpoint, Module, MSELoss,
                     Sequential, fit, save)
 from engine.optim import lr_scheduler as lrs
-from engine.train import TrainingInterrupted
+from engine.training.history import TrainingInterrupted
 
 EPOCHS, BATCH = 20, 16
 

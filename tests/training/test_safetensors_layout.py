@@ -39,7 +39,8 @@ def test_a_mappable_model_is_saved_under_pytorchs_names_and_layouts(tmp_path):
     rebuilt = engine.load_model(tmp_path / "m.safetensors").model
     for p, q in zip(m.parameters(), rebuilt.parameters()):
         np.testing.assert_array_equal(p.data, q.data)
-    assert engine.checkpoint.read_header(tmp_path / "m.safetensors")["metadata"] == {"epoch": 3}
+    header = engine.training.checkpoint.read_header(tmp_path / "m.safetensors")
+    assert header["metadata"] == {"epoch": 3}
 
 
 def test_a_model_without_a_pytorch_mapping_keeps_blasnets_names(tmp_path):
