@@ -167,8 +167,9 @@ class FFN(Module):
     torch_layout = (("0.weight", "W_in", True), ("0.bias", "b1", False),
                     ("2.weight", "W_out", True), ("2.bias", "b2", False))
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
-                 bias: bool = True, init: str = "he", dtype=np.float32, rng=None):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", *,
+                 dropout: float = 0.0, bias: bool = True, init: str = "he", dtype=np.float32,
+                 rng=None):
         super().__init__(dtype)
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
         self.d_ff = check_positive_int("d_ff", d_ff)
@@ -378,7 +379,7 @@ class FFNSublayer(Module):
         rng = make_rng(rng)
         self.norm_mode = norm
         self.p = p
-        self.ffn = FFN(d_model, d_ff, activation, p, True, "he", dtype, rng)
+        self.ffn = FFN(d_model, d_ff, activation, dropout=p, dtype=dtype, rng=rng)
         self.norm = LayerNorm(d_model, eps, dtype)
         self.drop = Dropout(p, dtype, rng)  # residual dropout (no parameters)
         self._saved.dropped = False

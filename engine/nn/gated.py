@@ -53,9 +53,9 @@ class GatedFFN(Module):
                     ("up_proj.weight", "W_up", True), ("up_proj.bias", "b_up", False),
                     ("down_proj.weight", "W_down", True), ("down_proj.bias", "b_down", False))
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = False,
-                 dropout: float = 0.0, init: str = "xavier", dtype=np.float32, rng=None,
-                 *, negative_slope: float = 0.01):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "silu", *,
+                 dropout: float = 0.0, bias: bool = False, init: str = "xavier",
+                 dtype=np.float32, rng=None, negative_slope: float = 0.01):
         super().__init__(dtype)
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
         self.d_ff = check_positive_int("d_ff", d_ff)

@@ -61,10 +61,11 @@ class TransformerBlock(Module):
                                        dtype=dtype, rng=rng)
         self.ln_2 = LayerNorm(d_model, eps, dtype, bias=norm_bias)
         if ffn in GATED_FFNS:
-            self.mlp = GatedFFN(d_model, d_ff, GATED_FFNS[ffn], bias, 0.0, init, dtype, rng)
+            self.mlp = GatedFFN(d_model, d_ff, GATED_FFNS[ffn], bias=bias, init=init, dtype=dtype,
+                                rng=rng)
         else:
             try:
-                self.mlp = FFN(d_model, d_ff, ffn, 0.0, bias, init, dtype, rng)
+                self.mlp = FFN(d_model, d_ff, ffn, bias=bias, init=init, dtype=dtype, rng=rng)
             except ValueError as e:
                 raise ValueError(f"ffn: expected an activation name for FFN or one of "
                                  f"{tuple(GATED_FFNS)} for GatedFFN, got {ffn!r} ({e})") from None
