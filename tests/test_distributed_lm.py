@@ -12,25 +12,15 @@ import kernels
 from engine import cli
 from engine.models import gpt_lm, lm
 from engine.training.callbacks import ModelCheckpoint
+from support.lm_runs import OPTIONS, TEXT, params
 from test_distributed import launch, needs_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TEXT = "".join(f"ab{i % 7} cab{i % 5}; " for i in range(400))
-# lr 0.3 on this text: the held-out loss is lowest at the second of six estimates, so
-# out/ckpt.npz is a point inside the run.
-RUN = ["-m", "engine", "train", "--model", "gpt", "--n-embd", "8", "--d-ff", "16",
-       "--n-layer", "1", "--n-head", "2", "--block-size", "8", "--batch-size", "4",
-       "--max-iters", "30", "--eval-interval", "5", "--eval-iters", "2", "--warmup-iters", "0",
-       "--lr", "0.3", "--sample-length", "3", "--prompt", "ab", "--dtype", "float64"]
-
-
-def _params(path) -> dict:
-    z = np.load(path)
-    return {k: z[k] for k in z.files if k.startswith("param")}
+RUN = ["-m", "engine", "train", *OPTIONS, "--sample-length", "3", "--dtype", "float64"]
 
 
 def _rel_err(a_path, b_path) -> float:
-    a, b = _params(a_path), _params(b_path)
+    a, b = params(a_path), params(b_path)
     assert a and a.keys() == b.keys()
     return max(float(np.max(np.abs(a[k] - b[k])) / np.max(np.abs(b[k]))) for k in a)
 

@@ -9,18 +9,9 @@ import pytest
 import engine
 from engine.cli import main
 from engine.training import checkpoint
+from support.lm_runs import OPTIONS, TEXT, params
 
-TEXT = "".join(f"ab{i % 7} cab{i % 5}; " for i in range(400))
-# lr 0.3 on this text: the held-out loss is lowest at the second of six estimates.
-RUN = ["train", "--model", "gpt", "--n-embd", "8", "--d-ff", "16", "--n-layer", "1",
-       "--n-head", "2", "--block-size", "8", "--batch-size", "4", "--max-iters", "30",
-       "--eval-interval", "5", "--eval-iters", "2", "--warmup-iters", "0", "--lr", "0.3",
-       "--sample-length", "5", "--prompt", "ab", "--threads", "1", "--text", "in.txt"]
-
-
-def _params(path) -> dict:
-    z = np.load(path)
-    return {k: z[k] for k in z.files if k.startswith("param")}
+RUN = ["train", *OPTIONS, "--sample-length", "5", "--threads", "1", "--text", "in.txt"]
 
 
 @pytest.fixture
@@ -42,9 +33,9 @@ def test_ckpt_is_the_estimate_with_the_lowest_logged_validation_loss(run):
     assert round(best["val_loss"], 5) == pytest.approx(min(logged), abs=1e-5)
     last = checkpoint.read_header(tmp / "out" / "last.npz")["metadata"]
     assert last["epoch"] == 6 and last["steps"] == 30
-    a, b = _params(tmp / "out" / "ckpt.npz"), _params(tmp / "out" / "last.npz")
+    a, b = params(tmp / "out" / "ckpt.npz"), params(tmp / "out" / "last.npz")
     assert any(not np.array_equal(a[k], b[k]) for k in a)
-    end = _params(tmp / "end.npz")
+    end = params(tmp / "end.npz")
     assert all(np.array_equal(end[k], b[k]) for k in b)
 
 
@@ -67,7 +58,7 @@ def test_resume_from_ckpt_continues_to_the_uninterrupted_run(run, monkeypatch, c
     out = capsys.readouterr().out
     k = int(np.argmin(logged)) + 1
     assert f"step {5 * k + 5}/30" in out and f"step {5 * k}/30" not in out
-    a, b = _params(tmp / "again.npz"), _params(tmp / "end.npz")
+    a, b = params(tmp / "again.npz"), params(tmp / "end.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
