@@ -54,7 +54,7 @@ def write_inputs(path: str, iters: int) -> dict:
     """The run's initial weights (nanoGPT's names), its ``iters`` batches and held-out windows
     to ``path``; returns the recipe's numbers the torch side needs."""
     from engine import to_torch_state_dict
-    from engine.models import gpt_lm
+    from engine.training import gpt_lm
     c = _config(iters)
     s = gpt_lm.setup(c)
     X = np.empty((iters, c.batch_size, c.seq_len), np.int64)  # (iters, B, T) every batch

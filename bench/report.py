@@ -134,45 +134,57 @@ def _thread_section(data) -> tuple:
     return ["", format_thread_ratios(ratios)], any(t.get("noisy") for t in ratios)
 
 
-def _kernel_section(data) -> tuple:
-    krows = data.get("kernels") or []
-    if not krows:
+def _table_section(rows, legend: str, hdr: list, row) -> tuple:
+    """A section of ``legend`` over a table with one ``row(r)`` per entry of ``rows``; nothing
+    when there are none (a part the run did not measure)."""
+    if not rows:
         return [], False
-    out = ["", "KERNELS (medians). baseline = np.matmul for gemm, kernels.reference otherwise;\n"
-           "speed-up = baseline / fast; checked = kernels.gemm with its argument checks.\n"
-           "GB/s = bytes moved / fast; of triad = GB/s / the triad's GB/s at that thread "
-           "count.\nBytes: triad a=b+s*c 4 arrays (b, c read; a write-allocated and written), "
-           "update a+=s*c\n3 (no write-allocate: both at one GB/s confirms the triad's 4), "
-           "AdamW 7 per parameter\n(p, g, m, v read; p, m, v written); cold cache = the last-"
-           "level cache evicted before each call.\nns/param = fast / parameters (AdamW.step "
-           "321k; the NumPy chain it replaced: bench/baselines.py)."]
-    hdr = ["kernel", "size", "thr", "fast ms", "checked ms", "baseline ms", "speed-up",
-           "GB/s", "of triad", "ns/param"]
-    body = [[k["kernel"], k["size"], k["threads"], fmt(k["fast_ms"], ".3f"),
-             fmt(k["checked_ms"], ".3f"), fmt(k["ref_ms"], ".3f"),
-             "-" if k["speedup"] is None else fmt(k["speedup"], ".2f") + "x",
-             fmt(k.get("gbs"), ".1f"), fmt(k.get("of_triad"), ".2f"),
-             fmt(k.get("ns_per_param"), ".3f")] for k in krows]
-    return out + [table(hdr, body, left=2)], False
+    return ["", legend, table(hdr, [row(r) for r in rows], left=2)], False
+
+
+KERNEL_LEGEND = (
+    "KERNELS (medians). baseline = np.matmul for gemm, kernels.reference otherwise;\n"
+    "speed-up = baseline / fast; checked = kernels.gemm with its argument checks.\n"
+    "GB/s = bytes moved / fast; of triad = GB/s / the triad's GB/s at that thread count.\n"
+    "Bytes: triad a=b+s*c 4 arrays (b, c read; a write-allocated and written), update a+=s*c\n"
+    "3 (no write-allocate: both at one GB/s confirms the triad's 4), AdamW 7 per parameter\n"
+    "(p, g, m, v read; p, m, v written); cold cache = the last-level cache evicted before "
+    "each call.\nns/param = fast / parameters (AdamW.step 321k; the NumPy chain it replaced: "
+    "bench/baselines.py).")
+KERNEL_HEADER = ["kernel", "size", "thr", "fast ms", "checked ms", "baseline ms", "speed-up",
+                 "GB/s", "of triad", "ns/param"]
+
+
+def _kernel_row(k) -> list:
+    return [k["kernel"], k["size"], k["threads"], fmt(k["fast_ms"], ".3f"),
+            fmt(k["checked_ms"], ".3f"), fmt(k["ref_ms"], ".3f"),
+            "-" if k["speedup"] is None else fmt(k["speedup"], ".2f") + "x",
+            fmt(k.get("gbs"), ".1f"), fmt(k.get("of_triad"), ".2f"),
+            fmt(k.get("ns_per_param"), ".3f")]
+
+
+def _kernel_section(data) -> tuple:
+    return _table_section(data.get("kernels"), KERNEL_LEGEND, KERNEL_HEADER, _kernel_row)
+
+
+MEMORY_LEGEND = (
+    "MEMORY of a training step (tracemalloc, MiB). state = params + grads + AdamW moments;\n"
+    "buffers = cached activations and work buffers kept after the step; sum = state + "
+    "buffers;\npeak = highest traced memory from construction through four steps; step "
+    "alloc = rise of a\nsteady step above its start (Python objects included).")
+MEMORY_HEADER = ["block", "shape", "params", "state", "buffers", "sum", "peak", "peak/sum",
+                 "step alloc KiB"]
+
+
+def _memory_row(m) -> list:
+    mib = 1 << 20
+    return [m["block"], m["shape"], f"{m['params']:,}", f"{m['state'] / mib:.2f}",
+            f"{m['buffers'] / mib:.2f}", f"{m['sum'] / mib:.2f}", f"{m['peak'] / mib:.2f}",
+            fmt(safe_div(m["peak"], m["sum"]), ".3f"), f"{m['step_alloc'] / 1024:.1f}"]
 
 
 def _memory_section(data) -> tuple:
-    memory = data.get("memory") or []
-    if not memory:
-        return [], False
-    out = ["", "MEMORY of a training step (tracemalloc, MiB). state = params + grads + "
-               "AdamW moments;\nbuffers = cached activations and work buffers kept after "
-               "the step; sum = state + buffers;\npeak = highest traced memory from "
-               "construction through four steps; step alloc = rise of a\nsteady step "
-               "above its start (Python objects included)."]
-    hdr = ["block", "shape", "params", "state", "buffers", "sum", "peak", "peak/sum",
-           "step alloc KiB"]
-    mib = 1 << 20
-    body = [[m["block"], m["shape"], f"{m['params']:,}", f"{m['state'] / mib:.2f}",
-             f"{m['buffers'] / mib:.2f}", f"{m['sum'] / mib:.2f}", f"{m['peak'] / mib:.2f}",
-             fmt(safe_div(m["peak"], m["sum"]), ".3f"), f"{m['step_alloc'] / 1024:.1f}"]
-            for m in memory]
-    return out + [table(hdr, body, left=2)], False
+    return _table_section(data.get("memory"), MEMORY_LEGEND, MEMORY_HEADER, _memory_row)
 
 
 def _profile_section(data) -> tuple:

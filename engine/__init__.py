@@ -34,14 +34,14 @@ try:
 except _NotFound:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-# --- gated FFN, gMLP block, embedding, row-wise layers (engine/nn/), the model zoo and the
-# character LM (engine/models/) ---
+# --- gated FFN, gMLP block, embedding, row-wise layers (engine/nn/), the model zoo
+# (engine/models/) and the character LM as it is trained (engine/training/lm.py) ---
 from .nn.layers import LogSoftmax, Softmax
 from .nn.gated import GatedFFN
 from .nn.gmlp_block import GMLPBlock, SpatialGatingUnit, SpatialGMLPBlock
 from .nn.embedding import Embedding
 from . import models
-from .models import lm
+from .training import lm
 
 # --- attention, the transformer block and the GPT (engine/nn/, engine/models/) ---
 from .nn.attention import MultiHeadAttention

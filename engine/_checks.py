@@ -1,7 +1,7 @@
 """Argument checks shared by the whole engine and the command line's argparse types: the
-number, flag and choice checks of kernels/checks.py (one rule for both packages: a wrong type
-is a TypeError, a value out of range a ValueError, every message names the argument), and
-the dtype, array and argparse checks only engine needs.
+number, flag, choice and array-like checks of kernels/checks.py (one rule for both packages: a
+wrong type is a TypeError, a value out of range a ValueError, every message names the
+argument), and the dtype and argparse checks only engine needs.
 """
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import math
 
 import numpy as np
 
-from kernels.checks import check_bool, check_choice, check_int, check_positive_int, check_real
+from kernels.checks import (check_array_like, check_bool, check_choice, check_int,
+                            check_positive_int, check_real)
 
 __all__ = ["check_int", "check_positive_int", "check_real", "check_bool", "check_choice",
            "check_dtype", "check_array_like", "argparse_int", "argparse_real"]
@@ -29,19 +30,6 @@ def check_dtype(dtype) -> np.dtype:
     if dt not in _FLOAT_DTYPES:
         raise TypeError(f"dtype: expected float32 or float64, got {dt}")
     return dt
-
-
-def check_array_like(name: str, v, like: np.ndarray, hint: str = "") -> np.ndarray:
-    """``v`` if it is a numpy array of ``like``'s shape and dtype (a parameter's value, a saved
-    buffer): TypeError for another type or dtype (``hint`` follows the dtype message),
-    ValueError for another shape."""
-    if not isinstance(v, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(v).__name__}")
-    if v.shape != like.shape:
-        raise ValueError(f"{name}: expected shape {like.shape}, got {v.shape}")
-    if v.dtype != like.dtype:
-        raise TypeError(f"{name}: expected dtype {like.dtype}, got {v.dtype}{hint}")
-    return v
 
 
 # ----------------------------------------------------------------------------- argparse types

@@ -1,5 +1,6 @@
 """Argument checks shared by kernels and engine (engine/_checks.py builds on them): numbers,
-flags and choices. kernels cannot import engine, so the one copy lives here.
+flags, choices and an array against the one it must match. kernels cannot import engine, so
+the one copy lives here.
 
 One rule everywhere, as Python's own functions do: a value of the wrong type is a TypeError
 (bool is not a number here: ``True`` as a size or a rate is a mistake), a value of the right
@@ -13,7 +14,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["check_int", "check_positive_int", "check_real", "check_bool", "check_choice"]
+__all__ = ["check_int", "check_positive_int", "check_real", "check_bool", "check_choice",
+           "check_array_like"]
 
 
 def check_int(name: str, v, low: int | None = None, high: int | None = None,
@@ -72,4 +74,19 @@ def check_choice(name: str, v, choices) -> str:
                         f"({type(v).__name__})")
     if v not in choices:
         raise ValueError(f"{name}: expected one of {tuple(choices)}, got {v!r}")
+    return v
+
+
+def check_array_like(name: str, v, like: np.ndarray, hint: str = "",
+                     like_name: str | None = None) -> np.ndarray:
+    """``v`` if it is a numpy array of ``like``'s shape and dtype (a parameter's value, a saved
+    buffer, a kernel's output): TypeError for another type or dtype (``hint`` follows the
+    dtype message), ValueError for another shape; ``like_name`` names ``like`` in them."""
+    that = f" (that of {like_name})" if like_name else ""
+    if not isinstance(v, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(v).__name__}")
+    if v.shape != like.shape:
+        raise ValueError(f"{name}: expected shape {like.shape}{that}, got {v.shape}")
+    if v.dtype != like.dtype:
+        raise TypeError(f"{name}: expected dtype {like.dtype}{that}, got {v.dtype}{hint}")
     return v

@@ -11,6 +11,7 @@ import numpy as np
 from scipy.linalg import blas as _blas
 
 from . import threads as _threads
+from .checks import check_array_like
 from .memory import ones as _ones
 
 __all__ = ["gemm", "gemm_unchecked", "gemv_colsum", "check_array", "check_contiguous",
@@ -83,12 +84,7 @@ def check_contiguous(name: str, x, written: bool = False) -> None:
 def check_like(name: str, x, ref_name: str, ref, written: bool = False) -> None:
     """Raise TypeError/ValueError naming ``name`` unless ``x`` is an ndarray with the dtype,
     shape and memory order (C or Fortran) of ``ref``, writeable if ``written``."""
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
-    if x.dtype != ref.dtype:
-        raise TypeError(f"{name}: expected dtype {ref.dtype} (that of {ref_name}), got {x.dtype}")
-    if x.shape != ref.shape:
-        raise ValueError(f"{name}: expected shape {ref.shape} (that of {ref_name}), got {x.shape}")
+    check_array_like(name, x, ref, like_name=ref_name)
     if not (x.flags.c_contiguous if ref.flags.c_contiguous else x.flags.f_contiguous):
         order = "C" if ref.flags.c_contiguous else "Fortran"
         raise ValueError(f"{name}: expected a {order}-contiguous array like {ref_name}, got "

@@ -272,7 +272,7 @@ def test_cli_shard_optimizer_equals_one_process(tmp_path, one_process):
 # ----------------------------------------------------------------------------- the LM CLI
 def _lm_args(model):
     """A tiny float64 run of ``model`` over the corpus whose last batch holds one window."""
-    from engine.models import lm
+    from engine.training import lm
     n = lm.corpus_data(lm.LMConfig(seq_len=64))["X"].shape[0]  # both models' 64-char windows
     bs = next(b for b in range(700, n) if n % b == 1)
     extra = ["--layers", "1", "--heads", "2", "--seq-len", "64"] if model == "gpt" else []

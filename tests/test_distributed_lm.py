@@ -10,7 +10,7 @@ import pytest
 
 import kernels
 from engine import cli
-from engine.models import gpt_lm, lm
+from engine.training import gpt_lm, lm
 from engine.training.callbacks import ModelCheckpoint
 from support.lm_runs import OPTIONS, TEXT, params
 from test_distributed import launch, needs_mpi

@@ -216,7 +216,7 @@ def test_warmup_longer_than_the_run_is_refused_for_every_schedule(capsys, schedu
 def test_lm_warmup_longer_than_the_run_is_refused_not_clamped():
     # Check that the language model's warmup is refused when the run is too short for it
     # (it used to be clamped while the banner printed the value given).
-    from engine.models import lm
+    from engine.training import lm
     cfg = lm.LMConfig(seq_len=16, d_model=8, d_ffn=16, blocks=1, batch_size=16, epochs=1,
                       block=512, warmup=100000, prompt="ab")
     with pytest.raises(ValueError, match="warmup 100000"):
@@ -536,7 +536,7 @@ def test_lm_train_checks_its_config_before_training(field, value, kind):
     # Check that a config sampling would reject (or one that divides by zero) is refused,
     # naming the field, before any step: by setup, and by train on a prepared setup whose
     # config was edited afterwards.
-    from engine.models import lm
+    from engine.training import lm
     with pytest.raises(kind, match=f"{field}"):
         lm.setup(lm.LMConfig(**{**_TINY_LM, field: value}), text=_TEXT)
     s = lm.setup(lm.LMConfig(**_TINY_LM), text=_TEXT)

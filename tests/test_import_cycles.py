@@ -14,8 +14,6 @@ LAYERS = ("nn", "optim", "data", "models", "training", "distributed", "cli")
 
 # Arrows up the layers that remain, each with why (in files being changed elsewhere now).
 KNOWN_UPWARD = {
-    ("engine.models.lm", "engine.training.loop"): "the LM's train() calls fit",
-    ("engine.models.lm", "engine.training.samplers"): "the LM's train() samples windows",
     ("engine.training.parallel", "engine.distributed"): "fit over MPI ranks (a lazy import)",
 }
 

@@ -39,11 +39,13 @@ DEEP = {
     "engine.models.registry": ["BLOCKS"],
     "engine.models.naive": ["NaiveBlock"],
     "engine.models.lm": ["build_model", "Vocabulary"],
+    "engine.training.lm": ["setup", "train", "run_training", "LMSetup"],
+    "engine.training.gpt_lm": ["GPTConfig", "build_model", "setup", "train"],
     "engine.cli": ["main", "build_parser"],
 }
 
 # Sub-modules that are also attributes of engine itself.
-MODULE_ATTRIBUTES = {"data": "engine.data", "lm": "engine.models.lm",
+MODULE_ATTRIBUTES = {"data": "engine.data", "lm": "engine.training.lm",
                      "lr_scheduler": "engine.optim.lr_scheduler"}
 
 
@@ -66,6 +68,23 @@ def test_module_attributes_are_the_modules_themselves(name):
     # Check engine.lm (and the like) is the defining module, so monkeypatching through either
     # reaches the one module.
     assert getattr(engine, name) is importlib.import_module(MODULE_ATTRIBUTES[name])
+
+
+# engine.lm's names before its training moved up from engine/models to engine/training.
+LM_NAMES = ["TextConfig", "LMConfig", "LMSetup", "LMResult", "Vocabulary", "corpus", "split",
+            "windows", "unigram_bits", "build_model", "bits_per_char", "sample", "setup", "train",
+            "check_config", "print_result", "warmup_cosine", "corpus_data",
+            "adamw_decaying_matrices", "run_training", "prepare"]
+
+
+@pytest.mark.parametrize("name", LM_NAMES)
+def test_engine_lm_keeps_every_name(name):
+    # Check `engine.lm.X` still works for each name engine.lm exported (model and training
+    # side alike), and the model side is the one object of engine/models/lm.py.
+    assert callable(getattr(engine.lm, name))
+    lower = importlib.import_module("engine.models.lm")
+    if hasattr(lower, name):
+        assert getattr(engine.lm, name) is getattr(lower, name)
 
 
 # Old paths still served, each with why (engine/__init__.py).

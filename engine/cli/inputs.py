@@ -15,17 +15,21 @@ from ..training.callbacks import check_output_path
 from .task_rule import refusal, small_label_set
 
 __all__ = ["UsageError", "check_args", "val_fraction", "TrainData", "load_data", "MAX_CLASSES",
-           "add_delimiter_option"]
+           "add_data_options"]
 
 MAX_CLASSES = 1 << 20  # labels of --data: one output unit (and a weight column) per class
 
 
-def add_delimiter_option(group) -> None:
-    """``--delimiter``, read by ``train --data`` and ``predict``: a CSV's field separator."""
+def add_data_options(group, data_help: str, x_cols_help: str, required: bool = False) -> None:
+    """``--data FILE``, ``--delimiter CHAR`` and ``--x-cols NAME ...``: the data file ``train``
+    and ``predict`` read, with each command's own help for the file and its input columns."""
+    group.add_argument("--data", required=required, default=None, metavar="FILE",
+                       help=data_help)
     group.add_argument("--delimiter", default=None, metavar="CHAR",
                        type=lambda t: "\t" if t in ("\\t", "tab") else t,
                        help="field separator of the CSV (default: the one of , ; tab | found "
                             "most often in its header line)")
+    group.add_argument("--x-cols", nargs="+", default=None, metavar="NAME", help=x_cols_help)
 
 
 class UsageError(Exception):

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import __version__, distributed
 from .._checks import check_dtype, check_int, check_real
-from ..models import gpt_lm, lm
+from ..training import gpt_lm, lm
 from ..models.lm_config import eval_interval, schedule_text
 from ..models.tokenizer import Vocabulary, tokenizer_meta
 from ..training import checkpoint

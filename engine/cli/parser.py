@@ -13,7 +13,7 @@ from .._checks import argparse_int, argparse_real
 from ..data import TASKS
 from ..models import registry
 from . import inspect_cmd, predict_cmd, sample_cmd
-from .inputs import add_delimiter_option
+from .inputs import add_data_options
 
 __all__ = ["build_parser", "CommandParser", "MODELS", "SCHEDULES", "block_models",
            "train_actions"]
@@ -191,13 +191,10 @@ def _data_options(t) -> None:
                    default=None, metavar="N",
                    help="training samples (default: 1024 regression, 1000 spiral, 256 sine; "
                         "xor always has 4)")
-    g.add_argument("--data", default=None, metavar="FILE",
-                   help="train on your own data: a .csv file (header row, numbers only) or a "
-                        ".npz file (arrays x and y)")
-    add_delimiter_option(g)
-    g.add_argument("--x-cols", nargs="+", default=None, metavar="NAME",
-                   help="input columns of the CSV (default: all but --y-cols), or the input "
-                        "array of the .npz (default: x)")
+    add_data_options(g, "train on your own data: a .csv file (header row, numbers only) or a "
+                        ".npz file (arrays x and y)",
+                     "input columns of the CSV (default: all but --y-cols), or the input array "
+                     "of the .npz (default: x)")
     g.add_argument("--y-cols", nargs="+", default=None, metavar="NAME",
                    help="target column(s) of the CSV (required for a CSV), or the target array "
                         "of the .npz (default: y)")

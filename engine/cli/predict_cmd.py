@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from .inputs import add_delimiter_option
+from .inputs import add_data_options
 from .safe_text import safe
 
 __all__ = ["add_parser", "run"]
@@ -25,13 +25,10 @@ def add_parser(sub) -> None:
                                    "one probability per class for a classifier, one column per "
                                    "output for a regression (in the target's units).")
     p.add_argument("checkpoint", metavar="CHECKPOINT")
-    p.add_argument("--data", required=True, metavar="FILE",
-                   help="the inputs: a .csv with a header row (the training columns are "
-                        "picked by name; other columns are ignored) or an .npz (array x)")
-    add_delimiter_option(p)
-    p.add_argument("--x-cols", nargs="+", default=None, metavar="NAME",
-                   help="input columns (default: the ones the model was trained on, as saved "
-                        "in the checkpoint; else all columns)")
+    add_data_options(p, "the inputs: a .csv with a header row (the training columns are picked "
+                        "by name; other columns are ignored) or an .npz (array x)",
+                     "input columns (default: the ones the model was trained on, as saved in "
+                     "the checkpoint; else all columns)", required=True)
     p.add_argument("--out", default=None, metavar="PATH",
                    help="write the predictions here (default: standard output)")
     p.add_argument("--task", choices=("classification", "regression"), default=None,

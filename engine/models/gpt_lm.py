@@ -1,9 +1,6 @@
-"""The GPT language model: ``GPT`` trained on the gMLP language model's corpus and split
-(``engine.models.lm``: Python's own help texts, the same held-out split and unigram
-baseline) or on any text (``text=``, ``path=``), so the two compare directly. ``python -m
-engine train --model gpt`` (engine/cli/lm.py) trains it with the defaults of ``GPTConfig``;
-under ``mpiexec -n K`` the ranks train data-parallel on the same global batches (float64:
-equal to one process up to rounding).
+"""The GPT language model's config and model: ``GPTConfig`` (the settings of a run) and
+``build_model`` (the ``GPT`` it describes). Training it on the gMLP language model's corpus
+and split, or on any text, lives one layer up, in engine/training/gpt_lm.py.
 
 ``GPTConfig``'s fields carry nanoGPT's names in brackets: ``seq_len`` is nanoGPT's
 ``block_size``, ``d_model`` its ``n_embd``; the command line takes both spellings.
@@ -13,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._checks import check_dtype
-from . import lm
 from .gpt import GPT
-from .lm_config import TextConfig, check_text_config
+from .lm_config import TextConfig
 
-__all__ = ["GPTConfig", "build_model", "setup", "train"]
+__all__ = ["GPTConfig", "build_model"]
 
 
 @dataclass(kw_only=True)
@@ -46,28 +42,3 @@ def build_model(vocab_size: int, c: GPTConfig, rng=None) -> GPT:
     """The ``GPT`` of config ``c`` for ``vocab_size`` tokens."""
     return GPT(vocab_size, c.seq_len, c.n_layer, c.n_head, c.d_model, d_ff=c.d_ff,
                dropout=c.dropout, bias=c.bias, dtype=check_dtype(c.dtype), rng=rng)
-
-
-def setup(config: GPTConfig | None = None, text: str | None = None, path=None) -> lm.LMSetup:
-    """The data (the file at ``path``, else ``text``, else lm's corpus; its split and
-    windows), the GPT, AdamW and nanoGPT's schedule. A warmup longer than the run is an
-    error, not shortened."""
-    c = config or GPTConfig()
-    if not isinstance(c, GPTConfig):
-        raise TypeError(f"config: expected a GPTConfig, got {type(c).__name__}")
-    check_text_config(c)
-    s = lm.prepare(c, lambda v, rng: build_model(v, c, rng), text, path)
-    # A step's attention scores grow as batch * T^2: a block_size too long for them is
-    # refused now, not at the first forward.
-    s.model.h[0].attn.check_scores(c.batch_size, c.seq_len, "seq_len")
-    return s
-
-
-def train(config: GPTConfig | None = None, progress=True, text: str | None = None,
-          prepared: lm.LMSetup | None = None, comm=None, path=None,
-          resume_from=None) -> lm.LMResult:
-    """Train the GPT of ``config`` (or ``prepared``, from ``setup``) on ``text`` or the file at
-    ``path``; ``comm``: an MPI communicator for data-parallel training. Held-out bits per
-    token, the unigram baseline and a sample from ``config.prompt``, as ``lm.train``
-    (``resume_from``: continue a run stopped early from its checkpoint)."""
-    return lm.run_training(prepared or setup(config, text, path), progress, comm, resume_from)

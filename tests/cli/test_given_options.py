@@ -6,7 +6,7 @@ from probes import capture_config
 
 from engine.cli import build_parser, main
 from engine.cli import lm as lm_cli
-from engine.models import gpt_lm, lm
+from engine.training import gpt_lm, lm
 
 
 def test_given_records_exactly_the_options_on_the_command_line():

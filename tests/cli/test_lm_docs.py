@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.cli import main
-from engine.models import gpt_lm, lm
+from engine.training import gpt_lm, lm
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "lm.md"

@@ -4,7 +4,7 @@ memory cannot fit, and a ValueError/TypeError raised inside ``fit``."""
 import pytest
 
 from engine.cli import main
-from engine.models import lm
+from engine.training import lm
 
 TINY = ["--n-embd", "8", "--n-layer", "1", "--batch-size", "4", "--sample-length", "3",
         "--warmup-iters", "0", "--max-iters", "2", "--eval-iters", "1"]

@@ -8,7 +8,7 @@ import pytest
 from probes import capture_config
 
 from engine.cli import main
-from engine.models import gpt_lm, lm
+from engine.training import gpt_lm, lm
 from engine.models.tokenizer import tokenizer_from_meta
 from engine.training import checkpoint
 

@@ -12,7 +12,7 @@ import pytest
 from probes import capture_config, check_text_run
 
 from engine.cli import main
-from engine.models import gpt_lm, lm
+from engine.training import gpt_lm, lm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--d-hidden", "16", "--d-ff", "32", "--layers", "1", "--heads", "2"]

@@ -1,13 +1,14 @@
-"""engine.models.lm, the character language model: corpus, vocabulary, split, windows, the unigram
-baseline and bits per character against formulas written here, a tiny model whose loss falls
-in a few steps, sampling, and the command line (`train --model gmlp-lm --task text`)."""
+"""engine.lm (engine/training/lm.py over engine/models/lm.py), the character language model:
+corpus, vocabulary, split, windows, the unigram baseline and bits per character against
+formulas written here, a tiny model whose loss falls in a few steps, sampling, and the command
+line (`train --model gmlp-lm --task text`)."""
 import math
 
 import numpy as np
 import pytest
 from probes import check_text_run
 
-from engine.models import lm
+from engine.training import lm
 from engine.cli import main
 
 TINY = dict(seq_len=16, d_model=16, d_ffn=32, blocks=2, batch_size=16, epochs=3, lr=1e-2,

@@ -123,9 +123,9 @@ def fit_case(sharded, n=53, batch_size=11):
 
 
 def lm_case(kind, sharded):
-    """A character language model (engine.models.gpt_lm or lm's gMLP, float64) on a short
+    """A character language model (engine.training.gpt_lm or lm's gMLP, float64) on a short
     text whose last batch has one window: one process against the ranks."""
-    from engine.models import gpt_lm, lm
+    from engine.training import gpt_lm, lm
     common = dict(seq_len=8, d_model=16, epochs=1, warmup=2, dtype="float64", block=256,
                   held_out=0.2, sample_length=0)
     if kind == "gpt":

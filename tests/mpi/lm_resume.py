@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from engine import distributed
-from engine.models import gpt_lm, lm
+from engine.training import gpt_lm, lm
 from engine.training.callbacks import ModelCheckpoint
 
 TEXT = "".join(f"ab{i % 7} cab{i % 5}; " for i in range(400))

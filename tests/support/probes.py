@@ -45,7 +45,7 @@ def check_text_run(code: int, out: str) -> None:
 
 
 def capture_config(monkeypatch, module, argv):
-    """The config ``blasnet train *argv`` hands to ``module.setup`` (engine.models.lm or
+    """The config ``blasnet train *argv`` hands to ``module.setup`` (engine.training.lm or
     gpt_lm), captured there: nothing is trained."""
     from engine.cli import main
     seen = {}
