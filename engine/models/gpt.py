@@ -45,7 +45,7 @@ class GPT(Module):
     raise before anything changes.
     """
 
-    # d_ff is stored resolved (4 d_model for None), as a checkpoint rebuilds it.
+    # get_config reads d_ff resolved (4 d_model for d_ff=None), as stored configs hold it.
     config_attrs = {"dropout": "p", "checkpoint": "h.checkpoint", "eps": "ln_f.eps"}
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int,
