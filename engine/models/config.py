@@ -46,14 +46,16 @@ def _init_parameters(cls) -> dict:
 
 def to_config(module) -> dict:
     """The node describing ``module`` and, recursively, the child modules its constructor
-    takes. ConfigError (naming the class and the missing piece) when a class defines its own
-    ``__init__`` but not ``get_config``, when ``get_config`` names an argument ``__init__``
-    does not take, or when a value is not JSON (numbers, strings, bools, None, lists, dicts)."""
+    takes. ConfigError (naming the class and the missing piece) when ``get_config`` cannot
+    read an argument back, when a class defines its own ``__init__`` below a hand-written
+    ``get_config``, when ``get_config`` names an argument ``__init__`` does not take, or
+    when a value is not JSON (numbers, strings, bools, None, lists, dicts)."""
     if not isinstance(module, Module):
         raise TypeError(f"model: expected an engine Module, got {type(module).__name__}")
     cls = type(module)
     name = cls.__name__
-    if not issubclass(defined_by(cls, "get_config"), defined_by(cls, "__init__")):
+    own = defined_by(cls, "get_config")  # Module's reads the class's own __init__
+    if own is not Module and not issubclass(own, defined_by(cls, "__init__")):
         raise ConfigError(f"{name} defines __init__ but not get_config(): define "
                           f"{name}.get_config() returning the keyword arguments of its "
                           f"__init__, so a checkpoint can rebuild it")

@@ -30,7 +30,7 @@ class GPT(Module):
 
     Children: ``wte`` Embedding(vocab_size, d_model), ``wpe`` Embedding(block_size,
     d_model), ``drop`` (embedding dropout), ``h`` a Sequential of ``n_layer``
-    ``TransformerBlock(d_model, n_head, d_ff, ffn, norm="pre", dropout, causal=True)``
+    ``TransformerBlock(d_model, n_head, d_ff, ffn, dropout=dropout, norm="pre", causal=True)``
     (``checkpoint=True`` recomputes each block in backward instead of storing it),
     ``ln_f`` LayerNorm, and with ``tie_weights=False`` ``lm_head`` Linear(d_model,
     vocab_size, bias=False). With ``tie_weights=True`` the head is the token embedding
@@ -45,10 +45,13 @@ class GPT(Module):
     raise before anything changes.
     """
 
+    # get_config reads d_ff resolved (4 d_model for d_ff=None), as stored configs hold it.
+    config_attrs = {"dropout": "p", "checkpoint": "h.checkpoint", "eps": "ln_f.eps"}
+
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int,
-                 d_model: int, *, d_ff: int | None = None, ffn: str = "gelu", dropout: float = 0.0,
-                 bias: bool = True, tie_weights: bool = True, checkpoint: bool = False,
-                 eps: float = 1e-5, dtype=np.float32, rng=None):
+                 d_model: int, *, dropout: float = 0.0, bias: bool = True, dtype=np.float32,
+                 rng=None, d_ff: int | None = None, ffn: str = "gelu", tie_weights: bool = True,
+                 checkpoint: bool = False, eps: float = 1e-5):
         super().__init__(dtype)
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.block_size = check_positive_int("block_size", block_size)
@@ -63,14 +66,15 @@ class GPT(Module):
         rng = make_rng(rng)
         self.tie_weights, self.p, self.ffn, self.bias = tie_weights, p, ffn, bias
         dt = self.dtype
-        self.wte = Embedding(vocab_size, d_model, dt, rng)
-        self.wpe = Embedding(block_size, d_model, dt, rng)
-        self.drop = Dropout(p, dt, rng)
-        self.h = Sequential(*[TransformerBlock(d_model, n_head, self.d_ff, ffn, "pre", p,
-                                               causal=True, bias=bias, init="normal", eps=eps,
-                                               dtype=dt, rng=rng, norm_bias=bias)
+        self.wte = Embedding(vocab_size, d_model, dtype=dt, rng=rng)
+        self.wpe = Embedding(block_size, d_model, dtype=dt, rng=rng)
+        self.drop = Dropout(p, dtype=dt, rng=rng)
+        self.h = Sequential(*[TransformerBlock(d_model, n_head, self.d_ff, ffn, dropout=p,
+                                               bias=bias, init="normal", dtype=dt, rng=rng,
+                                               norm="pre", causal=True, eps=eps,
+                                               norm_bias=bias)
                               for _ in range(self.n_layer)], checkpoint=checkpoint)
-        self.ln_f = LayerNorm(d_model, eps, dt, bias=bias)
+        self.ln_f = LayerNorm(d_model, bias=bias, dtype=dt, eps=eps)
         if not tie_weights:
             self.lm_head = Linear(d_model, vocab_size, bias=False, init="normal", dtype=dt,
                                   rng=rng)
@@ -88,15 +92,6 @@ class GPT(Module):
                 continue  # biases stay 0, LayerNorm gains 1
             s = proj if name.endswith(_RESIDUAL_PROJECTIONS) else std
             prm.data = (rng.standard_normal(prm.shape) * s).astype(self.dtype)
-
-    def get_config(self) -> dict:
-        """The keyword arguments that rebuild this GPT (what a checkpoint stores; a stored
-        one is checked by ``engine.models.gpt_config`` before it is built)."""
-        return {"vocab_size": self.vocab_size, "block_size": self.block_size,
-                "n_layer": self.n_layer, "n_head": self.n_head, "d_model": self.d_model,
-                "d_ff": self.d_ff, "ffn": self.ffn, "dropout": self.p, "bias": self.bias,
-                "tie_weights": self.tie_weights, "checkpoint": self.h.checkpoint,
-                "eps": self.ln_f.eps, "dtype": self.dtype.name}
 
     def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k=None,
                  rng=None) -> np.ndarray:

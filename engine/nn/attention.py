@@ -81,10 +81,11 @@ class MultiHeadAttention(Module):
     # PyTorch: nn.MultiheadAttention(d_model, n_heads, batch_first=True).
     torch_layout = (("in_proj_weight", "W_qkv", True), ("in_proj_bias", "b_qkv", False),
                     ("out_proj.weight", "W_o", True), ("out_proj.bias", "b_o", False))
+    config_attrs = {"dropout": "p"}
 
-    def __init__(self, d_model: int, n_heads: int, causal: bool = True, dropout: float = 0.0,
-                 bias: bool = True, *, init: str = "xavier",
-                 max_scores_bytes: int = MAX_SCORES_BYTES, dtype=np.float32, rng=None):
+    def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 init: str = "xavier", dtype=np.float32, rng=None, causal: bool = True,
+                 max_scores_bytes: int = MAX_SCORES_BYTES):
         super().__init__(dtype)
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
         self.n_heads = check_positive_int("n_heads", n_heads)
@@ -112,11 +113,6 @@ class MultiHeadAttention(Module):
         c.dropped = False
         c.fused = False   # the last forward ran the compiled kernels (kernels.sdpa)
         self._set_plain("_path", "auto")
-
-    def get_config(self) -> dict:
-        return {"d_model": self.d_model, "n_heads": self.n_heads, "causal": self.causal,
-                "dropout": self.p, "bias": self.bias, "init": self.init,
-                "max_scores_bytes": self.max_scores_bytes, "dtype": self.dtype.name}
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, "

@@ -39,14 +39,11 @@ class Dropout(Module):
 
     fuses_residual = True
 
-    def __init__(self, p: float = 0.5, dtype=np.float32, rng=None):
+    def __init__(self, p: float = 0.5, *, dtype=np.float32, rng=None):
         super().__init__(dtype)
         self.p = _check_p("p", p)
         self._rng = make_rng(rng)
         self._saved.dropped = False  # whether the last forward applied a mask
-
-    def get_config(self) -> dict:
-        return {"p": self.p, "dtype": self.dtype.name}
 
     def extra_repr(self):
         return f"p={self.p}, dtype={self.dtype}"
@@ -94,20 +91,17 @@ class LayerNorm(Module):
     # PyTorch: nn.LayerNorm(d) (engine/interop.py); without bias, no "bias" key.
     torch_layout = (("weight", "gamma", False), ("bias", "beta", False))
 
-    def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32, bias: bool = True):
+    def __init__(self, d: int, *, bias: bool = True, dtype=np.float32, eps: float = 1e-5):
         super().__init__(dtype)
         self.d = self.in_features = check_positive_int("d", d)
         self.eps = _check_eps(eps)
+        self.bias = check_bool("bias", bias)
         self.gamma = Parameter(np.ones(self.d, self.dtype))
-        self.beta = Parameter(np.zeros(self.d, self.dtype)) if check_bool("bias", bias) else None
+        self.beta = Parameter(np.zeros(self.d, self.dtype)) if self.bias else None
         # Without bias the kernels still take a beta: zeros that are no parameter, and a
         # dbeta they add into that is cleared and never read.
         self._zeros = None if bias else np.zeros(self.d, self.dtype)  # (d,)
         self._saved.x = None  # (n, d) the last input, by reference
-
-    def get_config(self) -> dict:
-        return {"d": self.d, "eps": self.eps, "dtype": self.dtype.name,
-                "bias": self.beta is not None}
 
     def extra_repr(self):
         nobias = "" if self.beta is not None else ", bias=False"
@@ -166,6 +160,7 @@ class FFN(Module):
     # PyTorch: nn.Sequential(nn.Linear(d_model, d_ff), act, nn.Linear(d_ff, d_model)).
     torch_layout = (("0.weight", "W_in", True), ("0.bias", "b1", False),
                     ("2.weight", "W_out", True), ("2.bias", "b2", False))
+    config_attrs = {"dropout": "p"}
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", *,
                  dropout: float = 0.0, bias: bool = True, init: str = "he", dtype=np.float32,
@@ -175,6 +170,7 @@ class FFN(Module):
         self.d_ff = check_positive_int("d_ff", d_ff)
         self.activation = check_activation("activation", activation)
         self.p = _check_p("dropout", dropout)
+        self.bias = bool(bias)
         self.init = check_init(init)
         rng = make_rng(rng)
         self._rng = rng
@@ -187,11 +183,6 @@ class FFN(Module):
         self.b2 = Parameter(np.zeros(self.d_model, dt)) if bias else None
         self._saved.x = None
         self._saved.dropped = False
-
-    def get_config(self) -> dict:
-        return {"d_model": self.d_model, "d_ff": self.d_ff, "activation": self.activation,
-                "dropout": self.p, "bias": self.b1 is not None, "init": self.init,
-                "dtype": self.dtype.name}
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, activation={self.activation!r}, "
@@ -270,9 +261,10 @@ class AddNorm(Module):
     ``gamma``/``beta``. ``forward(x, sub)``; ``backward(dy)`` returns ``(dx, dsub)``."""
 
     torch_layout = LayerNorm.torch_layout  # nn.LayerNorm(d_model)
+    config_attrs = {"dropout": "p"}
 
-    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, dtype=np.float32,
-                 rng=None):
+    def __init__(self, d_model: int, *, dropout: float = 0.0, dtype=np.float32, rng=None,
+                 eps: float = 1e-5):
         super().__init__(dtype)
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
         self.p = _check_p("dropout", dropout)
@@ -281,10 +273,6 @@ class AddNorm(Module):
         self.gamma = Parameter(np.ones(self.d_model, self.dtype))
         self.beta = Parameter(np.zeros(self.d_model, self.dtype))
         self._saved.dropped = False
-
-    def get_config(self) -> dict:
-        return {"d_model": self.d_model, "dropout": self.p, "eps": self.eps,
-                "dtype": self.dtype.name}
 
     def extra_repr(self):
         return f"d_model={self.d_model}, dropout={self.p}, eps={self.eps}, dtype={self.dtype}"
@@ -368,9 +356,13 @@ class FFNSublayer(Module):
 
     torch_layout = (("ffn.", "ffn"), ("norm.", "norm"))  # children under their own names
     skips_input_grad = True  # post-norm: the FFN's input GEMM; pre-norm: the residual add
+    # Held by the children; the child ``norm`` takes the argument's name, so it is norm_mode.
+    config_attrs = {"d_ff": "ffn.d_ff", "activation": "ffn.activation", "dropout": "p",
+                    "norm": "norm_mode", "eps": "norm.eps"}
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
-                 norm: str = "post", eps: float = 1e-5, dtype=np.float32, rng=None):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", *,
+                 dropout: float = 0.0, dtype=np.float32, rng=None, norm: str = "post",
+                 eps: float = 1e-5):
         super().__init__(dtype)
         if norm not in ("post", "pre"):
             raise ValueError(f"norm: expected 'post' or 'pre', got {norm!r}")
@@ -380,14 +372,9 @@ class FFNSublayer(Module):
         self.norm_mode = norm
         self.p = p
         self.ffn = FFN(d_model, d_ff, activation, dropout=p, dtype=dtype, rng=rng)
-        self.norm = LayerNorm(d_model, eps, dtype)
-        self.drop = Dropout(p, dtype, rng)  # residual dropout (no parameters)
+        self.norm = LayerNorm(d_model, dtype=dtype, eps=eps)
+        self.drop = Dropout(p, dtype=dtype, rng=rng)  # residual dropout (no parameters)
         self._saved.dropped = False
-
-    def get_config(self) -> dict:
-        return {"d_model": self.d_model, "d_ff": self.ffn.d_ff,
-                "activation": self.ffn.activation, "dropout": self.p, "norm": self.norm_mode, "eps": self.norm.eps,
-                "dtype": self.dtype.name}
 
     def extra_repr(self):
         return f"norm={self.norm_mode!r}, dropout={self.p}, dtype={self.dtype}"

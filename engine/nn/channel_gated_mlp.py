@@ -49,7 +49,7 @@ class GMLP(Module):
     acc_alias_safe = True  # dy is read only by the first two backward GEMMs
     skips_input_grad = True
 
-    def __init__(self, d_in: int, d_hidden: int, d_ffn: int, d_out: int, dtype=np.float32,
+    def __init__(self, d_in: int, d_hidden: int, d_ffn: int, d_out: int, *, dtype=np.float32,
                  rng=None):
         super().__init__(dtype)
         self.d_in = self.in_features = check_positive_int("d_in", d_in)
@@ -64,10 +64,6 @@ class GMLP(Module):
         self.W_proj = Parameter(np.asfortranarray(init_weight(dh, self.d_ffn, "xavier", dt, rng)))
         self.W_out = Parameter(init_weight(self.d_ffn, self.d_out, "xavier", dt, rng))
         self._saved.x = None
-
-    def get_config(self) -> dict:
-        return {"d_in": self.d_in, "d_hidden": self.d_hidden, "d_ffn": self.d_ffn,
-                "d_out": self.d_out, "dtype": self.dtype.name}
 
     def _params_moved(self):
         # (2f, d_hidden) rows [W_gate^T; W_proj^T] and their gradient: views, no copy.

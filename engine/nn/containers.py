@@ -80,6 +80,8 @@ class Sequential(Module):
     input is kept by reference, as every module keeps its input.
     """
 
+    config_attrs = {"modules": "_seq"}
+
     def __init__(self, *modules, checkpoint: bool = False):
         dtypes = {m.dtype for m in modules if isinstance(m, Module)}
         super().__init__(dtypes.pop() if len(dtypes) == 1 else np.float32)
@@ -115,9 +117,6 @@ class Sequential(Module):
             self._moded = [m for _, m in self.named_modules()]  # whose train/eval flag counts
             self._saved.modes = None     # their flags at the last forward: the reruns repeat them
             self._saved.modes_gen = -1   # mode_version() when they were read
-
-    def get_config(self) -> dict:
-        return {"modules": list(self._seq), "checkpoint": self.checkpoint}
 
     def extra_repr(self) -> str:
         return "checkpoint=True" if self.checkpoint else ""
@@ -339,8 +338,10 @@ class MLP(Sequential):
     ``nn.Sequential``, where "identity" is an ``nn.Identity()`` in its own slot.
     """
 
-    def __init__(self, sizes, activations=None, init: str = "he", bias: bool = True,
-                 negative_slope=0.01, dtype=np.float32, rng=None):
+    config_attrs = {"negative_slope": "slopes"}  # per layer, as resolved
+
+    def __init__(self, sizes, activations=None, *, bias: bool = True, init: str = "he",
+                 dtype=np.float32, rng=None, negative_slope=0.01):
         try:
             sizes = [check_positive_int(f"sizes[{i}]", s) for i, s in enumerate(sizes)]
         except TypeError:
@@ -366,8 +367,9 @@ class MLP(Sequential):
         slopes = [r[1] for r in resolved]
         check_init(init)
         rng = make_rng(rng)
-        super().__init__(*[Linear(sizes[i], sizes[i + 1], bias, init, dtype, rng,
-                                  names[i], slopes[i]) for i in range(n_layers)])
+        super().__init__(*[Linear(sizes[i], sizes[i + 1], bias=bias, init=init, dtype=dtype,
+                                  rng=rng, activation=names[i], negative_slope=slopes[i])
+                           for i in range(n_layers)])
         self.sizes = sizes
         self.activations = names
         # The activation layer after each Linear in the PyTorch reference (nn.Sequential):
@@ -377,11 +379,7 @@ class MLP(Sequential):
             for a, n in zip(activations, names)]
         self.negative_slope = negative_slope
         self.slopes = slopes
-
-    def get_config(self) -> dict:
-        return {"sizes": list(self.sizes), "activations": list(self.activations),
-                "init": self[0].init, "bias": self[0].b is not None,
-                "negative_slope": list(self.slopes), "dtype": self.dtype.name}
+        self.bias, self.init = bool(bias), init
 
     def __getitem__(self, i):
         return self._seq[i]

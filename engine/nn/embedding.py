@@ -49,7 +49,7 @@ class Embedding(Module):
     An id outside ``[0, num_embeddings)``, a non-integer ``ids`` array (floats, bools) or a
     non-array raises, naming the first bad id and where it is; nothing changes."""
 
-    def __init__(self, num_embeddings: int, dim: int, dtype=np.float32, rng=None):
+    def __init__(self, num_embeddings: int, dim: int, *, dtype=np.float32, rng=None):
         super().__init__(dtype)
         self.num_embeddings = check_positive_int("num_embeddings", num_embeddings)
         self.dim = check_positive_int("dim", dim)
@@ -57,10 +57,6 @@ class Embedding(Module):
         self.W = Parameter(w.astype(self.dtype))
         self._iws = Workspace(np.int64)  # ids kept for backward (the caller may reuse its array)
         self._saved.ids = None  # (N,) int64 the last ids
-
-    def get_config(self) -> dict:
-        return {"num_embeddings": self.num_embeddings, "dim": self.dim,
-                "dtype": self.dtype.name}
 
     def out_features(self, d_in: int) -> int:
         return self.dim

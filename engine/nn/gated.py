@@ -52,6 +52,7 @@ class GatedFFN(Module):
     torch_layout = (("gate_proj.weight", "W_gate", True), ("gate_proj.bias", "b_gate", False),
                     ("up_proj.weight", "W_up", True), ("up_proj.bias", "b_up", False),
                     ("down_proj.weight", "W_down", True), ("down_proj.bias", "b_down", False))
+    config_attrs = {"dropout": "p"}
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "silu", *,
                  dropout: float = 0.0, bias: bool = False, init: str = "xavier",
@@ -78,11 +79,6 @@ class GatedFFN(Module):
         self.bias = bias
         self._saved.x = None
         self._saved.dropped = False
-
-    def get_config(self) -> dict:
-        return {"d_model": self.d_model, "d_ff": self.d_ff, "activation": self.activation,
-                "bias": self.b_gate is not None, "dropout": self.p, "init": self.init,
-                "dtype": self.dtype.name, "negative_slope": self.negative_slope}
 
     def _params_moved(self):
         # (2f, d) rows [W_gate^T; W_up^T] and their gradient: views, no copy.

@@ -47,6 +47,7 @@ class _TokenMixing(Module):
 
     _what = ""          # the module in error messages
     _repr_fields = ()   # attributes extra_repr shows, in order
+    config_attrs = {"eps": "norm.eps"}  # held by the LayerNorm child
 
     def _set_sequences(self, seq_len, causal):
         self.seq_len = check_positive_int("seq_len", seq_len)
@@ -83,8 +84,8 @@ class SpatialGatingUnit(_TokenMixing):
     _what = "spatial gating unit"
     _repr_fields = ("d_ffn", "seq_len", "causal", "dtype")
 
-    def __init__(self, d_ffn: int, seq_len: int, causal: bool = False, eps: float = 1e-5,
-                 dtype=np.float32, rng=None):
+    def __init__(self, d_ffn: int, seq_len: int, *, dtype=np.float32, rng=None,
+                 causal: bool = False, eps: float = 1e-5):
         super().__init__(dtype)
         self.d_ffn = self.in_features = check_positive_int("d_ffn", d_ffn)
         if d_ffn % 2:
@@ -97,16 +98,12 @@ class SpatialGatingUnit(_TokenMixing):
         init_eps = 1e-3 / t
         self.W = Parameter(rng.uniform(-init_eps, init_eps, (t, t)).astype(self.dtype))
         self.b = Parameter(np.ones(t, self.dtype))
-        self.norm = LayerNorm(self.half, eps, dtype)
+        self.norm = LayerNorm(self.half, dtype=dtype, eps=eps)
         c = self._saved
         c.mask = None     # (T, T) lower-triangular ones (not a work buffer: it outlives a call)
         c.z3 = None       # (B, T, d_ffn) the last input, by reference
         c.vp = None       # (T, B * half) LN(V) time-major (the child's output)
         c.wm = None       # (T, T) the weight the forward used (W or masked W)
-
-    def get_config(self) -> dict:
-        return {"d_ffn": self.d_ffn, "seq_len": self.seq_len, "causal": self.causal,
-                "eps": self.norm.eps, "dtype": self.dtype.name}
 
     def out_features(self, d_in: int) -> int:
         return self.half
@@ -201,8 +198,8 @@ class GMLPBlock(_TokenMixing):
     _what = "gMLP block"
     _repr_fields = ("d_model", "d_ffn", "seq_len", "causal", "dtype")
 
-    def __init__(self, d_model: int, d_ffn: int, seq_len: int, causal: bool = False,
-                 eps: float = 1e-5, dtype=np.float32, rng=None):
+    def __init__(self, d_model: int, d_ffn: int, seq_len: int, *, dtype=np.float32, rng=None,
+                 causal: bool = False, eps: float = 1e-5):
         super().__init__(dtype)
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
         self.d_ffn = check_positive_int("d_ffn", d_ffn)
@@ -213,19 +210,16 @@ class GMLPBlock(_TokenMixing):
         check_float("eps", eps, 0.0)
         rng = make_rng(rng)
         dt, h = self.dtype, d_ffn // 2
-        self.norm = LayerNorm(d_model, eps, dtype)
+        self.norm = LayerNorm(d_model, dtype=dtype, eps=eps)
         self.W_in = Parameter(init_weight(d_model, d_ffn, "he", dt, rng))
         self.b_in = Parameter(np.zeros(d_ffn, dt))
-        self.sgu = SpatialGatingUnit(d_ffn, seq_len, causal, eps, dtype, rng)
+        self.sgu = SpatialGatingUnit(d_ffn, seq_len, dtype=dtype, rng=rng, causal=causal,
+                                     eps=eps)
         self.W_out = Parameter(init_weight(h, d_model, "xavier", dt, rng))
         self.b_out = Parameter(np.zeros(d_model, dt))
         c = self._saved
         c.xn = None       # (n, d_model) LN(x) (the child's output)
         c.a = None        # (n, d_ffn/2) s(Z) (the child's output)
-
-    def get_config(self) -> dict:
-        return {"d_model": self.d_model, "d_ffn": self.d_ffn, "seq_len": self.seq_len,
-                "causal": self.causal, "eps": self.norm.eps, "dtype": self.dtype.name}
 
     def _make_views(self, n):
         ws, d, f = self._ws, self.d_model, self.d_ffn

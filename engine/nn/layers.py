@@ -61,7 +61,7 @@ class Linear(Module):
     skips_input_grad = True
     torch_layout = (("weight", "W", True), ("bias", "b", False))  # nn.Linear(d_in, d_out)
 
-    def __init__(self, d_in: int, d_out: int, bias: bool = True, init: str = "he",
+    def __init__(self, d_in: int, d_out: int, *, bias: bool = True, init: str = "he",
                  dtype=np.float32, rng=None, activation=None, negative_slope: float = 0.01):
         super().__init__(dtype)
         self.d_in = check_positive_int("d_in", d_in)
@@ -77,6 +77,7 @@ class Linear(Module):
         self.activation = activation
         self.negative_slope = _check_slope(negative_slope)
         self.init = init
+        self.bias = bool(bias)
         self.in_features = self.d_in
         self.fuses_residual = activation is None
         # relu-like: act runs in place over z; others cache act'(z) over z; row-wise ones
@@ -87,11 +88,6 @@ class Linear(Module):
         self.b = Parameter(np.zeros(self.d_out, self.dtype)) if bias else None
         self._saved.x = None  # (N, d_in) the last input, by reference
         self._saved.z = None  # (N, d_out) act(z) (in place, or row-wise) or act'(z), for backward
-
-    def get_config(self) -> dict:
-        return {"d_in": self.d_in, "d_out": self.d_out, "bias": self.b is not None,
-                "init": self.init, "dtype": self.dtype.name, "activation": self.activation,
-                "negative_slope": self.negative_slope}
 
     def out_features(self, d_in: int) -> int:
         return self.d_out
@@ -151,17 +147,13 @@ class Activation(Module):
     """Element-wise ``h = act(z)`` over inputs of any feature size, for any registered
     activation name (kernels.activations); ``negative_slope`` is read by leaky_relu."""
 
-    def __init__(self, activation: str = "relu", negative_slope: float = 0.01,
-                 dtype=np.float32):
+    def __init__(self, activation: str = "relu", *, dtype=np.float32,
+                 negative_slope: float = 0.01):
         super().__init__(dtype)
         self.activation = check_activation("activation", activation)
         self.negative_slope = _check_slope(negative_slope)
         self._saved.z = None  # (N, d) the last input, by reference
         self._saved.h = None  # (N, d) the last output (a work buffer)
-
-    def get_config(self) -> dict:
-        return {"activation": self.activation, "negative_slope": self.negative_slope,
-                "dtype": self.dtype.name}
 
     def _forward(self, z2, res2):
         h = self._ws.get("h", *z2.shape)  # (N, d)
@@ -188,11 +180,8 @@ class _NamedActivation(Activation):
 
     kind = ""
 
-    def __init__(self, dtype=np.float32):
+    def __init__(self, *, dtype=np.float32):
         super().__init__(self.kind, dtype=dtype)
-
-    def get_config(self) -> dict:
-        return {"dtype": self.dtype.name}
 
 
 class ReLU(_NamedActivation):
@@ -204,24 +193,18 @@ class ReLU(_NamedActivation):
 class LeakyReLU(Activation):
     """``z if z > 0 else negative_slope * z``."""
 
-    def __init__(self, negative_slope: float = 0.01, dtype=np.float32):
-        super().__init__("leaky_relu", negative_slope, dtype)
-
-    def get_config(self) -> dict:
-        return {"negative_slope": self.negative_slope, "dtype": self.dtype.name}
+    def __init__(self, negative_slope: float = 0.01, *, dtype=np.float32):
+        super().__init__("leaky_relu", dtype=dtype, negative_slope=negative_slope)
 
 
 class GELU(Activation):
     """``z * Phi(z)`` (``approximate="none"``, erf) or its tanh approximation (``"tanh"``)."""
 
-    def __init__(self, approximate: str = "none", dtype=np.float32):
+    def __init__(self, approximate: str = "none", *, dtype=np.float32):
         if approximate not in ("none", "tanh"):
             raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
         super().__init__("gelu" if approximate == "none" else "gelu_tanh", dtype=dtype)
         self.approximate = approximate
-
-    def get_config(self) -> dict:
-        return {"approximate": self.approximate, "dtype": self.dtype.name}
 
 
 class SiLU(_NamedActivation):
@@ -245,8 +228,8 @@ class Tanh(_NamedActivation):
 class Identity(Module):
     """Returns its input itself (no copy) and ``dy`` itself as the input gradient."""
 
-    def get_config(self) -> dict:
-        return {"dtype": self.dtype.name}
+    def __init__(self, *, dtype=np.float32):
+        super().__init__(dtype)
 
     def _forward(self, x2, res2):
         return x2
@@ -275,12 +258,9 @@ class RowwiseActivation(Module):
 
     activation = None  # "softmax" or "log_softmax"
 
-    def __init__(self, dtype=np.float32):
+    def __init__(self, *, dtype=np.float32):
         super().__init__(dtype)
         self._saved.y = None  # (N, C) the last output, read by backward
-
-    def get_config(self) -> dict:
-        return {"dtype": self.dtype.name}
 
     def _forward(self, x2, res2):
         y = self._ws.get("y", *x2.shape)  # (N, C)

@@ -33,7 +33,7 @@ def _check_float(name: str, x, dtype) -> None:
 class _Loss(Module):
     """Shared bookkeeping: dtype policy, per-dtype workspaces, backward-before-forward."""
 
-    def __init__(self, dtype=None):
+    def __init__(self, *, dtype=None):
         super().__init__()
         # None: follow pred (float32 or float64); otherwise pred must have this dtype.
         self._set_plain("dtype", None if dtype is None else check_dtype(dtype))
@@ -41,9 +41,6 @@ class _Loss(Module):
         self._saved = None  # (N, C) what backward reads: pred (MSE) or the softmax (CE)
         self._target = None  # the last target, viewed as rows (or (N,) labels)
         self._shape = None  # shape of the last pred
-
-    def get_config(self) -> dict:
-        return {"dtype": None if self.dtype is None else self.dtype.name}
 
     def _ws_for(self, dt) -> Workspace:
         ws = self._wss.get(dt)

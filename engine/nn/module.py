@@ -25,6 +25,7 @@ from .._checks import check_real as check_float
 from .arena import (BUFFER_OWNERS, LAYOUT_VERSION, Arena, Parameter, Workspace, adjacent_views,
                     arena_layout_version, bump_arena_layout, runs, shaped_like)
 from .calls import SKIP_DX, CallState, check_input_grad, takes_input_grad
+from .init_args import init_arguments
 from .rows import (INITS, as_rows, check_array, check_init, check_sequences, describes_input, flat3,
                    init_weight, input_spec, make_rng, rows_of, shaped)
 
@@ -89,7 +90,7 @@ class Module(metaclass=_ModuleMeta):
     ``_forward``/``_backward`` honour the options themselves; otherwise the base class adds),
     ``acc_alias_safe`` (its fused ``dx_acc`` may be ``dy`` itself), ``skips_input_grad``
     (its ``_backward`` takes ``acc2 is SKIP_DX`` to mean: leave out the input gradient; the
-    value it returns is then ignored).
+    value it returns is then ignored), ``config_attrs`` (see ``get_config``).
 
     Shared with subclasses, in any file (the underscore keeps them off the public API):
     ``_ws`` (the work pool), ``_views``/``_make_views`` (buffer views per batch shape),
@@ -103,6 +104,7 @@ class Module(metaclass=_ModuleMeta):
     acc_alias_safe = False
     skips_input_grad = False
     in_features = None   # last input dimension (None: any)
+    config_attrs = {}    # __init__ argument -> the attribute get_config reads, if not its name
 
     def __init__(self, dtype=np.float32):
         # The machinery's own attributes go straight into __dict__: __setattr__ needs _params
@@ -472,15 +474,11 @@ class Module(metaclass=_ModuleMeta):
 
     # -- configuration ------------------------------------------------------------------------
     def get_config(self) -> dict:
-        """The keyword arguments that rebuild this module with ``type(self)(**config)``:
-        sizes, options and ``dtype`` as JSON values, child modules as modules (a stack's
-        children in a list). Not the weights, nor ``rng`` (a checkpoint holds the weights).
-        Every engine module defines it; a user's module that should be rebuilt from a
-        checkpoint (``engine.load_model``) defines it too, for its own ``__init__``."""
-        raise NotImplementedError(
-            f"{type(self).__name__}.get_config() is not defined: a module rebuilt from a "
-            f"checkpoint must return the keyword arguments of its __init__ (see "
-            f"engine.Module.get_config)")
+        """The keyword arguments that rebuild this module with ``type(self)(**config)``: each
+        argument of ``__init__`` but ``rng``, read from the attribute of its name (or the one
+        ``config_attrs`` names); dtypes by name, child modules as modules. Not the weights (a
+        checkpoint holds them). NotImplementedError naming an argument it cannot read back."""
+        return init_arguments(self)
 
     # -- display --------------------------------------------------------------------------------
     def extra_repr(self) -> str:

@@ -44,10 +44,15 @@ class TransformerBlock(Module):
     norm_bias=False``).
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, ffn: str = "gelu",
-                 norm: str = "pre", dropout: float = 0.0, *, causal: bool = True,
-                 bias: bool = True, init: str = "xavier", eps: float = 1e-5, dtype=np.float32,
-                 rng=None, norm_bias: bool = True):
+    # The attention's options and the LayerNorms' are held by those children.
+    config_attrs = {"n_heads": "attn.n_heads", "dropout": "p", "bias": "attn.bias",
+                    "init": "attn.init", "causal": "attn.causal", "eps": "ln_1.eps",
+                    "norm_bias": "ln_1.bias"}
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, ffn: str = "gelu", *,
+                 dropout: float = 0.0, bias: bool = True, init: str = "xavier",
+                 dtype=np.float32, rng=None, norm: str = "pre", causal: bool = True,
+                 eps: float = 1e-5, norm_bias: bool = True):
         super().__init__(dtype)
         check_choice("norm", norm, ("pre", "post"))
         self.d_model = self.in_features = check_positive_int("d_model", d_model)
@@ -56,10 +61,10 @@ class TransformerBlock(Module):
         check_init(init)
         rng = make_rng(rng)
         self.norm, self.ffn, self.p = norm, ffn, p
-        self.ln_1 = LayerNorm(d_model, eps, dtype, bias=norm_bias)
-        self.attn = MultiHeadAttention(d_model, n_heads, causal, p, bias, init=init,
-                                       dtype=dtype, rng=rng)
-        self.ln_2 = LayerNorm(d_model, eps, dtype, bias=norm_bias)
+        self.ln_1 = LayerNorm(d_model, bias=norm_bias, dtype=dtype, eps=eps)
+        self.attn = MultiHeadAttention(d_model, n_heads, dropout=p, bias=bias, init=init,
+                                       dtype=dtype, rng=rng, causal=causal)
+        self.ln_2 = LayerNorm(d_model, bias=norm_bias, dtype=dtype, eps=eps)
         if ffn in GATED_FFNS:
             self.mlp = GatedFFN(d_model, d_ff, GATED_FFNS[ffn], bias=bias, init=init, dtype=dtype,
                                 rng=rng)
@@ -69,17 +74,10 @@ class TransformerBlock(Module):
             except ValueError as e:
                 raise ValueError(f"ffn: expected an activation name for FFN or one of "
                                  f"{tuple(GATED_FFNS)} for GatedFFN, got {ffn!r} ({e})") from None
-        self.drop_1 = Dropout(p, dtype, rng)
-        self.drop_2 = Dropout(p, dtype, rng)
+        self.drop_1 = Dropout(p, dtype=dtype, rng=rng)
+        self.drop_2 = Dropout(p, dtype=dtype, rng=rng)
         self._saved.pending = self._saved.bt = None  # (B, T): call being checked / last
         self._saved.dropped = False
-
-    def get_config(self) -> dict:
-        a = self.attn
-        return {"d_model": self.d_model, "n_heads": a.n_heads, "d_ff": self.d_ff,
-                "ffn": self.ffn, "norm": self.norm, "dropout": self.p, "causal": a.causal,
-                "bias": a.bias, "init": a.init, "eps": self.ln_1.eps, "dtype": self.dtype.name,
-                "norm_bias": self.ln_1.beta is not None}
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, ffn={self.ffn!r}, "

@@ -48,7 +48,9 @@ def _mlp(c):
 
 
 def _norm(key):
-    return lambda c: None if _size(c.get(key)) is None else 2 * c[key]
+    # gamma, and beta unless bias=False (LayerNorm's option; AddNorm always has both)
+    return lambda c: None if _size(c.get(key)) is None else (
+        2 if c.get("bias", True) else 1) * c[key]
 
 
 def _ffn(c, bias_default=True, norm=0):
@@ -98,7 +100,8 @@ def _transformer_block(c):
     attn = _attention({"d_model": d, "bias": bias})
     mlp_config = {"d_model": d, "d_ff": c.get("d_ff"), "bias": bias}
     mlp = (_gated_ffn if c.get("ffn", "gelu") in GATED_FFNS else _ffn)(mlp_config)
-    return None if attn is None or mlp is None else 4 * d + attn + mlp
+    norms = (4 if c.get("norm_bias", True) else 2) * d if d else 0  # ln_1, ln_2
+    return None if attn is None or mlp is None else norms + attn + mlp
 
 
 def _embedding(c):

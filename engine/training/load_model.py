@@ -136,8 +136,8 @@ def load_model(path, *, custom_objects=None, optimizer: bool = True,
     ``optimizer`` / ``scheduler`` is False), and the ``Standardizer`` saved in the metadata
     under ``standardizer``. Returns a ``LoadedModel``.
 
-    Engine modules are found by name; a user's module class (one that defines
-    ``get_config``) is passed in ``custom_objects={"Name": Class}``: no class is imported
+    Engine modules are found by name; a user's module class (one whose ``get_config``
+    describes it) is passed in ``custom_objects={"Name": Class}``: no class is imported
     from a name read in a file. A checkpoint of a model that could not describe itself
     raises ``CheckpointError`` naming the missing piece; every check runs before anything
     is returned, through ``engine.load``'s own."""

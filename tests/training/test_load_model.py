@@ -115,9 +115,14 @@ class WithConfig(NoConfig):
         return {"d": self.lin.d_in}
 
 
-class WiderFFN(engine.FFN):  # overrides __init__, inherits FFN's get_config
+class WiderFFN(engine.FFN):  # overrides __init__ with an argument it does not store
     def __init__(self, d):
         super().__init__(d, 2 * d)
+
+
+class WiderWithConfig(WithConfig):  # overrides __init__ below a hand-written get_config
+    def __init__(self, d, k):
+        super().__init__(d * k)
 
 
 def _data(n=24, d=4, k=3, seed=0):
@@ -127,17 +132,27 @@ def _data(n=24, d=4, k=3, seed=0):
 
 
 def test_user_module_without_config_is_saved_and_refused_by_load_model(tmp_path):
-    # Check that saving works, and load_model names the class and the missing get_config
+    # Check that saving works, and load_model names the class and the argument it cannot
+    # read back (NoConfig keeps d only inside its child)
     p = tmp_path / "u.npz"
     engine.save(p, NoConfig(3))
-    with pytest.raises(engine.CheckpointError, match=r"NoConfig defines __init__ but not get_config\(\)"):
+    with pytest.raises(engine.CheckpointError,
+                       match=r"NoConfig.get_config\(\): __init__ takes 'd' but the module has no "
+                             r"attribute 'd'"):
         engine.load_model(p)
 
 
-def test_user_subclass_overriding_init_needs_its_own_get_config():
-    # Check that an inherited get_config does not describe a different __init__
-    with pytest.raises(ConfigError, match=r"WiderFFN defines __init__ but not get_config"):
+def test_user_subclass_overriding_init_is_described_by_its_own_arguments():
+    # Check that the generic get_config reads the subclass's __init__, not FFN's: WiderFFN's d
+    # is not stored, so it is refused rather than described as an FFN
+    with pytest.raises(ConfigError, match=r"WiderFFN.get_config\(\): __init__ takes 'd'"):
         to_config(WiderFFN(4))
+
+
+def test_inherited_hand_written_get_config_does_not_describe_another_init():
+    # Check that a hand-written get_config inherited below an overriding __init__ is refused
+    with pytest.raises(ConfigError, match=r"WiderWithConfig defines __init__ but not get_config"):
+        to_config(WiderWithConfig(2, 2))
 
 
 def test_user_module_with_config_needs_custom_objects(tmp_path):

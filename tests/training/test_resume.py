@@ -112,15 +112,17 @@ def test_ten_plus_ten_epochs_equal_twenty_and_epoch_numbers_continue(tmp_path):
 
 
 class _CtrlCAtForward(Module):
-    """Wraps a model; its ``at``-th forward raises a SIGINT (a Ctrl-C mid-step)."""
+    """Wraps a model; its ``at``-th forward raises a SIGINT (a Ctrl-C mid-step). ``at`` is
+    kept under another name, so the wrapper has no configuration: the resumed run's
+    wrapper (at=0) is not another architecture."""
 
     def __init__(self, inner, at):
         super().__init__(np.float64)
-        self.inner, self.at, self.calls = inner, at, 0
+        self.inner, self.signal_at, self.calls = inner, at, 0
 
     def forward(self, x):
         self.calls += 1
-        if self.calls == self.at:
+        if self.calls == self.signal_at:
             signal.raise_signal(signal.SIGINT)
         return self.inner.forward(x)
 
