@@ -1,5 +1,7 @@
 """``defer_keyboard_interrupt``: a Ctrl-C arriving inside the block is held and raised when
-the block ends, so an optimizer step or a History row is applied whole or not at all."""
+the block ends, so an optimizer step or a History row is applied whole or not at all.
+``count_keyboard_interrupts``: a Ctrl-C arriving inside the block is only counted, so the
+processes of a data-parallel run can agree to stop after the same step."""
 from __future__ import annotations
 
 import threading
@@ -9,7 +11,7 @@ try:  # the C functions behind ``signal``: an order of magnitude cheaper per cal
 except ImportError:  # pragma: no cover - other Python implementations
     import signal as _sig
 
-__all__ = ["defer_keyboard_interrupt"]
+__all__ = ["defer_keyboard_interrupt", "count_keyboard_interrupts"]
 
 
 _MAIN_THREAD = threading.main_thread().ident
@@ -54,4 +56,36 @@ class defer_keyboard_interrupt:
             _held[1] = _held[2] = None
             if pending is not None:
                 old(*pending)  # the default handler raises KeyboardInterrupt here
+        return False
+
+
+class count_keyboard_interrupts:
+    """Context manager for code that runs on several processes in step (data-parallel
+    training): a SIGINT that arrives inside the block raises nothing, it is counted
+    (``count``), so the processes can sum their counts in a collective step and all stop
+    after the same one (a rank that stopped alone would leave the others waiting in their
+    next collective). ``defer_keyboard_interrupt`` blocks inside it hand their held SIGINT
+    to it. A SIGINT never acted on is dropped when the block ends. Acts on the main thread
+    only and only when SIGINT has a Python handler; elsewhere ``count`` stays 0."""
+
+    __slots__ = ("count", "_old", "_on")
+
+    def __init__(self):
+        self.count, self._old, self._on = 0, None, False
+
+    def _record(self, signum, frame):
+        self.count += 1
+
+    def __enter__(self):
+        self.count = 0
+        self._on = (threading.get_ident() == _MAIN_THREAD
+                    and callable(_sig.getsignal(_SIGINT)))
+        if self._on:
+            self._old = _sig.signal(_SIGINT, self._record)
+        return self
+
+    def __exit__(self, *exc):
+        if self._on:
+            _sig.signal(_SIGINT, self._old)
+            self._old, self._on = None, False
         return False
