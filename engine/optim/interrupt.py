@@ -28,7 +28,8 @@ class defer_keyboard_interrupt:
     (the previous handler runs, by default raising KeyboardInterrupt) when the block ends, so
     an update such as ``optimizer.step()`` is never left half done. Nestable; acts on the main
     thread only (where Python runs signal handlers) and only when SIGINT has a Python
-    handler; elsewhere it does nothing."""
+    handler that may raise (not inside ``count_keyboard_interrupts``, whose handler only
+    counts); elsewhere it does nothing."""
 
     __slots__ = ("_on",)
 
@@ -37,7 +38,8 @@ class defer_keyboard_interrupt:
         if threading.get_ident() != _MAIN_THREAD:
             return self
         if _held[0] == 0:
-            if not callable(_sig.getsignal(_SIGINT)):  # ignored, default or set from C
+            handler = _sig.getsignal(_SIGINT)
+            if not callable(handler) or _counts(handler):  # (a count raises nothing)
                 return self
             _held[2] = None  # before the handler is in place: it may set this at once
             _held[1] = _sig.signal(_SIGINT, _hold_sigint)
@@ -64,9 +66,9 @@ class count_keyboard_interrupts:
     training): a SIGINT that arrives inside the block raises nothing, it is counted
     (``count``), so the processes can sum their counts in a collective step and all stop
     after the same one (a rank that stopped alone would leave the others waiting in their
-    next collective). ``defer_keyboard_interrupt`` blocks inside it hand their held SIGINT
-    to it. A SIGINT never acted on is dropped when the block ends. Acts on the main thread
-    only and only when SIGINT has a Python handler; elsewhere ``count`` stays 0."""
+    next collective); ``defer_keyboard_interrupt`` blocks inside it need not hold it. A
+    SIGINT never acted on is dropped when the block ends. Acts on the main thread only and
+    only when SIGINT has a Python handler; elsewhere ``count`` stays 0."""
 
     __slots__ = ("count", "_old", "_on")
 
@@ -89,3 +91,8 @@ class count_keyboard_interrupts:
             _sig.signal(_SIGINT, self._old)
             self._old, self._on = None, False
         return False
+
+
+def _counts(handler) -> bool:
+    """Whether ``handler`` is a ``count_keyboard_interrupts`` block's (it never raises)."""
+    return isinstance(getattr(handler, "__self__", None), count_keyboard_interrupts)
