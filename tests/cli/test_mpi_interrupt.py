@@ -105,9 +105,8 @@ def _rel_err(a, b) -> float:
 
 def _stopped_inside(path, total: int) -> None:
     """The checkpoint is an interrupted run's, stopped after some but not all steps."""
-    header = checkpoint.read_header(path)
-    steps = header["training"]["history"]["steps"]
-    assert header["training"] is not None and 0 < steps < total, steps
+    training = checkpoint.read_header(path)["training"]
+    assert training is not None and 0 < training["history"]["steps"] < total
 
 
 @pytest.fixture(scope="module")
