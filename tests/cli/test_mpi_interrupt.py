@@ -40,6 +40,18 @@ def _train(*argv):
     return [sys.executable, "-m", "engine", "train", *argv]
 
 
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=ROOT, BLASNET_NUM_THREADS="1")
+
+
+def _run2(cwd, argv) -> None:
+    """``mpiexec -n 2`` ``argv`` (a python command) in ``cwd``, one BLAS thread per rank;
+    AssertionError with its stderr unless it exits 0."""
+    r = subprocess.run([MPIEXEC, "-n", "2", *argv], cwd=cwd, env=_env(), capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+
+
 def _rank_pid(root: int, rank: int) -> int:
     """The pid of MPI rank ``rank`` among the descendants of the mpiexec ``root`` (the one
     whose environment has hydra's ``PMI_RANK=rank``)."""
@@ -68,8 +80,7 @@ def _rank_pid(root: int, rank: int) -> int:
 def _interrupt(cwd, argv, sig, rank=None):
     """``mpiexec -n 2`` ``argv``, sent ``sig`` once rank 0 printed a progress line (to
     mpiexec, or with ``rank`` to that rank alone); ``(exit status, stdout, stderr)``."""
-    env = dict(os.environ, PYTHONPATH=ROOT, BLASNET_NUM_THREADS="1")
-    proc = subprocess.Popen([MPIEXEC, "-n", "2", *argv], cwd=cwd, env=env, text=True,
+    proc = subprocess.Popen([MPIEXEC, "-n", "2", *argv], cwd=cwd, env=_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         seen = []
@@ -120,21 +131,17 @@ def tabular_ref(tmp_path_factory):
 @needs_mpi
 def test_ctrl_c_to_mpiexec_writes_one_checkpoint_that_resumes_bit_for_bit(tmp_path,
                                                                           tabular_ref):
-    # Check SIGINT to mpiexec (a Ctrl-C: forwarded to both ranks) in a tabular run: exit
-    # 130, one message from rank 0, m.interrupted.npz mid-run; the printed mpiexec -n 2
-    # command ends with the uninterrupted run's parameters bit for bit, and one process
-    # resuming the same file ends within float64 rounding of them.
+    # Check that SIGINT to mpiexec (a Ctrl-C: forwarded to both ranks) in a tabular run
+    # exits 130 with one message (rank 0's) and m.interrupted.npz written mid-run; that the
+    # printed mpiexec -n 2 command ends with the uninterrupted run's parameters bit for bit,
+    # and one process resuming the same file within float64 rounding of them.
     code, out, err = _interrupt(tmp_path, _train(*TABULAR, "--log-every", "1", "--save",
                                                  "m.npz"), signal.SIGINT)
     assert code == 130, err
     assert err.count("training interrupted (SIGINT)") == 1 and "Traceback" not in err
     _stopped_inside(tmp_path / "m.interrupted.npz", 40 * 8)
     assert not (tmp_path / "m.npz").exists()
-    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, *_resume_command(err)],
-                       cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT,
-                                              BLASNET_NUM_THREADS="1"),
-                       capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 0, r.stderr
+    _run2(tmp_path, [sys.executable, *_resume_command(err)])
     assert _same(tmp_path / "m.npz", tabular_ref)
     with kernels.num_threads(1):
         assert cli.main(["train", *TABULAR, "--quiet", "--resume",
@@ -145,7 +152,7 @@ def test_ctrl_c_to_mpiexec_writes_one_checkpoint_that_resumes_bit_for_bit(tmp_pa
 
 @needs_mpi
 def test_sigterm_to_one_rank_stops_both_after_the_same_step(tmp_path, tabular_ref):
-    # Check SIGTERM sent to rank 1 alone (rank 0 gets no signal): both ranks stop together
+    # Check that SIGTERM to rank 1 alone (rank 0 gets no signal) stops both ranks together
     # (no hang), exit 143, rank 0 reports SIGTERM once and writes the checkpoint, which
     # resumes on two ranks to the uninterrupted run's parameters bit for bit.
     code, out, err = _interrupt(tmp_path, _train(*TABULAR, "--log-every", "1", "--save",
@@ -163,11 +170,7 @@ def gpt_dir(tmp_path_factory):
     """A directory with the text and the uninterrupted two-rank ZeRO-1 GPT run's ref.npz."""
     tmp = tmp_path_factory.mktemp("gpt")
     (tmp / "in.txt").write_text(TEXT)
-    env = dict(os.environ, PYTHONPATH=ROOT, BLASNET_NUM_THREADS="1")
-    r = subprocess.run([MPIEXEC, "-n", "2", *_train(*GPT, "--shard-optimizer", "--save",
-                                                    "ref.npz")],
-                       cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 0, r.stderr
+    _run2(tmp, _train(*GPT, "--shard-optimizer", "--save", "ref.npz"))
     return tmp
 
 
@@ -177,10 +180,10 @@ def gpt_dir(tmp_path_factory):
                          ids=["sigterm-to-mpiexec", "sigint-to-rank-1"])
 def test_gpt_zero1_interrupted_resumes_on_two_ranks_and_one_process(gpt_dir, sig, rank,
                                                                     code):
-    # Check the GPT with ZeRO-1 (AdamW sharded over the ranks, gathered for the file): a
-    # signal to mpiexec or to one rank stops it with one checkpoint and message (exit 143 /
-    # 130); resumed on two ranks it ends with the uninterrupted run's parameters bit for
-    # bit, on one process within float64 rounding.
+    # Check that the GPT with ZeRO-1 (AdamW sharded over the ranks, gathered for the file)
+    # stopped by a signal to mpiexec or to one rank writes one checkpoint and message (exit
+    # 143 / 130); that resumed on two ranks it ends with the uninterrupted run's parameters
+    # bit for bit, and on one process within float64 rounding.
     name = signal.Signals(sig).name
     argv = _train(*GPT, "--shard-optimizer", "--save", f"{name}.npz")
     got, out, err = _interrupt(gpt_dir, argv, sig, rank)
@@ -188,10 +191,7 @@ def test_gpt_zero1_interrupted_resumes_on_two_ranks_and_one_process(gpt_dir, sig
     assert err.count(f"training interrupted ({name}) after step ") == 1, err
     ckpt = gpt_dir / f"{name}.interrupted.npz"
     _stopped_inside(ckpt, 200)
-    env = dict(os.environ, PYTHONPATH=ROOT, BLASNET_NUM_THREADS="1")
-    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, *_resume_command(err)],
-                       cwd=gpt_dir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 0, r.stderr
+    _run2(gpt_dir, [sys.executable, *_resume_command(err)])
     assert _same(gpt_dir / f"{name}.npz", gpt_dir / "ref.npz")
     cwd = os.getcwd()
     try:
