@@ -8,7 +8,6 @@ the first step.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import statistics
@@ -235,8 +234,6 @@ def _train(args) -> int:
     check_model_flags(args)
     comm = distributed.world()  # K > 1 ranks under mpiexec: data parallel, else None
     rank = 0 if comm is None else comm.Get_rank()
-    if comm is not None and args.resume is not None:
-        raise UsageError("--resume: continue a run on one process (not under mpiexec)")
     _warn_threads(args, comm)
     threads = distributed.set_threads(comm, args.threads)  # under MPI: each rank's share
     d = _checked_data(args, header)
@@ -317,12 +314,10 @@ def _fit(args, comm, trained, d, stopper) -> tuple:
                    callbacks=[stopper] if stopper else [])
     if comm is not None:
         options["comm"] = comm
-    else:  # one process: resumable
-        options["callbacks"].append(keeper)
-        options["resume_from"] = args.resume
-    guard = resume_cmd.preemption() if comm is None else contextlib.nullcontext({})
+    options["callbacks"].append(keeper)  # resumable, on one process or K ranks
+    options["resume_from"] = args.resume
     try:
-        with guard as got:
+        with resume_cmd.preemption() as got:
             h = fit(model, loss, opt, d.X, d.Y, epochs=args.epochs, **options)
     except (NonFiniteLossError, distributed.RankError) as e:  # raised on every rank
         if rank == 0:
@@ -331,23 +326,20 @@ def _fit(args, comm, trained, d, stopper) -> tuple:
     except checkpoint.CheckpointError as e:  # fit read args.resume's training state
         if args.resume is None:
             raise
-        print(f"error: --resume: {e}", file=sys.stderr)
+        if rank == 0:
+            print(f"error: --resume: {e}", file=sys.stderr)
         return None, 2
     except ValueError as e:
         if not str(e).startswith("resume_from"):
             raise
-        print(f"error: --resume: {str(e).removeprefix('resume_from: ')}", file=sys.stderr)
+        if rank == 0:
+            print(f"error: --resume: {str(e).removeprefix('resume_from: ')}", file=sys.stderr)
         return None, 2
     except TrainingInterrupted as e:  # Ctrl-C or SIGTERM: save, say how to resume
-        if comm is not None:  # a data-parallel run is not resumable: say where it stopped
-            if rank == 0:
-                print(f"\ntraining interrupted at epoch {e.epoch}, step {e.step}; "
-                      f"{len(e.history)} epoch(s) complete (a data-parallel run is not "
-                      f"saved on an interrupt)", file=sys.stderr)
-            return None, 130
+        # (under mpiexec every rank stopped after the same step: rank 0 writes, as at the end)
         meta = _metadata(args, d, len(e.history), None)
-        return None, resume_cmd.save_interrupted(sys.stderr, args,
-                                                 (e, got.get("signal", "SIGINT")), meta)
+        sig = resume_cmd.agreed_signal(comm, got["signal"])
+        return None, resume_cmd.save_interrupted(sys.stderr, args, (e, sig), meta, comm=comm)
     args.run_state = keeper.run  # for the final checkpoint's training state
     return h, None
 
@@ -383,8 +375,12 @@ def _checkpoint_round_trip(out, args, comm, trained, d, h, final) -> bool:
     try:
         tensors = path.lower().endswith(".safetensors")
         if comm is not None:  # rank 0 writes; it alone checks the reload (others may see no file)
-            distributed.save(path, model, None if tensors else opt, comm=comm,
-                             scheduler=None if tensors else sched, ranks=comm.Get_size(), **meta)
+            if run is not None:  # with the run's state (the same on every rank): resumable
+                run.save(path, ranks=comm.Get_size(), **meta)
+            else:
+                distributed.save(path, model, None if tensors else opt, comm=comm,
+                                 scheduler=None if tensors else sched, ranks=comm.Get_size(),
+                                 **meta)
             if comm.Get_rank():
                 return False
         elif tensors:

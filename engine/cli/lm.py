@@ -292,25 +292,21 @@ def _run(args, out, spec, comm) -> int:
 
 def _fit(args, spec, s, progress, comm):
     """The run's ``LMResult``; or, stopped by Ctrl-C or SIGTERM, the exit status (130, 143)
-    once a checkpoint that ``--resume`` continues is written (on one process; under
-    mpiexec the ``--out-dir`` checkpoints, written by rank 0, are the resumable ones)."""
+    once a checkpoint that ``--resume`` continues is written (under mpiexec every rank stops
+    after the same step and rank 0 writes it, a sharded AdamW's state gathered first)."""
     callbacks = out_dir_callbacks(args, spec, s)
-    got = {"signal": "SIGINT"}
     try:
-        if comm is not None:  # --shard-optimizer: ZeRO-1
-            with distributed.zero1(s, comm if args.shard_optimizer else None):
-                return lm.run_training(s, progress, comm, args.resume, callbacks)
         with resume_cmd.preemption() as got:
-            return lm.run_training(s, progress, resume_from=args.resume, callbacks=callbacks)
-    except TrainingInterrupted as e:
-        if comm is not None:
-            if comm.Get_rank() == 0:
-                print(f"\ntraining interrupted after optimizer step {e.history.steps} (a "
-                      f"data-parallel run is not saved on an interrupt; its --out-dir "
-                      f"checkpoints are resumable)", file=sys.stderr)
-            return 130
-        return resume_cmd.save_interrupted(sys.stderr, args, (e, got["signal"]),
-                                           checkpoint_metadata(spec, s), s.config.max_iters)
+            if comm is None:
+                return lm.run_training(s, progress, resume_from=args.resume,
+                                       callbacks=callbacks)
+            with distributed.zero1(s, comm if args.shard_optimizer else None):  # ZeRO-1
+                return lm.run_training(s, progress, comm, args.resume, callbacks)
+    except TrainingInterrupted as e:  # (the run's optimizer, sharded or not, is e's)
+        sig = resume_cmd.agreed_signal(comm, got["signal"])
+        return resume_cmd.save_interrupted(sys.stderr, args, (e, sig),
+                                           checkpoint_metadata(spec, s), s.config.max_iters,
+                                           comm)
     except ValueError as e:  # a checkpoint of another run (checked before any change)
         if not str(e).startswith("resume_from: "):
             raise

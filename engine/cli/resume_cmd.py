@@ -1,6 +1,8 @@
 """``train --resume CHECKPOINT`` and preemption: a run stopped by Ctrl-C (SIGINT) or SIGTERM
 writes a checkpoint that ``--resume`` continues exactly, with the history so far, and exits
-130 or 143, printing the command that resumes it.
+130 or 143, printing the command that resumes it. Under ``mpiexec`` (which forwards both
+signals to every rank) the ranks agree to stop after the same step (``fit`` counts the
+signal, engine/optim/interrupt.py) and rank 0 writes the checkpoint, as at a run's end.
 
 A checkpoint written by ``train`` holds the options of its run (``metadata["cli"]``): with
 ``--resume`` they are the run's options unless given again, and one given again with another
@@ -26,7 +28,8 @@ from ..training import checkpoint
 from .inputs import UsageError
 
 __all__ = ["CLI_KEYS", "saved_options", "apply_resume", "check_resumed_data",
-           "check_resumed_sizes", "preemption", "interrupted_path", "save_interrupted"]
+           "check_resumed_sizes", "preemption", "interrupted_path", "agreed_signal",
+           "save_interrupted"]
 
 # The options that make a run: its model, data and training (not outputs, threads, logging).
 CLI_KEYS = ("model", "d_hidden", "d_ff", "hidden", "activation", "norm", "dtype", "task",
@@ -201,7 +204,7 @@ def interrupted_path(args, task_name: str) -> str:
     return f"blasnet-{args.model}-{task_name}.interrupted.npz"
 
 
-def _resume_command(args, path: str) -> str:
+def _resume_command(args, path: str, comm=None) -> str:
     argv = list(getattr(args, "argv", []))
     out, skip = [], False
     for t in argv:
@@ -213,16 +216,30 @@ def _resume_command(args, path: str) -> str:
             out.append(t)
     prog = (["blasnet"] if os.path.basename((sys.argv or [""])[0]) == "blasnet"
             else [sys.executable, "-m", "engine"])
+    if comm is not None:  # on as many ranks (one process resumes it too)
+        prog = ["mpiexec", "-n", str(comm.Get_size())] + prog
     return shlex.join(prog + out + ["--resume", path])
 
 
-def save_interrupted(err, args, stop, meta: dict, max_iters: int = 0) -> int:
+def agreed_signal(comm, name: str) -> str:
+    """The signal that stopped a run: ``name`` (this process's last) on one process; over
+    MPI (collective, every rank stopped together) SIGTERM if any rank received one, else
+    SIGINT, so every rank reports and exits alike."""
+    if comm is None:
+        return name
+    return "SIGTERM" if comm.allreduce(int(name == "SIGTERM")) else "SIGINT"
+
+
+def save_interrupted(err, args, stop, meta: dict, max_iters: int = 0, comm=None) -> int:
     """Write the interrupted run's checkpoint and ``--history``; print where, and the
     command that resumes it, to ``err``; return the exit status (130 SIGINT, 143 SIGTERM).
     ``max_iters``: an iteration-based run of that many steps, whose "epochs" are periods
-    between held-out estimates (said as steps and estimates)."""
+    between held-out estimates (said as steps and estimates). ``comm``: the ranks of a
+    data-parallel run, stopped after the same step (collective: rank 0 writes and prints)."""
     e, sig = stop
     code = 143 if sig == "SIGTERM" else 130
+    if comm is not None and comm.Get_rank() != 0:
+        err = open(os.devnull, "w")  # noqa: SIM115  (rank 0 reports)
     if not e.epoch:
         where = "before the first step"
     elif max_iters:
@@ -235,24 +252,43 @@ def save_interrupted(err, args, stop, meta: dict, max_iters: int = 0) -> int:
     if not e.resumable:
         print("nothing was trained, so nothing was saved", file=err)
         return code
-    path = interrupted_path(args, meta.get("task", "run"))
-    try:
-        try:
-            e.save(path, interrupted=sig, **meta)
-        except OSError:  # an unwritable directory: the temporary one instead
-            fd, path = tempfile.mkstemp(prefix="blasnet-interrupted-", suffix=".npz")
-            os.close(fd)
-            e.save(path, interrupted=sig, **meta)
-    except OSError as exc:
-        print(f"error: could not save the checkpoint ({exc})", file=err)
+    path = _save(e, interrupted_path(args, meta.get("task", "run")), sig, meta, comm)
+    if path is None:
         return code
     print(f"checkpoint {path} (resumable: model, optimizer, schedule, random state, "
           f"history)", file=err)
-    if args.history:
+    if args.history and (comm is None or comm.Get_rank() == 0):
         if args.history.lower().endswith(".json"):
             e.history.to_json(args.history)
         else:
             e.history.to_csv(args.history)
         print(f"history    {args.history} ({len(e.history)} epochs so far)", file=err)
-    print(f"resume with:\n  {_resume_command(args, path)}", file=err)
+    print(f"resume with:\n  {_resume_command(args, path, comm)}", file=err)
     return code
+
+
+def _save(e, path: str, sig: str, meta: dict, comm):
+    """``e.save(path)`` (over MPI collective: rank 0 writes); to a temporary file if
+    ``path``'s directory is unwritable. The path written (rank 0's), or None after printing
+    why nothing could be."""
+    for attempt in range(2):
+        error = None
+        try:
+            e.save(path, interrupted=sig, **meta)
+            return path
+        except Exception as exc:  # over MPI rank 0's error is raised on every rank
+            error = exc
+        unwritable = isinstance(error, OSError)
+        if comm is not None:  # the other ranks hold a RankError: rank 0's error says
+            unwritable = comm.bcast(unwritable, root=0)
+        if not unwritable:
+            raise error
+        if attempt == 0:  # an unwritable directory: the temporary one instead
+            if comm is None or comm.Get_rank() == 0:
+                fd, path = tempfile.mkstemp(prefix="blasnet-interrupted-", suffix=".npz")
+                os.close(fd)
+            if comm is not None:
+                path = comm.bcast(path, root=0)
+    if comm is None or comm.Get_rank() == 0:
+        print(f"error: could not save the checkpoint ({error})", file=sys.stderr)
+    return None

@@ -12,6 +12,7 @@ epoch allocates no batch-sized arrays; the model's own work buffers do the rest.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -20,6 +21,7 @@ import numpy as np
 from ..data.entry import as_eval_arrays, as_fit_arrays, as_inputs
 from ..nn.calls import takes_input_grad
 from ..nn.losses import CrossEntropyLoss
+from ..optim.interrupt import count_keyboard_interrupts
 from ..optim.optimizers import defer_keyboard_interrupt
 from .checks import batch_size_for, check_data, check_loss, check_model, check_x
 from .history import History, NonFiniteLossError, TrainingInterrupted
@@ -133,14 +135,18 @@ def fit(model, loss, optimizer, X=None, Y=None, *, epochs=None, comm=None,
     training mode.
     """
     run = RunState(History())  # how far the run got: what a Ctrl-C reports and saves
+    # Over MPI a Ctrl-C is only counted; the ranks agree at every step whether to stop.
+    signals = None if comm is None else count_keyboard_interrupts()
     try:
-        ranks = processes(comm)
-        X, Y, options = ranks.checked(lambda: _entry(model, loss, X, Y, options))
-        plan = ranks.checked(lambda: plan_fit(model, loss, optimizer, X, Y, epochs=epochs,
-                                              **options))
-        run.epochs = plan.epochs
-        with model.exclusive("fit"):
-            return _train(run, ranks, model, loss, optimizer, X, Y, plan)
+        with signals or contextlib.nullcontext():
+            ranks = processes(comm)
+            X, Y, options = ranks.checked(lambda: _entry(model, loss, X, Y, options))
+            plan = ranks.checked(lambda: plan_fit(model, loss, optimizer, X, Y,
+                                                  epochs=epochs, **options))
+            run.epochs = plan.epochs
+            with model.exclusive("fit"):
+                return _train(run, ranks, model, loss, optimizer, X, Y, plan,
+                              signals=signals)
     except KeyboardInterrupt:
         raise _interrupted(run, model) from None
 
@@ -179,10 +185,12 @@ def _interrupted(run: RunState, model) -> TrainingInterrupted:
     return TrainingInterrupted(text, h, run.epoch, run.step, run if run.started else None)
 
 
-def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
+def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan, *,
+           signals=None) -> History:
     """The epochs of a checked run, with its callbacks' begin and end. Each part of an epoch
     (its start, each step, its end) runs whole with Ctrl-C held to its end, so an interrupt
-    always leaves the run at a point a checkpoint can continue from."""
+    always leaves the run at a point a checkpoint can continue from (over MPI, ``signals``
+    counts this rank's Ctrl-Cs and every rank stops at the same such point)."""
     h = run.h
     dp, bar = SingleProcess(), Progress(False, plan.epochs)  # until the ranks have met
     try:
@@ -193,6 +201,7 @@ def _train(run, ranks, model, loss, optimizer, X, Y, plan: FitPlan) -> History:
                        batches.n, batches.bs or 1, steps=plan.steps)
         run.steps_per_epoch = batches.steps
         step = _Step(model, loss, optimizer, plan, dp, h)
+        step.stop = _AgreedStop(signals, dp)  # (the ranks' Ctrl-Cs: stop together)
         run.attach(model, optimizer, plan, batches, step, dp)
         _begin_callbacks(run, plan, model, optimizer)
         with defer_keyboard_interrupt():  # a resumed run is put in place whole
@@ -236,6 +245,7 @@ def _epoch(run, step, batches, bar, epoch: int, t_start: float) -> bool:
         with defer_keyboard_interrupt():
             step(*batches.batch(i), epoch, i, steps)
             run.step = i
+        step.stop.after_step()
         if log_every and h.steps % log_every == 0:
             bar.log(h.steps, *step.take_log())
         if bar.per_step:  # a terminal: the line within the epoch (nothing off one)
@@ -244,7 +254,38 @@ def _epoch(run, step, batches, bar, epoch: int, t_start: float) -> bool:
         stop = step.end_epoch(epoch)
         run.end_epoch()  # the checkpoints callbacks asked for, with their states
         bar.update(epoch, h, time.perf_counter() - t_start, last=stop)
+    step.stop.at_epoch_end()
     return stop
+
+
+class _AgreedStop:
+    """Over MPI, whether any rank got a Ctrl-C, agreed so every rank stops after the same
+    step with the same parameters: each step's rank count rides in the step's loss
+    agreement (``batch_loss``: no extra collective), and once more at each epoch's end (a
+    Ctrl-C during validation). On one process (``signals`` None) the step's loss is
+    ``dp.batch_loss``'s and Ctrl-C is raised where the loop held it."""
+
+    __slots__ = ("signals", "dp", "pending")
+
+    def __init__(self, signals, dp):
+        self.signals, self.dp, self.pending = signals, dp, False
+
+    def batch_loss(self, value: float, rows: int) -> tuple:
+        """``dp.batch_loss(value, rows)``, over MPI with the ranks' Ctrl-C count summed in
+        the same agreement (``DataParallel.batch_loss``'s arithmetic)."""
+        if self.signals is None:
+            return self.dp.batch_loss(value, rows)
+        total, n, got = self.dp.allsum(value * rows, rows, float(self.signals.count))
+        self.pending = got > 0
+        return total / n, int(n)
+
+    def after_step(self) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
+
+    def at_epoch_end(self) -> None:
+        if self.signals is not None and self.dp.allsum(float(self.signals.count))[0] > 0:
+            raise KeyboardInterrupt
 
 
 def _begin_callbacks(run, plan, model, optimizer) -> None:
@@ -353,6 +394,7 @@ class _Step:
         self.begin_epoch()
         self._log = [0.0, 0, time.perf_counter()]  # loss sum, rows, clock since the last line
         self.lr = None  # the first group's rate at the last update
+        self.stop = _AgreedStop(None, dp)
 
     def begin_epoch(self) -> None:
         """Start an epoch's clock, rate (the first parameter group's, None: no groups) and
@@ -374,7 +416,7 @@ class _Step:
         rows = xb.shape[0]  # 0: this rank's share of a batch smaller than the ranks is empty
         pred = model.forward(xb) if rows else None
         # the global batch's mean loss and rows, on every process
-        value, m = dp.batch_loss(self.loss.forward(pred, yb) if rows else 0.0, rows)
+        value, m = self.stop.batch_loss(self.loss.forward(pred, yb) if rows else 0.0, rows)
         if not math.isfinite(value):
             raise NonFiniteLossError(
                 f"non-finite loss ({value}) at epoch {epoch}/{self.plan.epochs}, step "

@@ -153,6 +153,20 @@ def test_deferring_does_nothing_off_the_main_thread():
     assert signal.getsignal(signal.SIGINT) is handler
 
 
+def test_counting_block_counts_sigints_and_steps_run_unheld_inside_it():
+    # Check that inside count_keyboard_interrupts a SIGINT (also one during an optimizer
+    # step) raises nothing and is counted once, and that the caller's handler is back after.
+    from engine.optim.interrupt import count_keyboard_interrupts
+    m, opt = _model_with_grads(OPTIMIZERS["adamw"][0])
+    handler = signal.getsignal(signal.SIGINT)
+    with count_keyboard_interrupts() as got:
+        signal.raise_signal(signal.SIGINT)
+        _, events = _interrupt_at(0, _model_with_grads(OPTIMIZERS["adamw"][0])[1].step)
+        raised, _ = _interrupt_at(events // 2, opt.step)
+        assert raised is None and got.count == 2
+    assert signal.getsignal(signal.SIGINT) is handler and opt.steps == 1
+
+
 # ----------------------------------------------------------------------------- fit
 def _fit_setup():
     rng = np.random.default_rng(0)

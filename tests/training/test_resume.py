@@ -323,3 +323,27 @@ def test_an_edited_training_state_is_refused_before_anything_changes(tmp_path, e
     state = err.value  # the unedited file still resumes
     _fit(_CtrlCAtForward(m2, 0), opt2, sched2, 3, resume_from=tmp_path / "mid.npz")
     assert opt2.steps == 3 * 4 and state.resumable
+
+
+# Same points as above, fit over an MPI communicator (a world of one rank: this process).
+@pytest.mark.parametrize("at, steps, step", [(1, 1, 1), (5, 4, 0), (8, 7, 3)])
+def test_a_ctrl_c_under_mpi_stops_at_the_agreed_step_and_resumes_exactly(tmp_path, at, steps,
+                                                                         step):
+    # Check that fit(comm=...) only counts a SIGINT and stops where the ranks agree: at the
+    # end of the step (or epoch end) it arrived in, as on one process; the exception's
+    # save() (collective, rank 0 writes) resumes to the uninterrupted run bit for bit.
+    pytest.importorskip("mpi4py")
+    from engine import distributed
+    comm = distributed.mpi().COMM_WORLD
+    m, opt, sched = _build()
+    full = (m, opt, _fit(m, opt, sched, 6))
+    m1, opt1, sched1 = _build()
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted) as err:
+        _fit(_CtrlCAtForward(m1, at), opt1, sched1, 6, comm=comm)
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert (opt1.steps, err.value.step) == (steps, step)
+    err.value.save(tmp_path / "int.npz")
+    m2, opt2, sched2 = _build()
+    h2 = _fit(_CtrlCAtForward(m2, 0), opt2, sched2, 6, resume_from=tmp_path / "int.npz")
+    _same_run((m2, opt2, h2), full)
