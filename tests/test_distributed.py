@@ -257,6 +257,16 @@ def test_cli_two_ranks_equal_one_process(tmp_path, one_process):
 
 
 @needs_mpi
+def test_cli_usage_error_is_one_line_from_rank_0():
+    # Check that a tabular usage error under mpiexec -n 2 (an option the model does not read)
+    # is printed once, by rank 0, as one line, with exit status 2 and no traceback.
+    proc = launch(2, "-m", "engine", "train", *CLI, "--prompt", "x", check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: --prompt"), proc.stderr
+
+
+@needs_mpi
 def test_cli_shard_optimizer_equals_one_process(tmp_path, one_process):
     # Check that --shard-optimizer (ZeRO-1) writes one process's parameters too, and that
     # without BLASNET_NUM_THREADS each rank takes cores / ranks threads.

@@ -167,11 +167,20 @@ def train(args) -> int:
     try:
         return _train(args)
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if _rank() == 0:  # every rank finds the same usage error: one line, not one per rank
+            print(f"error: {e}", file=sys.stderr)
         return 2
     except checkpoint.SaveError as e:  # the run is done; where its model went is the message
         print(f"error: {e}", file=sys.stderr)
         return 1
+
+
+def _rank() -> int:
+    """This process's rank under an MPI launcher (0 when alone), without loading MPI."""
+    if distributed.launched_size() == 1:
+        return 0
+    comm = distributed.world(warn=None)
+    return 0 if comm is None else comm.Get_rank()
 
 
 def _warn_threads(args, comm) -> None:
