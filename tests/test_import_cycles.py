@@ -16,7 +16,6 @@ LAYERS = ("nn", "optim", "data", "models", "training", "distributed", "cli")
 KNOWN_UPWARD = {
     ("engine.models.lm", "engine.training.loop"): "the LM's train() calls fit",
     ("engine.models.lm", "engine.training.samplers"): "the LM's train() samples windows",
-    ("engine.training.parallel", "engine.distributed"): "fit over MPI ranks (a lazy import)",
 }
 
 # Edges a cycle may still run through, each with why it is not removed yet.

@@ -19,6 +19,9 @@ from .runtime import (INSTALL, RankError, launched_size, mpi, rank_rng, set_thre
 from .sharded import ShardedAdamW, sharded_like, zero1
 from .data_parallel import DataParallel, FitRanks, fit_setup
 from .checkpoints import load, save
+from ..training.parallel import register_ranks
+
+register_ranks(FitRanks)  # fit(..., comm=...) trains over these ranks (training does not import us)
 
 __all__ = ["DataParallel", "ShardedAdamW", "sharded_like", "zero1", "RankError", "mpi", "world", "launched_size",
            "rank_rng", "set_threads", "threads_per_rank", "save", "load", "INSTALL"]
