@@ -69,7 +69,8 @@ def test_gpt_hooks_ln_f_and_an_untied_head_but_not_a_tied_one(tie):
     seen, hook = _recorder()
     snap = {}
     model.add_backward_hook(hook)
-    model.add_backward_hook(lambda c: snap.setdefault(id(c), [p.grad.copy() for p in c.parameters()]))
+    model.add_backward_hook(lambda c: snap.setdefault(id(c), [p.grad.copy()
+                                                              for p in c.parameters()]))
     model.forward(np.array([[1, 2, 3], [4, 5, 6]]))
     model.backward(np.ones((2, 3, 7)))
     want = [model.ln_f] if tie else [model.lm_head, model.ln_f]

@@ -33,7 +33,7 @@ class DataParallel:
     ``optimizer`` may be a ``ShardedAdamW`` on the same communicator (ZeRO stage 1): the
     reduction is then its ``Reduce_scatter``.
 
-    ``buckets`` (default: ``set_gradient_buckets``'s setting, 0 unless changed): > 0 reduces
+    ``buckets`` (default: ``set_gradient_buckets``'s setting, 2^19): > 0 reduces
     the gradients in buckets of at least that many elements, each launched during the
     backward as soon as it is complete, when ``begin_backward(weight)`` was called before
     the backward (``fit`` does); the same bits as one reduction after the backward at two

@@ -53,11 +53,12 @@ def run(case, args, sharded, elements, c):
     model, loss, X, Y, opts = case(*args)
     opt = (D.ShardedAdamW(model.parameters(), c, lr=1e-2) if sharded and c is not None
            else AdamW(model.parameters(), lr=1e-2))
+    default = D.gradient_buckets()
     D.set_gradient_buckets(elements)
     try:
         h = fit(model, loss, opt, X, Y, rng=4, progress=False, comm=c, **opts)
     finally:
-        D.set_gradient_buckets(0)
+        D.set_gradient_buckets(default[0], poll=default[1])
     return model, h.loss + h.val_loss
 
 
@@ -77,12 +78,13 @@ def hooks_removed():
     """After a bucketed fit the model's containers hold no hook (a later backward on one
     process reduces nothing)."""
     model, loss, X, Y, opts = tabular(20, 7)
+    default = D.gradient_buckets()
     D.set_gradient_buckets(40)
     try:
         fit(model, loss, AdamW(model.parameters()), X, Y, rng=4, progress=False, comm=comm,
             **opts)
     finally:
-        D.set_gradient_buckets(0)
+        D.set_gradient_buckets(default[0], poll=default[1])
     return all(not getattr(m, "backward_hooks", ()) for _, m in model.named_modules())
 
 
@@ -107,7 +109,7 @@ def direct(elements, steps=3):
 
 
 def main():
-    res = {"K": K}
+    res = {"K": K, "default": list(D.gradient_buckets())}
     res["mlp"] = compare(tabular, (53, 11), 40)
     res["mlp tiny"] = compare(tabular, (13, 2), 40)  # batches of 2 (1 at the end) over K ranks
     res["gpt tied"] = compare(gpt, (True, False), 500)
