@@ -128,3 +128,34 @@ def test_the_backward_launches_all_buckets_but_the_embeddings(buckets):
 def test_fit_removes_the_hooks_at_its_end(buckets):
     # Check that after a bucketed fit no container of the model holds a hook.
     assert buckets["hooks removed"]
+
+
+@needs_mpi
+def test_a_rank_failing_mid_backward_stops_every_rank_and_leaves_mpi_working(buckets):
+    # Check that when the last rank raises in its backward after (then before) the others
+    # launched a bucket, it raises its error and the others RankError, no rank hangs, the
+    # world still works, and a bucketed fit afterwards still equals one process.
+    f = buckets["failure"]
+    k = buckets["K"]
+    assert f["raised"] == [["RankError", "RankError"]] * (k - 1) + [["RuntimeError"] * 2]
+    assert f["world_works"] and f["after"]
+
+
+@needs_mpi
+def test_ranks_with_different_buckets_or_a_bad_count_are_refused_on_every_rank(buckets):
+    # Check that DataParallel refuses, on every rank, ranks whose bucket sizes differ (naming
+    # both) and a negative count (naming buckets).
+    for first, second in buckets["disagree"]:
+        assert "ranks disagree" in first and "gradient buckets" in first
+        assert second.startswith("buckets: expected an int >= 0") and second.endswith("got -1")
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "8"])
+def test_set_gradient_buckets_refuses_a_bad_count_and_keeps_the_setting(bad):
+    # Check a count that is not an int >= 0 is a ValueError naming elements, and the
+    # process's setting is unchanged.
+    from engine import distributed as D
+    before = D.gradient_buckets()
+    with pytest.raises(ValueError, match="elements: expected an int >= 0"):
+        D.set_gradient_buckets(bad)
+    assert D.gradient_buckets() == before

@@ -10,6 +10,8 @@ Cases, float64, each with ``fit(comm=...)``, plain and ZeRO-1 (``ShardedAdamW``)
   checkpointed backward), buckets of 500 elements.
 For each: the parameters' bytes and the History of the bucketed run against the unbucketed
 one, the bucketed run against one process, and whether every rank holds the same bits.
+Also: DataParallel in a loop of one's own (how many buckets the backward launched), the hooks
+gone after fit, a rank failing mid-backward, and ranks that choose different buckets.
 """
 import json
 import sys
@@ -17,7 +19,7 @@ import zlib
 
 import numpy as np
 
-from engine import GPT, MLP, AdamW, CrossEntropyLoss, fit
+from engine import GPT, MLP, AdamW, CrossEntropyLoss, Linear, Module, ReLU, Sequential, fit
 from engine import distributed as D
 
 comm = D.mpi().COMM_WORLD
@@ -108,6 +110,64 @@ def direct(elements, steps=3):
     return model, launched
 
 
+class RaisesOnRank1(Module):
+    """Identity; its backward raises on the last rank at its ``at``-th call."""
+
+    def __init__(self, at):
+        super().__init__(np.float64)
+        self.at, self.calls = at, 0
+
+    def forward(self, x, *, residual=None):
+        return x if residual is None else x + residual
+
+    def backward(self, dy):
+        self.calls += 1
+        if RANK == K - 1 and self.calls == self.at:
+            raise RuntimeError("deliberate failure in backward")
+        return dy
+
+
+def failure_mid_backward():
+    """The last rank raises in the middle of a backward whose later layers' buckets are
+    launched (step 3), then, in a second run, at the start of one (step 5: only the other
+    ranks launch a bucket): what each rank raised, whether the world still works, and
+    whether a bucketed fit after them still equals one process."""
+    X, y = np.random.default_rng(5).standard_normal((32, 6)), np.arange(32) % 3
+    g = np.random.default_rng(0)
+    model = Sequential(Linear(6, 10, dtype=np.float64, rng=g), RaisesOnRank1(3),
+                       ReLU(dtype=np.float64), Linear(10, 3, dtype=np.float64, rng=g),
+                       RaisesOnRank1(5))
+    default, raised = D.gradient_buckets(), []
+    D.set_gradient_buckets(8)
+    try:
+        for _ in range(2):
+            try:
+                fit(model, CrossEntropyLoss(), AdamW(model.parameters()), X, y, epochs=2,
+                    batch_size=8, progress=False, comm=comm)
+                raised.append(None)
+            except Exception as e:
+                raised.append(type(e).__name__)
+    finally:
+        D.set_gradient_buckets(default[0], poll=default[1])
+    works = comm.allreduce(1) == K
+    after = compare(tabular, (20, 7), 40)["plain"]
+    return {"raised": comm.allgather(raised), "world_works": works,
+            "after": after["rel_err"] <= 1e-12 and after["identical"]}
+
+
+def disagreeing_settings():
+    """Ranks that choose different buckets, and a bad count: what each rank raised."""
+    out = []
+    for buckets in (100 * RANK, -1):
+        model = MLP([3, 2], dtype=np.float64, rng=0)
+        try:
+            D.DataParallel(model, AdamW(model.parameters()), comm, buckets=buckets)
+            out.append(None)
+        except ValueError as e:
+            out.append(str(e))
+    return comm.allgather(out)
+
+
 def main():
     res = {"K": K, "default": list(D.gradient_buckets())}
     res["mlp"] = compare(tabular, (53, 11), 40)
@@ -116,6 +176,8 @@ def main():
     res["gpt untied"] = compare(gpt, (False, False), 500)
     res["gpt checkpointed"] = compare(gpt, (True, True), 500)
     res["hooks removed"] = hooks_removed()
+    res["failure"] = failure_mid_backward()
+    res["disagree"] = disagreeing_settings()
     (one, _), (bkt, launched) = direct(0), direct(500)
     res["direct"] = {"same_bits": bool(np.array_equal(one.flat_params(), bkt.flat_params())),
                      "launched": launched}
