@@ -1,7 +1,10 @@
 """Gradient buckets (``engine.distributed.set_gradient_buckets``): the containers' backward
 hooks they start from (one process), and under ``mpiexec`` (tests/mpi/buckets.py) the same
 results as one reduction after the backward."""
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ import pytest
 from engine import GPT, MLP, Sequential
 from engine.nn.layers import Linear, ReLU
 
-from test_distributed import HERE, json_line, launch, needs_mpi
+from test_distributed import HERE, ROOT, TIMEOUT, json_line, launch, needs_mpi
 
 
 def _recorder():
@@ -159,3 +162,21 @@ def test_set_gradient_buckets_refuses_a_bad_count_and_keeps_the_setting(bad):
     with pytest.raises(ValueError, match="elements: expected an int >= 0"):
         D.set_gradient_buckets(bad)
     assert D.gradient_buckets() == before
+
+
+@needs_mpi
+def test_bench_buckets_case_runs(tmp_path):
+    # Check that bench/distributed.py --only buckets runs both models in every mode and
+    # writes one time per round and mode and their medians (no timing asserted).
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "distributed.py"),
+                           "--only", "buckets", "--quick", "--steps", "1", "--out", str(out)],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    b = json.loads(out.read_text())["buckets"]
+    assert set(b) == {"gpt", "tabular"}
+    for r in b.values():
+        assert set(r["median_s"]) == {"off", "on", "no test"}
+        assert all(len(v) == 3 and min(v) > 0 for v in r["runs_s"].values())
+    assert "GRADIENT BUCKETS" in proc.stdout
