@@ -88,14 +88,14 @@ def buckets(request):
     return json_line(launch(request.param, os.path.join(HERE, "mpi", "buckets.py")))
 
 
-CASES = ["mlp", "mlp tiny", "gpt tied", "gpt untied", "gpt checkpointed"]
+CASES = ["mlp", "mlp tiny", "tied siblings", "gpt tied", "gpt untied", "gpt checkpointed"]
 
 
 @needs_mpi
 @pytest.mark.parametrize("mode", ["plain", "zero1"])
 def test_buckets_equal_one_process_and_are_the_same_on_every_rank(buckets, mode):
     # Check that fit(comm=...) with gradient buckets (an MLP, batches that do not divide by
-    # K or are smaller than K; a GPT tied, untied, checkpointed) gives one process's
+    # K or are smaller than K; a weight tied across siblings; a GPT tied, untied, checkpointed) gives one process's
     # parameters to 1e-12 and the same bits on every rank, plain and ZeRO-1.
     for case in CASES:
         r = buckets[case][mode]

@@ -7,7 +7,8 @@ bits everywhere. ``ShardedAdamW`` is ZeRO stage 1 (Rajbhandari et al. 2020): a
 ``Reduce_scatter`` of the gradient vector, AdamW on this rank's 1/K slice of the arena (the
 moments of that slice only), an ``Allgatherv`` of the parameters. ``set_gradient_buckets``
 reduces the gradients in buckets instead, each launched during the backward as soon as it is
-complete (PyTorch DDP's gradient buckets). ``fit(..., comm=...)`` shards each global batch over the ranks (``DataParallel.share``; a batch smaller than the
+complete (PyTorch DDP's gradient buckets). ``fit(..., comm=...)`` shards each global batch
+over the ranks (``DataParallel.share``; a batch smaller than the
 ranks leaves some without rows, which add a zero gradient). Each rank runs its share of the
 host's cores in BLAS threads unless a count was set on purpose (``set_threads``).
 

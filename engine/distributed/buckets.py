@@ -40,12 +40,24 @@ def gradient_buckets() -> tuple:
     return _SETTING["elements"], _SETTING["poll"]
 
 
+def _shared_parameters(model) -> set:
+    """The ids of parameters that more than one module holds as its own (a weight tied
+    across siblings): the hook after one of them comes before the other adds its gradient."""
+    count = {}
+    for _, m in model.named_modules():
+        inner = {id(p) for c in m.children() for p in c.parameters()}
+        for p in m.parameters():
+            if id(p) not in inner:
+                count[id(p)] = count.get(id(p), 0) + 1
+    return {k for k, n in count.items() if n > 1}
+
+
 class GradientBuckets:
     """The bucketed reduction of ``model``'s flat gradient vector over ``comm`` (the first
     ``begin`` is collective: it duplicates ``comm``). ``shards`` (ZeRO-1: ``(counts,
-    displs)`` of the ranks' slices) reduces each bucket's piece of a slice to the rank owning it (``Ireduce``: the
-    sum lands at the slice's own place of its owner's vector), else every bucket is summed
-    on every rank (``Iallreduce``, in place). ``begin(weight)`` before the backward,
+    displs)`` of the ranks' slices) reduces each bucket's piece of a slice to the rank that
+    owns it (``Ireduce``: the sum lands at the slice's own place of its owner's vector), else
+    every bucket is summed on every rank (``Iallreduce``, in place). ``begin(weight)`` before the backward,
     ``finish()`` after it; ``close()`` removes the hooks and frees the communicator.
     ``launched_early``: how many of the last step's buckets the backward launched."""
 
@@ -63,7 +75,8 @@ class GradientBuckets:
         """The duplicate communicator and the hooks, at the first ``begin`` (collective: every
         rank begins every step), so a loop that never begins a backward holds neither."""
         self.comm = self._parent.Dup()
-        self._hosts = [m for _, m in self.model.named_modules() if hasattr(m, "add_backward_hook")]
+        self._hosts = [m for _, m in self.model.named_modules()
+                       if hasattr(m, "add_backward_hook")]
         for m in self._hosts:
             m.add_backward_hook(self._hook)
 
@@ -80,12 +93,7 @@ class GradientBuckets:
                 cuts.append((int(offsets[i]), end))
                 end = int(offsets[i])
         self._buckets = [p for lo, hi in cuts for p in self._pieces(lo, hi)]
-        owners = {}
-        for _, m in self.model.named_modules():
-            for p in m.__dict__.get("_params", {}).values():
-                if p is not None:
-                    owners[id(p)] = owners.get(id(p), 0) + 1
-        self._shared = {k for k, n in owners.items() if n > 1}
+        self._shared = _shared_parameters(self.model)
         self._arena, self._base = runs(params)[0][:2]
         self._ranges = {}
         self._gen = LAYOUT_VERSION[0]

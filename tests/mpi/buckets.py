@@ -42,6 +42,18 @@ def tabular(n, batch_size):
                                                  clip_grad_norm=0.5)
 
 
+def tied_siblings():
+    """An MLP-like Sequential whose fourth Linear uses the second one's weight (no bias: its
+    parameters are one run, inside the second's range)."""
+    X, y = np.random.default_rng(5).standard_normal((31, 6)), np.arange(31) % 3
+    g, f8 = np.random.default_rng(1), np.float64
+    lin = [Linear(6, 8, dtype=f8, rng=g), Linear(8, 8, bias=False, dtype=f8, rng=g),
+           Linear(8, 8, bias=False, dtype=f8, rng=g), Linear(8, 3, dtype=f8, rng=g)]
+    lin[2].W = lin[1].W
+    model = Sequential(lin[0], ReLU(f8), lin[1], ReLU(f8), lin[2], ReLU(f8), lin[3])
+    return model, CrossEntropyLoss(), X, y, dict(epochs=2, batch_size=7)
+
+
 def gpt(tie, checkpoint):
     ids = np.random.default_rng(0).integers(0, 11, (21, 9))
     model = GPT(11, 8, 3, 2, 16, d_ff=24, tie_weights=tie, checkpoint=checkpoint,
@@ -172,6 +184,7 @@ def main():
     res = {"K": K, "default": list(D.gradient_buckets())}
     res["mlp"] = compare(tabular, (53, 11), 40)
     res["mlp tiny"] = compare(tabular, (13, 2), 40)  # batches of 2 (1 at the end) over K ranks
+    res["tied siblings"] = compare(tied_siblings, (), 8)
     res["gpt tied"] = compare(gpt, (True, False), 500)
     res["gpt untied"] = compare(gpt, (False, False), 500)
     res["gpt checkpointed"] = compare(gpt, (True, True), 500)
