@@ -50,8 +50,8 @@ def test_sequential_without_input_grad_hooks_the_children_it_runs():
 
 
 def test_removed_hook_is_not_called_and_a_bad_hook_is_refused():
-    # Check remove_backward_hook stops the calls, and a hook that is not callable is a
-    # TypeError naming it that leaves the hooks as they were.
+    # Check remove_backward_hook stops the calls (removing it again is a ValueError naming
+    # hook), and a hook that is not callable is a TypeError that leaves the hooks as they were.
     m = MLP([3, 2], dtype=np.float64, rng=0)
     seen, hook = _recorder()
     m.add_backward_hook(hook)
@@ -59,6 +59,8 @@ def test_removed_hook_is_not_called_and_a_bad_hook_is_refused():
         m.add_backward_hook(3)
     assert m.backward_hooks == (hook,)
     m.remove_backward_hook(hook)
+    with pytest.raises(ValueError, match="hook: .* is not a backward hook of this MLP"):
+        m.remove_backward_hook(hook)
     m.forward(np.ones((2, 3)))
     m.backward(np.ones((2, 2)))
     assert seen == [] and m.backward_hooks == ()
@@ -95,8 +97,9 @@ CASES = ["mlp", "mlp tiny", "tied siblings", "gpt tied", "gpt untied", "gpt chec
 @pytest.mark.parametrize("mode", ["plain", "zero1"])
 def test_buckets_equal_one_process_and_are_the_same_on_every_rank(buckets, mode):
     # Check that fit(comm=...) with gradient buckets (an MLP, batches that do not divide by
-    # K or are smaller than K; a weight tied across siblings; a GPT tied, untied, checkpointed) gives one process's
-    # parameters to 1e-12 and the same bits on every rank, plain and ZeRO-1.
+    # K or are smaller than K; a weight tied across siblings; a GPT tied, untied and
+    # checkpointed) gives one process's parameters to 1e-12 and the same bits on every
+    # rank, plain and ZeRO-1.
     for case in CASES:
         r = buckets[case][mode]
         assert r["rel_err"] <= 1e-12, case

@@ -57,8 +57,9 @@ class GradientBuckets:
     ``begin`` is collective: it duplicates ``comm``). ``shards`` (ZeRO-1: ``(counts,
     displs)`` of the ranks' slices) reduces each bucket's piece of a slice to the rank that
     owns it (``Ireduce``: the sum lands at the slice's own place of its owner's vector), else
-    every bucket is summed on every rank (``Iallreduce``, in place). ``begin(weight)`` before the backward,
-    ``finish()`` after it; ``close()`` removes the hooks and frees the communicator.
+    every bucket is summed on every rank (``Iallreduce``, in place). ``begin(weight)`` before
+    the backward, ``finish()`` after it; ``close()`` removes the hooks and frees the
+    communicator.
     ``launched_early``: how many of the last step's buckets the backward launched."""
 
     def __init__(self, model, comm, elements: int, poll: bool = True, shards=None):

@@ -178,7 +178,8 @@ class GPT(BackwardHooks, Module):
 
     def backward(self, dy, *, dx_acc=None, input_grad=True):
         """Adds every parameter's gradient for dlogits ``dy`` (B, T, vocab_size); None (token
-        ids have no gradient, whatever ``input_grad`` says)."""
+        ids have no gradient, whatever ``input_grad`` says). Backward hooks
+        (``add_backward_hook``) get an untied ``lm_head``, then ``ln_f``, once theirs are done."""
         s = self._calls
         check_input_grad(input_grad)
         if not s.ready:

@@ -33,6 +33,9 @@ class BackwardHooks:
     def remove_backward_hook(self, hook) -> None:
         """Stop calling ``hook`` (ValueError if it was not added)."""
         hooks = list(self.backward_hooks)
+        if hook not in hooks:
+            raise ValueError(f"hook: {hook!r} is not a backward hook of this "
+                             f"{type(self).__name__}")
         hooks.remove(hook)
         self._set_plain("backward_hooks", tuple(hooks))
 
