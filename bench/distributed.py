@@ -18,8 +18,12 @@ ranks of one thread train the large FFN as fast as one process of two threads.
    windows, batches of 32; a 65-character vocabulary, nanoGPT's Shakespeare) trained by
    ``fit`` in float32 with AdamW: characters/s of 2 ranks x 1 thread against 1 process x 2
    threads on the same global batches, the ratio, and the scaling model on 8-64 machines.
+6. Gradient buckets (``--only buckets``): fit's seconds per step on 2 ranks x 1 thread for
+   the recipe GPT and a tabular MLP, the gradients reduced once after the backward ("off"),
+   in buckets launched during it with MPI_Test calls between layers ("on"), and without
+   those calls ("no test"); alternated over rounds in one job, medians, ratios to "off".
 
-``python bench/distributed.py [--quick] [--only gpt] [--out PATH]`` prints a table and writes
+``python bench/distributed.py [--quick] [--only gpt|buckets] [--out PATH]`` prints tables, writes
 JSON (default bench/results/distributed.json). It launches its own workers (``mpiexec -n 2``); it needs the
 optional extra ``mpi``. Numbers are only meaningful on an otherwise idle machine.
 """
@@ -51,6 +55,9 @@ STACK = 12
 # The recipe GPT: GPTConfig's defaults with nanoGPT's Shakespeare vocabulary (65 characters).
 GPT = dict(vocab=65, seq_len=64, n_layer=4, n_head=4, d_model=128, d_ff=512, batch=32)
 GPT_MACHINES = (8, 16, 32, 64)
+# Part 6: a tabular MLP (sizes, global batch) and the bucket settings compared ("on": the default).
+MLP_CASE = dict(sizes=[256, 1024, 1024, 1024, 10], batch=512)
+BUCKET_MODES = {"off": (0, True), "on": (1 << 19, True), "no test": (1 << 19, False)}
 
 
 # ----------------------------------------------------------------------------- workers
@@ -163,39 +170,87 @@ def worker_mpi(args) -> dict:
     return out if rank == 0 else None
 
 
-def worker_gpt(args, comm=None) -> dict:
-    """Characters/s of ``fit`` on the recipe GPT over ``args.steps`` global batches (after a
-    2-step warm-up fit), on one process or the ranks of ``comm``; on one process also the
-    AdamW step alone (the scaling model's optimizer time)."""
+def _gpt_fit(steps, comm=None):
+    """``(run, model, opt)``: ``run(n)`` fits the recipe GPT (float32, AdamW) on the first
+    ``n`` of ``steps`` global batches of random characters."""
     import numpy as np
 
-    import kernels
     from engine import AdamW, CrossEntropyLoss, fit
     from engine.models.gpt import GPT as Model
     g = GPT
     model = Model(g["vocab"], g["seq_len"], g["n_layer"], g["n_head"], g["d_model"],
                   d_ff=g["d_ff"], dtype=np.float32, rng=0)
     opt, loss = AdamW(model.parameters(), lr=1e-3), CrossEntropyLoss()
-    ids = np.random.default_rng(0).integers(0, g["vocab"], (args.steps * g["batch"],
-                                                            g["seq_len"] + 1))
+    ids = np.random.default_rng(0).integers(0, g["vocab"], (steps * g["batch"], g["seq_len"] + 1))
     X, Y = np.ascontiguousarray(ids[:, :-1]), np.ascontiguousarray(ids[:, 1:])  # (N, T) each
 
     def run(n):
         fit(model, loss, opt, X[:n], Y[:n], epochs=1, batch_size=g["batch"], progress=False,
             comm=comm)
+    return run, model, opt
 
-    run(2 * g["batch"])  # warm-up: first calls, buffers, the ranks' thread setting
+
+def _mlp_fit(steps, comm=None):
+    """``run(n)`` fits the tabular MLP (float32, AdamW, cross-entropy) on ``n`` rows."""
+    import numpy as np
+
+    from engine import MLP, AdamW, CrossEntropyLoss, fit
+    sizes, batch = MLP_CASE["sizes"], MLP_CASE["batch"]
+    model = MLP(sizes, rng=0)
+    opt, loss = AdamW(model.parameters(), lr=1e-3), CrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((steps * batch, sizes[0])).astype(np.float32)
+    y = rng.integers(0, sizes[-1], steps * batch)
+
+    def run(n):
+        fit(model, loss, opt, X[:n], y[:n], epochs=1, batch_size=batch, progress=False, comm=comm)
+    return run, model, opt
+
+
+def worker_gpt(args, comm=None) -> dict:
+    """Characters/s of ``fit`` on the recipe GPT over ``args.steps`` global batches (after a
+    2-step warm-up fit), on one process or the ranks of ``comm``; on one process also the
+    AdamW step alone (the scaling model's optimizer time)."""
+    import kernels
+    run, model, opt = _gpt_fit(args.steps, comm)
+    batch, n = GPT["batch"], args.steps * GPT["batch"]
+    run(2 * batch)  # warm-up: first calls, buffers, the ranks' thread setting
     if comm is not None:
         comm.Barrier()
     t = time.perf_counter()
-    run(X.shape[0])
+    run(n)
     dt = time.perf_counter() - t
     out = {"threads": kernels.get_num_threads(), "ranks": 1 if comm is None else comm.Get_size(),
-           "steps": args.steps, "step_s": dt / args.steps, "chars_per_s": X.size / dt,
+           "steps": args.steps, "step_s": dt / args.steps, "chars_per_s": n * GPT["seq_len"] / dt,
            "param_bytes": model.flat_params().nbytes, "params": model.num_parameters()}
     if comm is None:
         out["optimizer_s"] = _median_step(opt.step, 10)[0]
     return out if comm is None or comm.Get_rank() == 0 else None
+
+
+def worker_buckets(args, comm) -> dict:
+    """Part 6: per model, seconds per step of ``fit`` in each of ``BUCKET_MODES``, the modes
+    alternated (order reversed every round) over rounds; per mode the median and the runs."""
+    from engine import distributed as D
+    out, rounds = {}, 3 if args.quick else 7
+    for name, build, steps in (("gpt", _gpt_fit, args.steps), ("tabular", _mlp_fit, args.steps)):
+        run, model, _ = build(steps, comm)
+        n = steps * (GPT["batch"] if name == "gpt" else MLP_CASE["batch"])
+        run(n // steps * 2)  # warm-up
+        times = {m: [] for m in BUCKET_MODES}
+        for r in range(rounds):
+            for m in (list(BUCKET_MODES) if r % 2 == 0 else list(BUCKET_MODES)[::-1]):
+                elements, poll = BUCKET_MODES[m]
+                D.set_gradient_buckets(elements, poll=poll)
+                comm.Barrier()
+                t = time.perf_counter()
+                run(n)
+                times[m].append((time.perf_counter() - t) / steps)
+        D.set_gradient_buckets()  # the default again
+        out[name] = {"params": model.num_parameters(), "steps": steps,
+                     "median_s": {m: statistics.median(v) for m, v in times.items()},
+                     "runs_s": times}
+    return out if comm.Get_rank() == 0 else None
 
 
 # ----------------------------------------------------------------------------- the model
@@ -254,9 +309,10 @@ def _run(cmd, env_threads, quick):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    ap.add_argument("--only", choices=("gpt",), help="only the recipe GPT's case")
+    ap.add_argument("--only", choices=("gpt", "buckets"),
+                    help="only the recipe GPT's case, or only the gradient buckets' (part 6)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "distributed.json"))
-    ap.add_argument("--worker", choices=("single", "mpi", "gpt-single", "gpt-mpi"),
+    ap.add_argument("--worker", choices=("single", "mpi", "gpt-single", "gpt-mpi", "buckets"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -276,16 +332,25 @@ def main(argv=None) -> int:
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
     me = [sys.executable, os.path.abspath(__file__)] + (["--quick"] if args.quick else [])
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick}
+    if args.only == "buckets":
+        res["buckets"] = _run([mpiexec, "-n", "2"] + me + ["--steps", str(args.steps), "--worker",
+                                                         "buckets"], 1, args.quick)
+        print(report_buckets(res["buckets"]))
+        return _write(res, args.out)
     if args.only is None:
         res.update(_ffn_cases(me + ["--steps", str(args.steps)], mpiexec, args.quick))
     # the GPT's steps are shorter: more of them (3x)
     res["gpt"] = _gpt_case(me + ["--steps", str(3 * args.steps)], mpiexec, args.quick)
     print(report(res))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
+    return _write(res, args.out)
+
+
+def _write(res, out) -> int:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(res, f, indent=1)
         f.write("\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
 
 
@@ -297,6 +362,8 @@ def _worker(args):
     if args.worker == "gpt-single":
         return worker_gpt(args)
     from engine import distributed as D
+    if args.worker == "buckets":
+        return worker_buckets(args, D.mpi().COMM_WORLD)
     return worker_gpt(args, D.mpi().COMM_WORLD)
 
 
@@ -376,6 +443,19 @@ def report(res) -> str:
         lines.append(f"  {r['K']:5d} {r['allreduce_s'] * 1e3:7.2f} ms {r['weak_plain']:10.3f} "
                      f"{r['weak_zero1']:9.3f} {strong}")
     return "\n".join(line for line in lines if line is not None)
+
+
+def report_buckets(b) -> str:
+    """Part 6's table: seconds per step and the ratio to "off" per model and mode."""
+    lines = [f"GRADIENT BUCKETS (2 ranks x 1 thread, fit, float32; buckets of "
+             f"{BUCKET_MODES['on'][0]:,} elements; medians of alternated runs)",
+             f"  {'model':8} {'params':>10} " + " ".join(f"{m:>16}" for m in BUCKET_MODES)]
+    for name, r in b.items():
+        off = r["median_s"]["off"]
+        cells = [f"{t * 1e3:7.1f} ms {off / t:5.3f}" for t in r["median_s"].values()]
+        lines.append(f"  {name:8} {r['params']:10,} " + " ".join(f"{c:>16}" for c in cells))
+    lines.append("  (each cell: seconds per step, and the speed relative to off)")
+    return "\n".join(lines)
 
 
 def report_ffn(res) -> list:

@@ -23,6 +23,7 @@ from .training.checkpoint import CheckpointError, load, save
 from .training.load_model import LoadedModel, load_model
 from .training.loop import History, NonFiniteLossError, evaluate, fit, predict
 from .training.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from . import distributed  # registers fit's MPI ranks (MPI itself loads on first use)
 # --- PyTorch state dicts (engine/interop.py) ---
 from .interop import load_torch_state_dict, to_torch_state_dict
 

@@ -12,11 +12,6 @@ ENGINE = ROOT / "engine"
 # engine's folders, lowest first: a module may import from its own folder or one below.
 LAYERS = ("nn", "optim", "data", "models", "training", "distributed", "cli")
 
-# Arrows up the layers that remain, each with why (in files being changed elsewhere now).
-KNOWN_UPWARD = {
-    ("engine.training.parallel", "engine.distributed"): "fit over MPI ranks (a lazy import)",
-}
-
 # Edges a cycle may still run through, each with why it is not removed yet.
 KNOWN = {}
 
@@ -145,7 +140,7 @@ def _layer(module: str):
 
 def test_no_import_runs_up_the_layers():
     # Check every import between two of engine's folders, lazy ones included, goes to the
-    # same folder or one below, the known arrows aside.
+    # same folder or one below.
     upward = {(a, b) for a, targets in import_graph(lazy=True).items() for b in targets
               if None not in (_layer(a), _layer(b)) and _layer(b) > _layer(a)}
-    assert upward - set(KNOWN_UPWARD) == set()
+    assert upward == set()

@@ -5,8 +5,10 @@ start, and after each backward sums the ranks' flat gradient vectors in place wi
 ``Allreduce``; every rank then runs the same optimizer step, so the parameters stay the same
 bits everywhere. ``ShardedAdamW`` is ZeRO stage 1 (Rajbhandari et al. 2020): a
 ``Reduce_scatter`` of the gradient vector, AdamW on this rank's 1/K slice of the arena (the
-moments of that slice only), an ``Allgatherv`` of the parameters. ``fit(..., comm=...)``
-shards each global batch over the ranks (``DataParallel.share``; a batch smaller than the
+moments of that slice only), an ``Allgatherv`` of the parameters. ``set_gradient_buckets``
+reduces the gradients in buckets instead, each launched during the backward as soon as it is
+complete (PyTorch DDP's gradient buckets). ``fit(..., comm=...)`` shards each global batch
+over the ranks (``DataParallel.share``; a batch smaller than the
 ranks leaves some without rows, which add a zero gradient). Each rank runs its share of the
 host's cores in BLAS threads unless a count was set on purpose (``set_threads``).
 
@@ -17,8 +19,13 @@ message; an exception that escapes to the top level of a rank aborts the job.
 from .runtime import (INSTALL, RankError, launched_size, mpi, rank_rng, set_threads,
                       threads_per_rank, world)
 from .sharded import ShardedAdamW, sharded_like, zero1
+from .buckets import gradient_buckets, set_gradient_buckets
 from .data_parallel import DataParallel, FitRanks, fit_setup
 from .checkpoints import load, save
+from ..training.parallel import register_ranks
+
+register_ranks(FitRanks)  # fit(..., comm=...) trains over these (training cannot import us)
 
 __all__ = ["DataParallel", "ShardedAdamW", "sharded_like", "zero1", "RankError", "mpi", "world", "launched_size",
-           "rank_rng", "set_threads", "threads_per_rank", "save", "load", "INSTALL"]
+           "rank_rng", "set_threads", "threads_per_rank", "save", "load", "INSTALL",
+           "set_gradient_buckets", "gradient_buckets"]

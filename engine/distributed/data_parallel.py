@@ -11,6 +11,7 @@ from ..nn.module import Module, check_float, make_rng, runs
 from ..optim.optimizers import Optimizer, check_optimizer_of, clip_grad_norm
 from .runtime import (AGREE_LEN, agree, agree_equal, communicator, mpi, raised_on_every_rank,
                       set_threads)
+from .buckets import GradientBuckets, gradient_buckets
 from .sharded import ShardedAdamW
 
 __all__ = ["DataParallel", "fit_setup", "FitRanks"]
@@ -31,9 +32,15 @@ class DataParallel:
 
     ``optimizer`` may be a ``ShardedAdamW`` on the same communicator (ZeRO stage 1): the
     reduction is then its ``Reduce_scatter``.
+
+    ``buckets`` (default: ``set_gradient_buckets``'s setting, 2^19): > 0 reduces
+    the gradients in buckets of at least that many elements, each launched during the
+    backward as soon as it is complete, when ``begin_backward(weight)`` was called before
+    the backward (``fit`` does); the same bits as one reduction after the backward at two
+    ranks. ``bucket_reducer``: the ``GradientBuckets`` (None without).
     """
 
-    def __init__(self, model, optimizer, comm=None):
+    def __init__(self, model, optimizer, comm=None, *, buckets=None):
         comm = communicator(comm)
         self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
         self._buf = np.zeros(AGREE_LEN)  # (4,) the agreement vector
@@ -55,7 +62,14 @@ class DataParallel:
                 if optimizer.comm.Get_size() != self.size:
                     raise ValueError(f"optimizer: its communicator has {optimizer.comm.Get_size()}"
                                      f" ranks, comm has {self.size}")
-            sig = _signature(model, optimizer)
+            elements, poll = gradient_buckets()
+            if buckets is not None:
+                if isinstance(buckets, bool) or not isinstance(buckets, (int, np.integer)) \
+                        or buckets < 0:
+                    raise ValueError(f"buckets: expected an int >= 0 (elements per bucket; 0: "
+                                     f"one reduction after the backward), got {buckets!r}")
+                elements = int(buckets)
+            sig = _signature(model, optimizer) + [("gradient buckets", (elements, poll))]
         except Exception as e:
             error = e
         agree(comm, error, out=self._buf)
@@ -64,9 +78,13 @@ class DataParallel:
         agree_equal(comm, "the model or optimizer", sig)
         self.model, self.optimizer = model, optimizer
         self.sharded = isinstance(optimizer, ShardedAdamW)
+        self.bucket_reducer = None
         if self.size > 1:
             set_threads(comm)  # once per process: keeps what the CLI or the user chose
             comm.Bcast(flat, root=0)
+            if elements:
+                shards = optimizer.shards() if self.sharded else None
+                self.bucket_reducer = GradientBuckets(model, comm, elements, poll, shards)
 
     # -- the batch ------------------------------------------------------------------------
     def share(self, start: int, stop: int) -> tuple:
@@ -78,6 +96,13 @@ class DataParallel:
         return lo, lo + q + (self.rank < rem)
 
     # -- collective steps -------------------------------------------------------------------
+    def begin_backward(self, weight=None) -> None:
+        """Before the backward of a step whose ``reduce_gradients(weight)`` follows (the same
+        ``weight``): with gradient buckets, each bucket's reduction starts as soon as the
+        backward has finished it. Without buckets nothing happens."""
+        if self.bucket_reducer is not None:
+            self.bucket_reducer.begin(weight)
+
     def reduce_gradients(self, weight=None) -> None:
         """Replace the local gradients by the average over the ranks: ``weight=None`` for
         equal shares (sum, then divide by K), else this rank's share of the global batch
@@ -85,6 +110,13 @@ class DataParallel:
         a rank without rows, which still takes part).
         With a ``ShardedAdamW`` only this rank's shard is reduced (its ``step`` uses it)."""
         agree(self.comm, out=self._buf)
+        if self.bucket_reducer is not None and self.bucket_reducer.armed:
+            self.bucket_reducer.finish(weight)
+            if self.sharded:  # each slice's sum is at its own place of its owner's vector
+                self.optimizer.take_reduced(weight)
+            elif weight is None:
+                self.model.flat_grads()[:] *= 1.0 / self.size
+            return
         if self.sharded:
             self.optimizer.reduce_gradients(weight)
             return
@@ -130,6 +162,7 @@ class DataParallel:
         the other ranks' next agreement, so they stop with its message instead of waiting.
         Returns (the caller re-raises ``error``) unless ``error`` was raised on every rank
         already."""
+        self.close()
         if raised_on_every_rank(error):
             return
         agree(self.comm, error, out=self._buf)
@@ -143,8 +176,16 @@ class DataParallel:
 
     def finish(self) -> None:
         """The last agreement of a run: a rank that fails after every other collective
-        step still finds the others here."""
+        step still finds the others here; removes the gradient buckets' hooks."""
         agree(self.comm, out=self._buf)
+        self.close()
+
+    def close(self) -> None:
+        """Remove the gradient buckets' hooks from the model (a later backward outside this
+        run reduces nothing) and free their communicator."""
+        if self.bucket_reducer is not None:
+            self.bucket_reducer.close()
+            self.bucket_reducer = None
 
 
 def _flat_range(model):

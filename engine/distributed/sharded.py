@@ -58,7 +58,8 @@ class ShardedAdamW(AdamW):
         self._m.fill(0.0)
         self._v.fill(0.0)
         self._reduced = False
-        self._pieces, self._pieces_gen = None, -1
+        self._at = 0  # where this rank's reduced slice starts in its gradient vector
+        self._pieces, self._pieces_key = None, None
 
     def _find_range(self) -> None:
         ranges = []
@@ -82,6 +83,10 @@ class ShardedAdamW(AdamW):
             self._find_range()
         return (id(self._arena), self._lo, self._lo + self._n)
 
+    def shards(self) -> tuple:
+        """``(counts, displs)``: every rank's slice of the flat parameter vector."""
+        return list(self._counts), list(self._displs)
+
     def shard(self) -> tuple:
         """``(start, stop)``: this rank's slice of the flat parameter vector."""
         return self._s0, self._s1
@@ -96,22 +101,25 @@ class ShardedAdamW(AdamW):
 
     def _shard_plan(self) -> list:
         """Per group: ``(data, grad, m, v)`` views of each run of its parameters inside this
-        rank's shard; the reduced gradient of arena element ``lo + s0 + i`` is ``grad[i]``."""
-        if self._pieces_gen == LAYOUT_VERSION[0]:
+        rank's shard; the reduced gradient of arena element ``lo + s0 + i`` is ``grad[at + i]``
+        (``at``: 0 after ``reduce_gradients``, ``s0`` after ``take_reduced``)."""
+        key = (LAYOUT_VERSION[0], self._at)
+        if self._pieces_key == key:
             return self._pieces
         self.flat_range()
-        a, base, s0, s1 = self._arena, self._lo, self._s0, self._s1
+        a, lo0, s0, s1 = self._arena, self._lo, self._s0, self._s1
+        at = lo0 + self._at  # the reduced slice: at the vector's start, or at its own place
         plan = []
         for g in self.param_groups:
             pieces = []
             for _, lo, hi, _, _ in runs(g["params"]):
-                x0, x1 = max(lo - base, s0), min(hi - base, s1)
+                x0, x1 = max(lo - lo0, s0), min(hi - lo0, s1)
                 if x0 < x1:
                     i0, i1 = x0 - s0, x1 - s0
-                    pieces.append((a.data[base + x0:base + x1], a.grad[base + i0:base + i1],
+                    pieces.append((a.data[lo0 + x0:lo0 + x1], a.grad[at + i0:at + i1],
                                    self._m[i0:i1], self._v[i0:i1]))
             plan.append(pieces)
-        self._pieces, self._pieces_gen = plan, LAYOUT_VERSION[0]
+        self._pieces, self._pieces_key = plan, key
         return plan
 
     def reduce_gradients(self, weight=None) -> None:
@@ -125,7 +133,15 @@ class ShardedAdamW(AdamW):
             self.comm.Reduce_scatter(mpi().IN_PLACE, g, self._counts, op=mpi().SUM)
         if weight is None and self.size > 1:
             g[:self._s1 - self._s0] *= 1.0 / self.size
-        self._reduced = True
+        self._reduced, self._at = True, 0
+
+    def take_reduced(self, weight=None) -> None:
+        """Take this rank's slice of the sum from its own place of the gradient vector, where
+        reductions per slice (``GradientBuckets``) leave it, instead of its start; scaled by
+        1/K when ``weight`` is None, as ``reduce_gradients``."""
+        if weight is None and self.size > 1:
+            self._flats()[1][self._s0:self._s1] *= 1.0 / self.size
+        self._reduced, self._at = True, self._s0
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Scale the reduced gradient so that the global gradient's L2 norm is at most
@@ -138,7 +154,7 @@ class ShardedAdamW(AdamW):
             raise ValueError(f"max_norm: expected a number > 0, got {max_norm!r}")
         if not self._reduced:
             self.reduce_gradients()
-        g = self._flats()[1][:self._s1 - self._s0]  # this rank's slice of the reduced sum
+        g = self._flats()[1][self._at:self._at + self._s1 - self._s0]  # this rank's reduced slice
         (total_sq,) = agree(self.comm, payload=(float(np.dot(g, g)),))[:1]
         total = float(np.sqrt(total_sq))
         if np.isfinite(total):

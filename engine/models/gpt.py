@@ -13,7 +13,7 @@ from kernels import ops
 
 from ..nn.blocks import Dropout, LayerNorm
 from ..nn.embedding import Embedding, check_id_range, check_integer_ids
-from ..nn.containers import Sequential
+from ..nn.containers import BackwardHooks, Sequential
 from ..nn.layers import Linear
 from .._checks import check_bool, check_positive_int, check_real
 from ..nn.module import Module, check_input_grad, make_rng
@@ -25,7 +25,7 @@ __all__ = ["GPT"]
 _RESIDUAL_PROJECTIONS = ("attn.W_o", "mlp.W_out", "mlp.W_down")
 
 
-class GPT(Module):
+class GPT(BackwardHooks, Module):
     """``logits = head(ln_f(blocks(wte[ids] + wpe[0:T])))`` for token ids (B, T).
 
     Children: ``wte`` Embedding(vocab_size, d_model), ``wpe`` Embedding(block_size,
@@ -173,7 +173,8 @@ class GPT(Module):
 
     def backward(self, dy, *, dx_acc=None, input_grad=True):
         """Adds every parameter's gradient for dlogits ``dy`` (B, T, vocab_size); None (token
-        ids have no gradient, whatever ``input_grad`` says)."""
+        ids have no gradient, whatever ``input_grad`` says). Backward hooks
+        (``add_backward_hook``) get an untied ``lm_head``, then ``ln_f``, once theirs are done."""
         s = self._calls
         check_input_grad(input_grad)
         if not s.ready:
@@ -192,7 +193,12 @@ class GPT(Module):
             self._saved.hf = None
         else:
             dhf = self.lm_head.backward(dy2)
-        dx = self.h.backward(self.ln_f.backward(dhf.reshape(b, t, d)))
+        dh = self.ln_f.backward(dhf.reshape(b, t, d))
+        for hook in self.backward_hooks:  # the head's and ln_f's gradients are complete
+            if not self.tie_weights:      # (a tied head's are wte's: complete at the end)
+                hook(self.lm_head)
+            hook(self.ln_f)
+        dx = self.h.backward(dh)
         if self._saved.dropped:
             dx = self.drop.backward(dx)
         self.wpe.backward(dx)

@@ -13,7 +13,31 @@ from .module import (Module, Workspace, arena_layout_version, check_float, check
                      rows_of, takes_input_grad)
 from .registry import linear_gemms, register_block
 
-__all__ = ["Sequential", "MLP"]
+__all__ = ["Sequential", "MLP", "BackwardHooks"]
+
+
+# ----------------------------------------------------------------------------- hooks
+class BackwardHooks:
+    """Listeners a container calls during its backward, ``hook(child)``, as soon as the
+    gradients of ``child``'s parameters are complete for this backward (a data-parallel
+    reducer starts that bucket's reduction then, as PyTorch DDP's gradient buckets do)."""
+
+    backward_hooks = ()  # the listeners, in the order added (none by default)
+
+    def add_backward_hook(self, hook) -> None:
+        """Call ``hook(child)`` after each child's backward from now on."""
+        if not callable(hook):
+            raise TypeError(f"hook: expected a callable, got {type(hook).__name__}")
+        self._set_plain("backward_hooks", (*self.backward_hooks, hook))
+
+    def remove_backward_hook(self, hook) -> None:
+        """Stop calling ``hook`` (ValueError if it was not added)."""
+        hooks = list(self.backward_hooks)
+        if hook not in hooks:
+            raise ValueError(f"hook: {hook!r} is not a backward hook of this "
+                             f"{type(self).__name__}")
+        hooks.remove(hook)
+        self._set_plain("backward_hooks", tuple(hooks))
 
 
 # ----------------------------------------------------------------------------- Sequential
@@ -61,11 +85,12 @@ def _first_backward(first, dy, dx_acc, input_grad):
     return None
 
 
-class Sequential(Module):
+class Sequential(BackwardHooks, Module):
     """Chains modules: forward in order, backward in reverse. Children are named "0", "1",
     ... so parameters read "0.W", "0.b", "2.W", ...; supports len, indexing and iteration.
     A module instance may appear only once (its cache holds one forward at a time).
-    ``residual`` goes to the last child, ``dx_acc`` to the first.
+    ``residual`` goes to the last child, ``dx_acc`` to the first. ``add_backward_hook(fn)``:
+    ``fn(child)`` after each child's backward (``BackwardHooks``).
 
     ``checkpoint=True`` trades compute for memory (Chen et al. 2016, "Training Deep Nets with
     Sublinear Memory Cost"): forward keeps only a copy of each child's input, and backward
@@ -187,10 +212,15 @@ class Sequential(Module):
             return self._backward_checkpointed(dy, dx_acc, input_grad)
         seq = self._seq
         stop = 0 if input_grad else self._first_with_parameters()
+        hooks = self.backward_hooks
         if stop < len(seq):
             for m in self._rev[:len(seq) - 1 - stop]:
                 dy = m.backward(dy)
+                for hook in hooks:
+                    hook(m)
             dy = _first_backward(seq[stop], dy, dx_acc, input_grad)
+            for hook in hooks:
+                hook(seq[stop])
         s.ready = False
         return dy if input_grad else None
 
@@ -258,13 +288,19 @@ class Sequential(Module):
         stop = 0 if input_grad else self._first_with_parameters()
         for i in range(len(seq) - 1, stop, -1):
             d = seq[i].backward(dy)
+            for hook in self.backward_hooks:
+                hook(seq[i])
             # Child i's input is dead now: its buffer keeps the gradient safe from the rerun
             # below, which overwrites the pooled buffers d lives in.
             dy = inputs[i]
             np.copyto(dy, d)
             self._rewind(i - 1)
             seq[i - 1].forward(inputs[i - 1])
-        dx = _first_backward(seq[stop], dy, dx_acc, input_grad) if stop < len(seq) else None
+        dx = None
+        if stop < len(seq):
+            dx = _first_backward(seq[stop], dy, dx_acc, input_grad)
+            for hook in self.backward_hooks:
+                hook(seq[stop])
         self._rewind(len(seq))
         inputs[0] = None
         s.ready = False

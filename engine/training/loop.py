@@ -426,10 +426,12 @@ class _Step:
         if self.plan.classify and rows:
             self.hit += self.hits.count(pred, yb)
             self.rows += scored_rows(pred)
+        weight = None if m % dp.size == 0 else rows / m  # this process's share of the batch
+        dp.begin_backward(weight)  # (gradient buckets: reductions start during the backward)
         if rows:  # (without rows the gradient stays zero: the rank adds nothing to the sum)
             model.backward(self.loss.backward(), **self.backward_options)
         # the gradient of the global batch, on every process
-        dp.reduce_gradients(None if m % dp.size == 0 else rows / m)
+        dp.reduce_gradients(weight)
         if self.plan.clip_grad_norm is not None:  # the global gradient's norm
             dp.clip_grad_norm(self.plan.clip_grad_norm)
         # (the loop holds Ctrl-C to the end of the step: the update and its bookkeeping

@@ -4,13 +4,15 @@
 the argument checks (on every rank, agreeing on failures), ``start`` returns the run's
 data-parallel object. With one process every collective step is the identity
 (``SingleProcess``); over MPI it is ``engine.distributed.DataParallel``. The loop has no
-branch on which one it holds.
+branch on which one it holds. Training sits below the distributed layer and does not import
+it: ``engine.distributed`` registers its ranks here when it is imported (``register_ranks``;
+``import engine`` imports it, without loading MPI).
 """
 from __future__ import annotations
 
 from ..optim.optimizers import clip_grad_norm
 
-__all__ = ["SingleProcess", "processes"]
+__all__ = ["SingleProcess", "processes", "register_ranks"]
 
 
 class SingleProcess:
@@ -37,6 +39,9 @@ class SingleProcess:
     def batch_loss(self, value: float, rows: int) -> tuple:
         return value, rows
 
+    def begin_backward(self, weight=None) -> None:
+        pass
+
     def reduce_gradients(self, weight=None) -> None:
         pass
 
@@ -58,10 +63,24 @@ class SingleProcess:
         pass
 
 
+_RANKS = []  # [factory]: comm -> the ranks of a fit run over it (engine.distributed's)
+
+
+def register_ranks(factory) -> None:
+    """Let ``fit(..., comm=c)`` train over the ranks ``factory(c)`` returns (an object with
+    ``checked`` and ``start``, as ``SingleProcess``); ``engine.distributed`` registers its
+    ``FitRanks`` when imported."""
+    if not callable(factory):
+        raise TypeError(f"factory: expected a callable, got {type(factory).__name__}")
+    _RANKS[:] = [factory]
+
+
 def processes(comm):
     """The processes of a ``fit`` run: this one alone (``comm=None``), or the ranks of an MPI
-    communicator (``engine.distributed``)."""
+    communicator (through the factory ``engine.distributed`` registered)."""
     if comm is None:
         return SingleProcess()
-    from ..distributed import FitRanks
-    return FitRanks(comm)
+    if not _RANKS:
+        raise TypeError(f"comm: expected an MPI communicator (mpi4py.MPI.Comm) with "
+                        f"engine.distributed imported, got {type(comm).__name__}")
+    return _RANKS[0](comm)
