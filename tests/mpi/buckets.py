@@ -50,7 +50,7 @@ def tied_siblings():
     lin = [Linear(6, 8, dtype=f8, rng=g), Linear(8, 8, bias=False, dtype=f8, rng=g),
            Linear(8, 8, bias=False, dtype=f8, rng=g), Linear(8, 3, dtype=f8, rng=g)]
     lin[2].W = lin[1].W
-    model = Sequential(lin[0], ReLU(f8), lin[1], ReLU(f8), lin[2], ReLU(f8), lin[3])
+    model = Sequential(lin[0], ReLU(dtype=f8), lin[1], ReLU(dtype=f8), lin[2], ReLU(dtype=f8), lin[3])
     return model, CrossEntropyLoss(), X, y, dict(epochs=2, batch_size=7)
 
 
