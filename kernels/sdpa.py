@@ -142,16 +142,15 @@ def _colmix2(oa, ob, w, x, ja, jb, causal, nt, width):
 
 
 @jit(inline="always")
-def _softmax_row(sr, n, sc):
-    # sr[:n] = softmax(sr[:n] * sc) in place (sr[n:] is not read)
+def _softmax_row(pr, sr, n, sc):
+    # pr[:n] = softmax(sr[:n] * sc), sr[:n] overwritten with the exp terms; three passes
+    # (max(s) sc is max(s sc): scaling by sc > 0 is monotone)
+    sub = lanes.row_max(sr[:n]) * sc      # s - max: exp stays <= 1
     for j in range(n):
-        sr[j] *= sc
-    m = lanes.row_max(sr[:n])
-    for j in range(n):                    # s - max: exp stays <= 1
-        sr[j] = fastmath.exp(sr[j] - m)
+        sr[j] = fastmath.exp(sr[j] * sc - sub)
     inv = fastmath.const(1, sr) / lanes.row_sum(sr[:n])
     for j in range(n):
-        sr[j] *= inv
+        pr[j] = sr[j] * inv
 
 
 @jit(inline="always")
@@ -209,11 +208,9 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
             na, nb = (i + 1, ib + 1) if causal else (nt, nt)
             _dot2(sr[0], sr[1], x[i, qo:qo + dh], x[ib, qo:qo + dh], kt, dh,
                   tiles.round_up(nb))                            # S rows (whole tiles)
-            _softmax_row(sr[0], na, sc)
-            _softmax_row(sr[1], nb, sc)
-            _mix2(orow[0], orow[1], sr[0], sr[1], vp, na, nb, wp)  # O rows = P v
-            _put(pp[i], sr[0], na)
-            _put(pp[ib], sr[1], nb)
+            _softmax_row(pp[i], sr[0], na, sc)                  # P rows
+            _softmax_row(pp[ib], sr[1], nb, sc)
+            _mix2(orow[0], orow[1], pp[i], pp[ib], vp, na, nb, wp)  # O rows = P v
             _put(out[b, i, qo:qo + dh], orow[0], dh)
             _put(out[b, ib, qo:qo + dh], orow[1], dh)
     return 0
