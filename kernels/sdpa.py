@@ -33,20 +33,6 @@ __all__ = ["sdpa_forward", "sdpa_backward", "sdpa_forward_unchecked",
            "sdpa_backward_unchecked"]
 
 
-# The backward walks columns of dS and P (dk = dS^T q, dv = P^T dO). Rows of T floats are
-# T / 16 cache lines apart; at T = 128, 256, ... a column's lines fall into so few L1 sets
-# that they evict each other before the next column reuses them. So dS rows are one tile
-# longer than T (a stride that visits every set), and from T = COPY_P_FROM P is copied into
-# rows of that stride first (below it a column fits in the sets it visits).
-COPY_P_FROM = 128
-
-
-@jit(inline="always")
-def _stride(nt):
-    # the row stride of the backward's dS (and copied P): whole tiles plus one
-    return tiles.round_up(nt) + 16
-
-
 @jit(inline="always")
 def _head_cols(out, x, col, dh, nt):
     # out[c, j] = x[j, col + c]: a head's (T, dh) column block as a (dh, T) copy, zero past T.
@@ -78,25 +64,6 @@ def _head_rows(out, x, col, dh, nt):
 
 
 @jit(inline="always")
-def _put2(da, db, orow, dh):
-    # da[:dh], db[:dh] = orow[0, :dh], orow[1, :dh]
-    _put(da, orow[0], dh)
-    _put(db, orow[1], dh)
-
-
-@jit(inline="always")
-def _operand(pad, x, col, dh, nt):
-    # (rows, column offset) of a head's (T, dh) column block as the tiles read it: x itself
-    # when dh is whole tiles (every tile in bounds) and T < COPY_P_FROM, else its copy in pad,
-    # zero past dh (the products walk down these rows: in x they are 3 d_model floats apart,
-    # which from T = COPY_P_FROM evict each other from L1, see COPY_P_FROM)
-    if dh % 16 == 0 and nt < COPY_P_FROM:
-        return x, col
-    _head_rows(pad, x, col, dh, nt)
-    return pad, 0
-
-
-@jit(inline="always")
 def _put(out, src, n):
     # out[:n] = src[:n]
     for c in range(n):
@@ -125,20 +92,20 @@ def _dot2(sa, sb, qa, qb, kt, dh, n):
 
 
 @jit(inline="always")
-def _mix2(oa, ob, pa, pb, x, xo, na, nb, width):
-    # oa = sum_{j < na} pa[j] x[j] and ob = sum_{j < nb} pb[j] x[j] over x[:, xo:xo + width]
+def _mix2(oa, ob, pa, pb, x, na, nb, width):
+    # oa = sum_{j < na} pa[j] x[j] and ob = sum_{j < nb} pb[j] x[j] over x's width
     # (nb = na, or na + 1: a causal pair's second row has one term more)
     for c0 in range(0, width, 16):
         a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(oa)
         b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.zeros(oa)
         for j in range(na):
-            k = tiles.load(x[j, xo + c0:xo + c0 + 16])
+            k = tiles.load(x[j, c0:c0 + 16])
             a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
                 (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), pa[j], k)
             b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
                 (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), pb[j], k)
         if nb > na:
-            k = tiles.load(x[na, xo + c0:xo + c0 + 16])
+            k = tiles.load(x[na, c0:c0 + 16])
             b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
                 (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), pb[na], k)
         tiles.store(oa[c0:c0 + 16],
@@ -148,9 +115,8 @@ def _mix2(oa, ob, pa, pb, x, xo, na, nb, width):
 
 
 @jit(inline="always")
-def _colmix2(oa, ob, w, x, xo, ja, jb, causal, nt, width):
-    # oa = sum_i w[i, ja] x[i] and ob = sum_i w[i, jb] x[i] (x[:, xo:xo + width]) over i < nt,
-    # or i >= ja resp. jb
+def _colmix2(oa, ob, w, x, ja, jb, causal, nt, width):
+    # oa = sum_i w[i, ja] x[i] and ob = sum_i w[i, jb] x[i] over i < nt, or i >= ja resp. jb
     # when causal: the transposed product (dv = P^T dO, dk = dS^T q)
     lo = ja if causal else 0
     lead = causal and jb > ja
@@ -159,12 +125,12 @@ def _colmix2(oa, ob, w, x, xo, ja, jb, causal, nt, width):
         b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.zeros(oa)
         i0 = lo
         if lead:
-            k, wa = tiles.load(x[ja, xo + c0:xo + c0 + 16]), w[ja, ja]
+            k, wa = tiles.load(x[ja, c0:c0 + 16]), w[ja, ja]
             a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
                 (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), wa, k)
             i0 = jb
         for i in range(i0, nt):
-            k, wa, wb = tiles.load(x[i, xo + c0:xo + c0 + 16]), w[i, ja], w[i, jb]
+            k, wa, wb = tiles.load(x[i, c0:c0 + 16]), w[i, ja], w[i, jb]
             a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
                 (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), wa, k)
             b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
@@ -195,6 +161,20 @@ def _dscore_row(dsr, pr, n, sc):
         dsr[j] = pr[j] * (dsr[j] - rs) * sc
 
 
+# The backward walks columns of dS and P (dk = dS^T q, dv = P^T dO). Rows of T floats are
+# T / 16 cache lines apart; at T = 128, 256, ... a column's lines fall into so few L1 sets
+# that they evict each other before the next column reuses them. So dS rows are one tile
+# longer than T (a stride that visits every set), and from T = COPY_P_FROM P is copied into
+# rows of that stride first (below it a column fits in the sets it visits).
+COPY_P_FROM = 128
+
+
+@jit(inline="always")
+def _stride(nt):
+    # the row stride of the backward's dS (and copied P): whole tiles plus one
+    return tiles.round_up(nt) + 16
+
+
 def work_size(nt, dh, backward):
     """Scratch elements per thread of ``_sdpa_fwd`` / ``_sdpa_bwd`` for T = ``nt``."""
     tp, wp = -(-nt // 16) * 16, -(-dh // 16) * 16
@@ -222,7 +202,7 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
         x, pp = qkv[b], p[pair]
         _head_cols(kt, x, ko, dh, nt)
-        vx, vc = _operand(vp, x, vo, dh, nt)
+        _head_rows(vp, x, vo, dh, nt)
         for i in range(0, nt, 2):
             ib = min(i + 1, nt - 1)
             na, nb = (i + 1, ib + 1) if causal else (nt, nt)
@@ -230,13 +210,9 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
                   tiles.round_up(nb))                            # S rows (whole tiles)
             _softmax_row(pp[i], sr[0], na, sc)                  # P rows
             _softmax_row(pp[ib], sr[1], nb, sc)
-            if dh == wp:                                         # O rows = P v
-                _mix2(out[b, i, qo:qo + dh], out[b, ib, qo:qo + dh], pp[i], pp[ib], vx, vc,
-                      na, nb, wp)
-            else:  # through whole-tile rows
-                _mix2(orow[0], orow[1], pp[i], pp[ib], vx, vc, na, nb, wp)
-                _put(out[b, i, qo:qo + dh], orow[0], dh)
-                _put(out[b, ib, qo:qo + dh], orow[1], dh)
+            _mix2(orow[0], orow[1], pp[i], pp[ib], vp, na, nb, wp)  # O rows = P v
+            _put(out[b, i, qo:qo + dh], orow[0], dh)
+            _put(out[b, ib, qo:qo + dh], orow[1], dh)
     return 0
 
 
@@ -262,9 +238,9 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
         x, g, pp, dx = qkv[b], do[b], p[pair], dqkv[b]
         _head_cols(vt, x, vo, dh, nt)
-        gx, gc = _operand(gp, g, qo, dh, nt)
-        qx, qc = _operand(qp, x, qo, dh, nt)
-        kx, kc = _operand(kp, x, ko, dh, nt)
+        _head_rows(gp, g, qo, dh, nt)
+        _head_rows(qp, x, qo, dh, nt)
+        _head_rows(kp, x, ko, dh, nt)
         pw = pp
         if nt >= COPY_P_FROM:
             for i in range(nt):
@@ -272,22 +248,24 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
             pw = pc
         for j in range(0, nt, 2):                            # dv_j = sum_i P_ij dO_i
             jb = min(j + 1, nt - 1)
-            _colmix2(orow[0], orow[1], pw, gx, gc, j, jb, causal, nt, wp)
-            _put2(dx[j, vo:vo + dh], dx[jb, vo:vo + dh], orow, dh)
+            _colmix2(orow[0], orow[1], pw, gp, j, jb, causal, nt, wp)
+            _put(dx[j, vo:vo + dh], orow[0], dh)
+            _put(dx[jb, vo:vo + dh], orow[1], dh)
         for i in range(0, nt, 2):
             ib = min(i + 1, nt - 1)
             na, nb = (i + 1, ib + 1) if causal else (nt, nt)
-            _dot2(ds[i], ds[ib], gx[i, gc:gc + dh], gx[ib, gc:gc + dh], vt, dh,
-                  tiles.round_up(nb))                            # dP = dO v^T
+            _dot2(ds[i], ds[ib], gp[i], gp[ib], vt, dh, tiles.round_up(nb))  # dP = dO v^T
             _dscore_row(ds[i], pp[i], na, sc)
             if ib > i:
                 _dscore_row(ds[ib], pp[ib], nb, sc)
-            _mix2(orow[0], orow[1], ds[i], ds[ib], kx, kc, na, nb, wp)  # dq = dS k
-            _put2(dx[i, qo:qo + dh], dx[ib, qo:qo + dh], orow, dh)
+            _mix2(orow[0], orow[1], ds[i], ds[ib], kp, na, nb, wp)  # dq_i = sum_j dS_ij k_j
+            _put(dx[i, qo:qo + dh], orow[0], dh)
+            _put(dx[ib, qo:qo + dh], orow[1], dh)
         for j in range(0, nt, 2):                            # dk_j = sum_i dS_ij q_i
             jb = min(j + 1, nt - 1)
-            _colmix2(orow[0], orow[1], ds, qx, qc, j, jb, causal, nt, wp)  # dk = dS^T q
-            _put2(dx[j, ko:ko + dh], dx[jb, ko:ko + dh], orow, dh)
+            _colmix2(orow[0], orow[1], ds, qp, j, jb, causal, nt, wp)
+            _put(dx[j, ko:ko + dh], orow[0], dh)
+            _put(dx[jb, ko:ko + dh], orow[1], dh)
     return 0
 
 
