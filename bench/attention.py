@@ -19,7 +19,8 @@
   and the BLAS calls per step of each.
 
 ``--paths`` instead times MultiHeadAttention forward+backward with the compiled heads
-against the per-head BLAS GEMMs over head sizes 32, 64 and T 64..1024 (the table behind
+against the per-head BLAS GEMMs over head sizes 32, 64 and T 64..1024 (full attention also
+T 32, where the rule's crossover is) (the table behind
 ``engine.nn.attention.kernel_wins``). Prints a table and writes the numbers as JSON (default
 bench/results/attention.json).
 """
@@ -54,7 +55,7 @@ NANOGPT_CPU = dict(vocab=65, n_layer=4, n_head=4, d_model=128, seq_len=64, batch
 TINY_NANOGPT = dict(vocab=11, n_layer=1, n_head=2, d_model=8, seq_len=8, batch=2, bias=False)
 # --paths: (d_head, T, causal) per case, 4 heads; B = 8 sequences (2 at T = 1024).
 PATH_CASES = ([(dh, t, True) for dh in (32, 64) for t in (64, 128, 256, 1024)]
-              + [(dh, t, False) for dh in (32, 64) for t in (64, 256, 1024)])
+              + [(dh, t, False) for dh in (32, 64) for t in (32, 64, 256, 1024)])
 TINY_PATH_CASES = [(4, 8, True), (4, 8, False)]
 
 

@@ -11,15 +11,19 @@ d[q | k | v] in the (B, T, 3 d_model) rows of the QKV weight-gradient GEMM. The 
 P (B h, T, T) are kept for backward, as the BLAS path does; only their causal half is read.
 
 Each pair is computed by one thread in a fixed loop order (pairs are split over the engine's
-pool, kernels.parallel), so results are bit-identical at any thread count. The innermost
-loops run over contiguous memory without a reduction (k and v transposed per pair into
-scratch), which LLVM vectorises; the softmax's row reductions use kernels.lanes.
+pool, kernels.parallel), so results are bit-identical at any thread count. The products are
+GEMM-style register tiles (kernels.tiles): two rows of sixteen lanes accumulate over the
+inner index in registers, packed into vectors by LLVM's SLP vectoriser (the kernels compile
+with ``jit(slp=True)``, so without FMA contraction); per pair the head's k (transposed) and
+v rows (and backward dO, q, k) are first copied into per-thread scratch padded to whole
+tiles, so every tile reads contiguous, in-bounds memory. The softmax's row reductions use
+kernels.lanes.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import fastmath, lanes
+from . import fastmath, lanes, tiles
 from . import parallel as _par
 from .gemm import check_array
 from .jit import jit
@@ -30,184 +34,238 @@ __all__ = ["sdpa_forward", "sdpa_backward", "sdpa_forward_unchecked",
 
 
 @jit(inline="always")
-def _transpose_head(out, x, b, col, dh, nt):
-    # out[c, j] = x[b, j, col + c]: a head's (T, dh) column block as a contiguous (dh, T) copy
-    for j in range(nt):
-        xr = x[b, j]
-        for c in range(dh):
-            out[c, j] = xr[col + c]
-
-
-# Rows per block of the backward's dk, dv sweep: eight rows of dS share each dk_j, dv_j update.
-ROWS = 8
-# Score columns are computed in multiples of this (the vector width of float32 on AVX-512):
-# a causal row's j < i + 1 is rarely a multiple of it, and LLVM's remainder loop is scalar.
-LANES = 16
-
-# Every vectorised loop below writes one array and reads at most eight others: LLVM proves
-# independence by a runtime check per written/read pair, and gives up (scalar code) beyond
-# eight. So each loop has one output, and eight terms are summed per store (in a fixed
-# order) to share its load and store.
-
-
-@jit(inline="always")
-def _dot_row(sr, a, kt, dh, n):
-    # sr[j] = sum_c a[c] kt[c, j] for j < n: c outer eight at a time, the j loop a stream
-    zero = fastmath.const(0, sr)
-    for j in range(n):
-        sr[j] = zero
-    m = dh - dh % 8
-    for c in range(0, m, 8):
-        a0, a1, a2, a3 = a[c], a[c + 1], a[c + 2], a[c + 3]
-        a4, a5, a6, a7 = a[c + 4], a[c + 5], a[c + 6], a[c + 7]
-        k0, k1, k2, k3 = kt[c], kt[c + 1], kt[c + 2], kt[c + 3]
-        k4, k5, k6, k7 = kt[c + 4], kt[c + 5], kt[c + 6], kt[c + 7]
-        for j in range(n):
-            sr[j] += (((a0 * k0[j] + a1 * k1[j]) + (a2 * k2[j] + a3 * k3[j]))
-                      + ((a4 * k4[j] + a5 * k5[j]) + (a6 * k6[j] + a7 * k7[j])))
-    for c in range(m, dh):
-        ac, kc = a[c], kt[c]
-        for j in range(n):
-            sr[j] += ac * kc[j]
-
-
-@jit(inline="always")
-def _mix_row(out, w, x, col, dh, n):
-    # out[c] = sum_{j < n} w[j] x[j, col + c]: eight j at a time into the one output row
+def _head_cols(out, x, col, dh, nt):
+    # out[c, j] = x[j, col + c]: a head's (T, dh) column block as a (dh, T) copy, zero past T.
+    # Sixteen columns j at a time: a whole column of out per c would touch dh lines T * 4
+    # bytes apart, which share few L1 sets at T = 256 (conflict misses)
     zero = fastmath.const(0, out)
+    for j0 in range(0, nt, 16):
+        m = min(16, nt - j0)
+        for c in range(dh):
+            r = out[c, j0:j0 + 16]
+            for y in range(m):
+                r[y] = x[j0 + y, col + c]
     for c in range(dh):
-        out[c] = zero
-    m = n - n % 8
-    for j in range(0, m, 8):
-        w0, w1, w2, w3 = w[j], w[j + 1], w[j + 2], w[j + 3]
-        w4, w5, w6, w7 = w[j + 4], w[j + 5], w[j + 6], w[j + 7]
-        x0, x1 = x[j, col:col + dh], x[j + 1, col:col + dh]
-        x2, x3 = x[j + 2, col:col + dh], x[j + 3, col:col + dh]
-        x4, x5 = x[j + 4, col:col + dh], x[j + 5, col:col + dh]
-        x6, x7 = x[j + 6, col:col + dh], x[j + 7, col:col + dh]
-        for c in range(dh):
-            out[c] += (((w0 * x0[c] + w1 * x1[c]) + (w2 * x2[c] + w3 * x3[c]))
-                       + ((w4 * x4[c] + w5 * x5[c]) + (w6 * x6[c] + w7 * x7[c])))
-    for j in range(m, n):
-        wj, xr = w[j], x[j, col:col + dh]
-        for c in range(dh):
-            out[c] += wj * xr[c]
+        r = out[c]
+        for j in range(nt, out.shape[1]):
+            r[j] = zero
 
 
 @jit(inline="always")
-def _softmax_row(sr, n, sc):
-    # sr[:n] = softmax(sr[:n] * sc) in place (sr[n:] is not read)
+def _head_rows(out, x, col, dh, nt):
+    # out[j, c] = x[j, col + c]: a head's (T, dh) column block as rows, zero past dh
+    zero = fastmath.const(0, out)
+    for j in range(nt):
+        r, xr = out[j], x[j, col:col + dh]
+        for c in range(dh):
+            r[c] = xr[c]
+        for c in range(dh, out.shape[1]):
+            r[c] = zero
+
+
+@jit(inline="always")
+def _put(out, src, n):
+    # out[:n] = src[:n]
+    for c in range(n):
+        out[c] = src[c]
+
+
+# The three products below are register tiles (kernels.tiles): two output rows of sixteen
+# lanes each, every lane summed over its inner index in increasing order.
+
+@jit(inline="always")
+def _dot2(sa, sb, qa, qb, kt, dh, n):
+    # sa[j] = sum_c qa[c] kt[c, j] (sb from qb) for the tiles covering j < n (n whole tiles)
+    for j0 in range(0, n, 16):
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(sa)
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.zeros(sa)
+        for c in range(dh):
+            k = tiles.load(kt[c, j0:j0 + 16])
+            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
+                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), qa[c], k)
+            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
+                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), qb[c], k)
+        tiles.store(sa[j0:j0 + 16],
+                    (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
+        tiles.store(sb[j0:j0 + 16],
+                    (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
+
+
+@jit(inline="always")
+def _mix2(oa, ob, pa, pb, x, na, nb, width):
+    # oa = sum_{j < na} pa[j] x[j] and ob = sum_{j < nb} pb[j] x[j] over x's width
+    # (nb = na, or na + 1: a causal pair's second row has one term more)
+    for c0 in range(0, width, 16):
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(oa)
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.zeros(oa)
+        for j in range(na):
+            k = tiles.load(x[j, c0:c0 + 16])
+            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
+                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), pa[j], k)
+            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
+                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), pb[j], k)
+        if nb > na:
+            k = tiles.load(x[na, c0:c0 + 16])
+            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
+                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), pb[na], k)
+        tiles.store(oa[c0:c0 + 16],
+                    (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
+        tiles.store(ob[c0:c0 + 16],
+                    (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
+
+
+@jit(inline="always")
+def _colmix2(oa, ob, w, x, ja, jb, causal, nt, width):
+    # oa = sum_i w[i, ja] x[i] and ob = sum_i w[i, jb] x[i] over i < nt, or i >= ja resp. jb
+    # when causal: the transposed product (dv = P^T dO, dk = dS^T q)
+    lo = ja if causal else 0
+    lead = causal and jb > ja
+    for c0 in range(0, width, 16):
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(oa)
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.zeros(oa)
+        i0 = lo
+        if lead:
+            k, wa = tiles.load(x[ja, c0:c0 + 16]), w[ja, ja]
+            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
+                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), wa, k)
+            i0 = jb
+        for i in range(i0, nt):
+            k, wa, wb = tiles.load(x[i, c0:c0 + 16]), w[i, ja], w[i, jb]
+            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
+                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), wa, k)
+            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
+                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), wb, k)
+        tiles.store(oa[c0:c0 + 16],
+                    (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
+        tiles.store(ob[c0:c0 + 16],
+                    (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
+
+
+@jit(inline="always")
+def _softmax_row(pr, sr, n, sc):
+    # pr[:n] = softmax(sr[:n] * sc), sr[:n] overwritten with the exp terms; three passes
+    # (max(s) sc is max(s sc): scaling by sc > 0 is monotone)
+    sub = lanes.row_max(sr[:n]) * sc      # s - max: exp stays <= 1
     for j in range(n):
-        sr[j] *= sc
-    m = lanes.row_max(sr[:n])
-    for j in range(n):                    # s - max: exp stays <= 1
-        sr[j] = fastmath.exp(sr[j] - m)
+        sr[j] = fastmath.exp(sr[j] * sc - sub)
     inv = fastmath.const(1, sr) / lanes.row_sum(sr[:n])
     for j in range(n):
-        sr[j] *= inv
+        pr[j] = sr[j] * inv
 
 
 @jit(inline="always")
-def _padded(n, nt):
-    # n rounded up to whole LANES, at most nt: the score columns a row computes
-    return min(nt, (n + LANES - 1) // LANES * LANES)
+def _dscore_row(dsr, pr, n, sc):
+    # dS = P (dP - sum_j dP_j P_j) * scale over j < n, in place of dP
+    rs = lanes.row_dot(dsr[:n], pr[:n])
+    for j in range(n):
+        dsr[j] = pr[j] * (dsr[j] - rs) * sc
 
 
-@jit
-def _sdpa_fwd(out, p, kt, qkv, n_heads, scale, causal, i0, i1):
-    # out (B, T, d) rows; p (B h, T, T); kt (dh, T) scratch; qkv (B, T, 3d); pairs i0..i1.
-    # Head slices are taken before the element loops: an index qo + c would keep numba's
-    # negative-index fix-up in the loop, which stops LLVM's vectoriser.
+# The backward walks columns of dS and P (dk = dS^T q, dv = P^T dO). Rows of T floats are
+# T / 16 cache lines apart; at T = 128, 256, ... a column's lines fall into so few L1 sets
+# that they evict each other before the next column reuses them. So dS rows are one tile
+# longer than T (a stride that visits every set), and from T = COPY_P_FROM P is copied into
+# rows of that stride first (below it a column fits in the sets it visits).
+COPY_P_FROM = 128
+
+
+@jit(inline="always")
+def _stride(nt):
+    # the row stride of the backward's dS (and copied P): whole tiles plus one
+    return tiles.round_up(nt) + 16
+
+
+def work_size(nt, dh, backward):
+    """Scratch elements per thread of ``_sdpa_fwd`` / ``_sdpa_bwd`` for T = ``nt``."""
+    tp, wp = -(-nt // 16) * 16, -(-dh // 16) * 16
+    if backward:  # V^T, dO / q / k rows, dS and P rows, two output rows
+        return dh * tp + 3 * nt * wp + 2 * nt * (tp + 16) + 2 * wp
+    return dh * tp + nt * wp + 2 * tp + 2 * wp  # K^T, v rows, two score rows, two output rows
+
+
+@jit(slp=True)
+def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
+    # out (B, T, d) rows; p (B h, T, T); work (work_size,) scratch; qkv (B, T, 3d); pairs
+    # i0..i1. Rows go two at a time (i, ib), ib = i at an odd T's last row.
     nt, d = qkv.shape[1], out.shape[2]
     dh = d // n_heads
+    tp, wp = tiles.round_up(nt), tiles.round_up(dh)
+    kt = work[:dh * tp].reshape(dh, tp)                      # K^T, zero past T
+    o = dh * tp
+    vp = work[o:o + nt * wp].reshape(nt, wp)                 # v rows, zero past dh
+    o += nt * wp
+    sr = work[o:o + 2 * tp].reshape(2, tp)                   # two score rows
+    orow = work[o + 2 * tp:o + 2 * tp + 2 * wp].reshape(2, wp)  # two output rows
     sc = fastmath.const(scale, p)
     for pair in range(i0, i1):
         b, h = pair // n_heads, pair % n_heads
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
         x, pp = qkv[b], p[pair]
-        _transpose_head(kt, qkv, b, ko, dh, nt)
-        for i in range(nt):
-            n = i + 1 if causal else nt
-            _dot_row(pp[i], x[i, qo:qo + dh], kt, dh, _padded(n, nt))   # S row (padded)
-            _softmax_row(pp[i], n, sc)
-            _mix_row(out[b, i, qo:qo + dh], pp[i], x, vo, dh, n)       # O row = P_i v
+        _head_cols(kt, x, ko, dh, nt)
+        _head_rows(vp, x, vo, dh, nt)
+        for i in range(0, nt, 2):
+            ib = min(i + 1, nt - 1)
+            na, nb = (i + 1, ib + 1) if causal else (nt, nt)
+            _dot2(sr[0], sr[1], x[i, qo:qo + dh], x[ib, qo:qo + dh], kt, dh,
+                  tiles.round_up(nb))                            # S rows (whole tiles)
+            _softmax_row(pp[i], sr[0], na, sc)                  # P rows
+            _softmax_row(pp[ib], sr[1], nb, sc)
+            _mix2(orow[0], orow[1], pp[i], pp[ib], vp, na, nb, wp)  # O rows = P v
+            _put(out[b, i, qo:qo + dh], orow[0], dh)
+            _put(out[b, ib, qo:qo + dh], orow[1], dh)
     return 0
 
 
-@jit(inline="always")
-def _kv_grads(dx, ds, p, x, g, i0, r, offs, dh, jfull, causal, nt):
-    # dk_j += sum_i dS_ij q_i and dv_j += sum_i P_ij dO_i over the rows i = i0 + y, y < r
-    # (x the (T, 3d) qkv rows, g the (T, d) dO rows, dx the (T, 3d) gradient rows):
-    # j < jfull for eight rows in one sweep, the rest (the causal diagonal block, or the
-    # rows of a short block) row by row
-    qo, ko, vo = offs
-    j0 = 0
-    if r == 8:
-        j0 = jfull
-        q0, q1 = x[i0, qo:qo + dh], x[i0 + 1, qo:qo + dh]
-        q2, q3 = x[i0 + 2, qo:qo + dh], x[i0 + 3, qo:qo + dh]
-        q4, q5 = x[i0 + 4, qo:qo + dh], x[i0 + 5, qo:qo + dh]
-        q6, q7 = x[i0 + 6, qo:qo + dh], x[i0 + 7, qo:qo + dh]
-        g0, g1 = g[i0, qo:qo + dh], g[i0 + 1, qo:qo + dh]
-        g2, g3 = g[i0 + 2, qo:qo + dh], g[i0 + 3, qo:qo + dh]
-        g4, g5 = g[i0 + 4, qo:qo + dh], g[i0 + 5, qo:qo + dh]
-        g6, g7 = g[i0 + 6, qo:qo + dh], g[i0 + 7, qo:qo + dh]
-        for j in range(jfull):
-            s0, s1, s2, s3 = ds[0, j], ds[1, j], ds[2, j], ds[3, j]
-            s4, s5, s6, s7 = ds[4, j], ds[5, j], ds[6, j], ds[7, j]
-            dk = dx[j, ko:ko + dh]
-            for c in range(dh):
-                dk[c] += (((s0 * q0[c] + s1 * q1[c]) + (s2 * q2[c] + s3 * q3[c]))
-                          + ((s4 * q4[c] + s5 * q5[c]) + (s6 * q6[c] + s7 * q7[c])))
-            a0, a1, a2, a3 = p[i0, j], p[i0 + 1, j], p[i0 + 2, j], p[i0 + 3, j]
-            a4, a5, a6, a7 = p[i0 + 4, j], p[i0 + 5, j], p[i0 + 6, j], p[i0 + 7, j]
-            dv = dx[j, vo:vo + dh]
-            for c in range(dh):
-                dv[c] += (((a0 * g0[c] + a1 * g1[c]) + (a2 * g2[c] + a3 * g3[c]))
-                          + ((a4 * g4[c] + a5 * g5[c]) + (a6 * g6[c] + a7 * g7[c])))
-    for y in range(r):
-        i = i0 + y
-        qr, gr = x[i, qo:qo + dh], g[i, qo:qo + dh]
-        for j in range(j0, i + 1 if causal else nt):
-            sj, pj = ds[y, j], p[i, j]
-            dk = dx[j, ko:ko + dh]
-            for c in range(dh):
-                dk[c] += sj * qr[c]
-            dv = dx[j, vo:vo + dh]
-            for c in range(dh):
-                dv[c] += pj * gr[c]
-
-
-@jit
-def _sdpa_bwd(dqkv, vt, ds, do, p, qkv, n_heads, scale, causal, i0, i1):
-    # dqkv (B, T, 3d) rows; vt (dh, T), ds (ROWS, T) scratch; do (B, T, d); p (B h, T, T)
+@jit(slp=True)
+def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
+    # dqkv (B, T, 3d) rows; work (work_size,) scratch; do (B, T, d); p (B h, T, T)
     nt, d = qkv.shape[1], do.shape[2]
     dh = d // n_heads
+    tp, wp = tiles.round_up(nt), tiles.round_up(dh)
+    vt = work[:dh * tp].reshape(dh, tp)                      # V^T, zero past T
+    o = dh * tp
+    gp = work[o:o + nt * wp].reshape(nt, wp)                 # dO, q, k rows, zero past dh
+    qp = work[o + nt * wp:o + 2 * nt * wp].reshape(nt, wp)
+    kp = work[o + 2 * nt * wp:o + 3 * nt * wp].reshape(nt, wp)
+    o += 3 * nt * wp
+    ts = _stride(nt)
+    ds = work[o:o + nt * ts].reshape(nt, ts)                 # dP, then dS (lower half)
+    pc = work[o + nt * ts:o + 2 * nt * ts].reshape(nt, ts)   # P copied, from T = COPY_P_FROM
+    orow = work[o + 2 * nt * ts:o + 2 * nt * ts + 2 * wp].reshape(2, wp)
     sc = fastmath.const(scale, p)
-    zero = fastmath.const(0, p)
     for pair in range(i0, i1):
         b, h = pair // n_heads, pair % n_heads
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
         x, g, pp, dx = qkv[b], do[b], p[pair], dqkv[b]
-        _transpose_head(vt, qkv, b, vo, dh, nt)
-        for j in range(nt):                   # dk, dv accumulate over the rows i >= j
-            dk, dv = dx[j, ko:ko + dh], dx[j, vo:vo + dh]
-            for c in range(dh):
-                dk[c] = zero
-                dv[c] = zero
-        for r0 in range(0, nt, ROWS):
-            r = min(ROWS, nt - r0)
-            for y in range(r):
-                i = r0 + y
-                n = i + 1 if causal else nt
-                dsr, pr = ds[y], pp[i]
-                _dot_row(dsr, g[i, qo:qo + dh], vt, dh, _padded(n, nt))  # dP_i = dO_i v^T
-                rs = lanes.row_dot(dsr[:n], pr[:n])             # sum_j dP_ij P_ij
-                for j in range(n):                              # dS = P (dP - rs) * scale
-                    dsr[j] = pr[j] * (dsr[j] - rs) * sc
-                _mix_row(dx[i, qo:qo + dh], dsr, x, ko, dh, n)  # dq_i = sum_j dS_ij k_j
-            _kv_grads(dx, ds, pp, x, g, r0, r, (qo, ko, vo), dh, r0 + 1 if causal else nt,
-                      causal, nt)
+        _head_cols(vt, x, vo, dh, nt)
+        _head_rows(gp, g, qo, dh, nt)
+        _head_rows(qp, x, qo, dh, nt)
+        _head_rows(kp, x, ko, dh, nt)
+        pw = pp
+        if nt >= COPY_P_FROM:
+            for i in range(nt):
+                _put(pc[i], pp[i], i + 1 if causal else nt)
+            pw = pc
+        for j in range(0, nt, 2):                            # dv_j = sum_i P_ij dO_i
+            jb = min(j + 1, nt - 1)
+            _colmix2(orow[0], orow[1], pw, gp, j, jb, causal, nt, wp)
+            _put(dx[j, vo:vo + dh], orow[0], dh)
+            _put(dx[jb, vo:vo + dh], orow[1], dh)
+        for i in range(0, nt, 2):
+            ib = min(i + 1, nt - 1)
+            na, nb = (i + 1, ib + 1) if causal else (nt, nt)
+            _dot2(ds[i], ds[ib], gp[i], gp[ib], vt, dh, tiles.round_up(nb))  # dP = dO v^T
+            _dscore_row(ds[i], pp[i], na, sc)
+            if ib > i:
+                _dscore_row(ds[ib], pp[ib], nb, sc)
+            _mix2(orow[0], orow[1], ds[i], ds[ib], kp, na, nb, wp)  # dq_i = sum_j dS_ij k_j
+            _put(dx[i, qo:qo + dh], orow[0], dh)
+            _put(dx[ib, qo:qo + dh], orow[1], dh)
+        for j in range(0, nt, 2):                            # dk_j = sum_i dS_ij q_i
+            jb = min(j + 1, nt - 1)
+            _colmix2(orow[0], orow[1], ds, qp, j, jb, causal, nt, wp)
+            _put(dx[j, ko:ko + dh], orow[0], dh)
+            _put(dx[jb, ko:ko + dh], orow[1], dh)
     return 0
 
 
@@ -233,11 +291,12 @@ def sdpa_forward_unchecked(out, p, qkv, n_heads, scale, causal):
         return out
     dh, n_pairs = d // n_heads, nb * n_heads
     k, per_pair = _threads(n_pairs, nt, dh, causal, FWD_COST)
-    kts = [scratch(("sdpa.kt", s), (dh, nt), qkv.dtype) for s in range(k)]  # (dh, T) per slot
+    size = work_size(nt, dh, False)
+    works = [scratch(("sdpa.work", s), size, qkv.dtype) for s in range(k)]  # per slot
     if k == 1:
-        _sdpa_fwd(out, p, kts[0], qkv, n_heads, scale, causal, 0, n_pairs)
+        _sdpa_fwd(out, p, works[0], qkv, n_heads, scale, causal, 0, n_pairs)
     else:
-        _par.split(lambda i0, i1, s: _sdpa_fwd(out, p, kts[s], qkv, n_heads, scale, causal,
+        _par.split(lambda i0, i1, s: _sdpa_fwd(out, p, works[s], qkv, n_heads, scale, causal,
                                                i0, i1), n_pairs, per_pair, k=k)
     return out
 
@@ -252,13 +311,13 @@ def sdpa_backward_unchecked(dqkv, do, p, qkv, n_heads, scale, causal):
         return dqkv
     dh, n_pairs = d // n_heads, nb * n_heads
     k, per_pair = _threads(n_pairs, nt, dh, causal, BWD_COST)
-    vts = [scratch(("sdpa.vt", s), (dh, nt), qkv.dtype) for s in range(k)]  # (dh, T) per slot
-    dss = [scratch(("sdpa.ds", s), (ROWS, nt), qkv.dtype) for s in range(k)]  # per slot
+    size = work_size(nt, dh, True)
+    works = [scratch(("sdpa.work", s), size, qkv.dtype) for s in range(k)]  # per slot
     if k == 1:
-        _sdpa_bwd(dqkv, vts[0], dss[0], do, p, qkv, n_heads, scale, causal, 0, n_pairs)
+        _sdpa_bwd(dqkv, works[0], do, p, qkv, n_heads, scale, causal, 0, n_pairs)
     else:
-        _par.split(lambda i0, i1, s: _sdpa_bwd(dqkv, vts[s], dss[s], do, p, qkv, n_heads,
-                                               scale, causal, i0, i1), n_pairs, per_pair, k=k)
+        _par.split(lambda i0, i1, s: _sdpa_bwd(dqkv, works[s], do, p, qkv, n_heads, scale,
+                                               causal, i0, i1), n_pairs, per_pair, k=k)
     return dqkv
 
 

@@ -27,17 +27,17 @@ __all__ = ["MultiHeadAttention", "MAX_SCORES_BYTES", "kernel_wins"]
 # Default bound on the score buffers of one call (see MultiHeadAttention).
 MAX_SCORES_BYTES = 1 << 30
 PATHS = ("auto", "kernel", "blas")  # values of MultiHeadAttention.path
-FULL_KERNEL_BELOW_T = 128  # full (non-causal) attention runs the compiled heads below this T
+FULL_KERNEL_BELOW_T = 64  # full (non-causal) attention runs the compiled heads below this T
 
 
 def kernel_wins(seq_len: int, d_head: int, causal: bool = True) -> bool:
     """Whether the compiled attention (kernels.sdpa) is the faster path for sequences of
     ``seq_len``, heads of ``d_head`` features and a causal mask or none, by the table in
     docs/performance.md ("Compiled attention"). Causal: the kernels compute half the scores
-    and make no per-head calls, faster at every measured shape (T 64-1024, d_head 32-128,
-    1 thread: 0.53-0.91x the GEMMs' time). Full attention: the same arithmetic as the
-    GEMMs, which are faster per flop, so the kernels only below T = 128 (equal at T = 64,
-    GEMMs 1.1-1.45x faster from T = 256)."""
+    and make no per-head calls, faster at every measured shape (T 64-1024, d_head 32-64,
+    1 thread, register-tiled kernels: 0.51-0.90x the GEMMs' time). Full attention: the same
+    arithmetic as the GEMMs, which are faster per flop from T = 64 (kernels 1.03-1.10x at
+    T 64, 1.06-1.84x from T 256; 0.94-1.04x at T 32), so the kernels only below T = 64."""
     return causal or seq_len < FULL_KERNEL_BELOW_T
 
 

@@ -9,7 +9,7 @@ import pytest
 from numba.core import config as numba_config
 
 from kernels import jit as J
-from kernels import lanes, layernorm, losses, optim, softmax, token_mix
+from kernels import lanes, layernorm, losses, optim, sdpa, softmax, token_mix
 
 WIDTHS = [1, 7, 8, 9, 17, 130]
 
@@ -79,6 +79,23 @@ def _bias_from_blocks(rng, d, dtype):
     return np.zeros(3, dtype), _rows(rng, 4 * 3, d, dtype).reshape(4, 3, d)
 
 
+def _sdpa_fwd(rng, d, dtype):
+    # T = d positions, 2 sequences x 2 heads of 20 features (not whole 16-lane tiles);
+    # causal at even T, full at odd
+    b, h, dh, t = 2, 2, 20, d
+    qkv = rng.standard_normal((b, t, 3 * h * dh)).astype(dtype)
+    return (np.empty((b, t, h * dh), dtype), np.zeros((b * h, t, t), dtype),
+            np.zeros(sdpa.work_size(t, dh, False), dtype), qkv, h, 0.25, d % 2 == 0, 0, b * h)
+
+
+def _sdpa_bwd(rng, d, dtype):
+    out, p, _, qkv, h, scale, causal, i0, i1 = _sdpa_fwd(rng, d, dtype)
+    sdpa.sdpa_forward(out, p, qkv, h, scale, causal)
+    t, dh = qkv.shape[1], out.shape[2] // h
+    return (np.empty_like(qkv), np.zeros(sdpa.work_size(t, dh, True), dtype),
+            rng.standard_normal(out.shape).astype(dtype), p, qkv, h, scale, causal, i0, i1)
+
+
 CASES = {
     layernorm._fwd_rows: _layernorm_fwd,
     layernorm._bwd_blocks: _layernorm_bwd,
@@ -87,6 +104,8 @@ CASES = {
     losses._mse_fwd_bwd: _mse_fwd_bwd,
     optim._sumsq_blocks: _sumsq_blocks,
     token_mix._bias_from_blocks: _bias_from_blocks,
+    sdpa._sdpa_fwd: _sdpa_fwd,
+    sdpa._sdpa_bwd: _sdpa_bwd,
 }
 
 
