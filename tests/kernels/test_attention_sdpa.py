@@ -14,10 +14,10 @@ F64 = np.float64
 # (kernels.fmath, ~1e-7 relative) and float32 sums over at most T * d_head terms.
 F32_ATOL = 2e-5
 
-# (B, T, d_model, n_heads): T = 1, T not a multiple of the 4-row blocks or the 16-lane score
-# columns, B * h = 1, d_head = 1, and GPT-sized heads.
+# (B, T, d_model, n_heads): T = 1, T not a multiple of the 4-row blocks (one, two and three
+# rows over) or the 16-lane score columns, B * h = 1, d_head = 1, and GPT-sized heads.
 SHAPES = [(1, 1, 4, 2), (2, 7, 12, 3), (1, 37, 8, 1), (3, 5, 3, 3), (2, 64, 64, 2),
-          (1, 19, 16, 1)]
+          (1, 19, 16, 1), (2, 6, 8, 2)]
 
 
 def _inputs(shape, dtype, seed=0):
