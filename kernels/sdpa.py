@@ -336,10 +336,11 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
     return 0
 
 
-# Relative cost per score element for kernels.parallel.threads_for (a streaming copy is 1):
-# each (i, j) of a pair costs d_head multiply-adds forward and three times that backward.
-FWD_COST = 2
-BWD_COST = 6
+# Cost per score element x d_head for kernels.parallel.threads_for, calibrated rather than
+# counted: each slot first copies its heads' operands, so a split of either pass loses below
+# ~6 (batch, head) pairs of T 64, d_head 32 and pays from ~12 (docs/performance-log.md).
+FWD_COST = 1
+BWD_COST = 1
 
 
 def _threads(n_pairs, t, dh, causal, cost):
