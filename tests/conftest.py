@@ -5,6 +5,7 @@
 # process started early compiles the kernels it needs again, while one started late loads
 # what the in-process tests and kernels.precompile compiled meanwhile.
 LATE = ("tests/benchmarks/", "tests/cli/", "tests/test_wheel.py", "tests/test_distributed.py",
+        "tests/test_distributed_buckets.py", "tests/test_distributed_lm.py",
         "tests/test_packaging.py")
 
 # `make test` runs the two groups as two pytest processes at once (tests/run_groups.py): one
