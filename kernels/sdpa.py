@@ -18,6 +18,14 @@ with ``jit(slp=True)``, so without FMA contraction); per pair the head's k (tran
 v rows (and backward dO, q, k) are first copied into per-thread scratch padded to whole
 tiles, so every tile reads contiguous, in-bounds memory. The softmax's row reductions use
 kernels.lanes.
+
+Inside a training step these arrays come from DRAM (the step's buffers outgrow the L3), and
+a head's columns are two cache lines in every row of a 3 d_model-wide row: read and written
+that way, per head, each line waits on memory. So each pass first copies a sequence's rows
+(qkv, and dO backward) into per-thread scratch in one sequential sweep, which the hardware
+prefetcher follows, works on the copy, and writes the sequence's output rows (O, d[qkv]) back
+in one sweep at the end; a slot that holds only some of a sequence's heads writes back their
+columns alone.
 """
 from __future__ import annotations
 
@@ -68,6 +76,21 @@ def _put(out, src, n):
     # out[:n] = src[:n]
     for c in range(n):
         out[c] = src[c]
+
+
+@jit(inline="always")
+def _rows_out(out, src, c0, c1, nt):
+    # out[i, c0:c1] = src[i, c0:c1] for i < nt: a sequence's rows written in one sweep
+    for i in range(nt):
+        _put(out[i, c0:c1], src[i, c0:c1], c1 - c0)
+
+
+@jit(inline="always")
+def _drows_out(out, src, c0, c1, d, nt):
+    # the q, k and v columns c0..c1 of each head block of a sequence's d[qkv] rows
+    for i in range(nt):
+        for o in range(0, 3 * d, d):
+            _put(out[i, o + c0:o + c1], src[i, o + c0:o + c1], c1 - c0)
 
 
 # The three products below are register tiles (kernels.tiles) of sixteen lanes, every lane
@@ -211,12 +234,14 @@ def _stride(nt):
     return tiles.round_up(nt) + 16
 
 
-def work_size(nt, dh, backward):
+def work_size(nt, dh, backward, n_heads=1):
     """Scratch elements per thread of ``_sdpa_fwd`` / ``_sdpa_bwd`` for T = ``nt``."""
     tp, wp = -(-nt // 16) * 16, -(-dh // 16) * 16
-    if backward:  # V^T, dO / q / k rows, dS and P rows, four output rows
-        return dh * tp + 3 * nt * wp + 2 * nt * (tp + 16) + 4 * wp
-    return dh * tp + nt * wp + 4 * tp + 4 * wp  # K^T, v rows, four score rows, four output rows
+    if backward:  # V^T, dO / q / k rows, dS and P rows, four output rows, a sequence's qkv,
+        # dO and d[qkv] rows
+        return dh * tp + 3 * nt * wp + 2 * nt * (tp + 16) + 4 * wp + nt * 7 * dh * n_heads
+    # K^T, v rows, four score rows, four output rows, a sequence's qkv and output rows
+    return dh * tp + nt * wp + 4 * tp + 4 * wp + nt * 4 * dh * n_heads
 
 
 @jit(inline="always")
@@ -241,11 +266,20 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
     o += nt * wp
     sr = work[o:o + 4 * tp].reshape(4, tp)                   # four score rows
     orow = work[o + 4 * tp:o + 4 * tp + 4 * wp].reshape(4, wp)  # four output rows
+    o += 4 * tp + 4 * wp
+    x = work[o:o + nt * 3 * d].reshape(nt, 3 * d)           # the sequence's qkv rows
+    ob = work[o + nt * 3 * d:o + nt * 4 * d].reshape(nt, d)  # and its output rows
     sc = fastmath.const(scale, p)
+    last, first = -1, 0
     for pair in range(i0, i1):
         b, h = pair // n_heads, pair % n_heads
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
-        x, pp, ob = qkv[b], p[pair], out[b]
+        if b != last:  # one sequential read of the sequence (a stream the prefetcher follows)
+            if last >= 0:
+                _rows_out(out[last], ob, first * dh, d, nt)
+            _put(x.reshape(-1), qkv[b].reshape(-1), nt * 3 * d)
+            last, first = b, h
+        pp = p[pair]
         _head_cols(kt, x, ko, dh, nt)
         _head_rows(vp, x, vo, dh, nt)
         for i in range(0, nt, 4):
@@ -262,6 +296,8 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
             _put(ob[ib, qo:qo + dh], orow[1], dh)
             _put(ob[ig, qo:qo + dh], orow[2], dh)
             _put(ob[ih, qo:qo + dh], orow[3], dh)
+    if last >= 0:  # the heads done of the last sequence (another slot may do the rest)
+        _rows_out(out[last], ob, first * dh, ((i1 - 1) % n_heads + 1) * dh, nt)
     return 0
 
 
@@ -310,11 +346,22 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
     ds = work[o:o + nt * ts].reshape(nt, ts)                 # dP, then dS (lower half)
     pc = work[o + nt * ts:o + 2 * nt * ts].reshape(nt, ts)   # P copied, from T = COPY_P_FROM
     orow = work[o + 2 * nt * ts:o + 2 * nt * ts + 4 * wp].reshape(4, wp)
+    o += 2 * nt * ts + 4 * wp
+    x = work[o:o + nt * 3 * d].reshape(nt, 3 * d)           # the sequence's qkv, dO and
+    g = work[o + nt * 3 * d:o + nt * 4 * d].reshape(nt, d)  # d[qkv] rows
+    dx = work[o + nt * 4 * d:o + nt * 7 * d].reshape(nt, 3 * d)
     sc = fastmath.const(scale, p)
+    last, first = -1, 0
     for pair in range(i0, i1):
         b, h = pair // n_heads, pair % n_heads
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
-        x, g, pp, dx = qkv[b], do[b], p[pair], dqkv[b]
+        if b != last:  # sequential reads and writes of whole sequences, as in _sdpa_fwd
+            if last >= 0:
+                _drows_out(dqkv[last], dx, first * dh, d, d, nt)
+            _put(x.reshape(-1), qkv[b].reshape(-1), nt * 3 * d)
+            _put(g.reshape(-1), do[b].reshape(-1), nt * d)
+            last, first = b, h
+        pp = p[pair]
         _head_cols(vt, x, vo, dh, nt)
         _head_rows(gp, g, qo, dh, nt)
         _head_rows(qp, x, qo, dh, nt)
@@ -333,6 +380,8 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
             jb, jg, jh = _block(j, nt, causal)[:3]
             _colmix4(orow, ds, qp, j, jb, jg, jh, causal, nt, wp)
             _put4(dx, orow, j, jb, jg, jh, ko, dh)
+    if last >= 0:
+        _drows_out(dqkv[last], dx, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
     return 0
 
 
@@ -359,7 +408,7 @@ def sdpa_forward_unchecked(out, p, qkv, n_heads, scale, causal):
         return out
     dh, n_pairs = d // n_heads, nb * n_heads
     k, per_pair = _threads(n_pairs, nt, dh, causal, FWD_COST)
-    size = work_size(nt, dh, False)
+    size = work_size(nt, dh, False, n_heads)
     works = [scratch(("sdpa.work", s), size, qkv.dtype) for s in range(k)]  # per slot
     if k == 1:
         _sdpa_fwd(out, p, works[0], qkv, n_heads, scale, causal, 0, n_pairs)
@@ -379,7 +428,7 @@ def sdpa_backward_unchecked(dqkv, do, p, qkv, n_heads, scale, causal):
         return dqkv
     dh, n_pairs = d // n_heads, nb * n_heads
     k, per_pair = _threads(n_pairs, nt, dh, causal, BWD_COST)
-    size = work_size(nt, dh, True)
+    size = work_size(nt, dh, True, n_heads)
     works = [scratch(("sdpa.work", s), size, qkv.dtype) for s in range(k)]  # per slot
     if k == 1:
         _sdpa_bwd(dqkv, works[0], do, p, qkv, n_heads, scale, causal, 0, n_pairs)

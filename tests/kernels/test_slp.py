@@ -85,14 +85,14 @@ def _sdpa_fwd(rng, d, dtype):
     b, h, dh, t = 2, 2, 20, d
     qkv = rng.standard_normal((b, t, 3 * h * dh)).astype(dtype)
     return (np.empty((b, t, h * dh), dtype), np.zeros((b * h, t, t), dtype),
-            np.zeros(sdpa.work_size(t, dh, False), dtype), qkv, h, 0.25, d % 2 == 0, 0, b * h)
+            np.zeros(sdpa.work_size(t, dh, False, h), dtype), qkv, h, 0.25, d % 2 == 0, 0, b * h)
 
 
 def _sdpa_bwd(rng, d, dtype):
     out, p, _, qkv, h, scale, causal, i0, i1 = _sdpa_fwd(rng, d, dtype)
     sdpa.sdpa_forward(out, p, qkv, h, scale, causal)
     t, dh = qkv.shape[1], out.shape[2] // h
-    return (np.empty_like(qkv), np.zeros(sdpa.work_size(t, dh, True), dtype),
+    return (np.empty_like(qkv), np.zeros(sdpa.work_size(t, dh, True, h), dtype),
             rng.standard_normal(out.shape).astype(dtype), p, qkv, h, scale, causal, i0, i1)
 
 
