@@ -120,6 +120,26 @@ def test_results_do_not_depend_on_the_thread_count(dtype):
     np.testing.assert_array_equal(one[2], two[2])
 
 
+@pytest.mark.parametrize("cut", [1, 4, 5, 7, 8])
+def test_pairs_cut_inside_a_sequence_come_out_as_in_one_slot(cut):
+    # Check that two slots whose pair ranges split a sequence's heads (3 heads: cuts inside
+    # sequence 0, 1 and 2) write exactly their own heads' columns, back and forth: each slot
+    # stages whole sequences but must write back only the heads it computed.
+    b, t, d, h = shape = (3, 9, 12, 3)
+    qkv, do = _inputs(shape, F64, seed=3)
+    one_out, one_p, one_dqkv = _run(shape, F64, True, qkv, do)
+    out, p = np.full((b, t, d), np.nan), np.zeros((b * h, t, t))
+    dqkv = np.full_like(qkv, np.nan)
+    fwd, bwd = sdpa.work_size(t, d // h, False, h), sdpa.work_size(t, d // h, True, h)
+    scale = 1.0 / np.sqrt(d // h)
+    for i0, i1 in ((0, cut), (cut, b * h)):
+        sdpa._sdpa_fwd(out, p, np.zeros(fwd), qkv, h, scale, True, i0, i1)
+    for i0, i1 in ((cut, b * h), (0, cut)):
+        sdpa._sdpa_bwd(dqkv, np.zeros(bwd), do, p, qkv, h, scale, True, i0, i1)
+    np.testing.assert_array_equal(out, one_out)
+    np.testing.assert_array_equal(dqkv, one_dqkv)
+
+
 def test_nan_reaches_only_the_positions_that_attend_to_it():
     # Check NaN propagation under the causal mask: a NaN value at position 4 makes the
     # outputs at positions >= 4 NaN (for its head only), while earlier positions, which
