@@ -422,7 +422,9 @@ def sdpa_backward_unchecked(dqkv, do, p, qkv, n_heads, scale, causal):
     """The gradient of ``sdpa_forward`` into ``dqkv`` (B, T, 3 d) (overwritten), from ``do``
     (B, T, d) = dL/d out, the forward's ``p`` and ``qkv``: per (batch, head)
     dS = P (dP - rowsum(dP P)) with dP = dO v^T, dq = dS k scale, dk = dS^T q scale,
-    dv = P^T dO. ``dqkv`` must not overlap the inputs; no checks. Returns ``dqkv``."""
+    dv = P^T dO. ``dqkv`` may be ``qkv`` (each slot copies a sequence before it computes and
+    writes back only its own heads' columns after) but no other input; no checks. Returns
+    ``dqkv``."""
     nb, nt, d = do.shape
     if nb == 0 or nt == 0:
         return dqkv
@@ -475,10 +477,14 @@ def sdpa_forward(out, p, qkv, n_heads, scale, causal=True):
 def sdpa_backward(dqkv, do, p, qkv, n_heads, scale, causal=True):
     """The gradient of ``sdpa_forward``: ``dqkv`` (B, T, 3 d_model), overwritten with
     d[q | k | v] in qkv's layout, from ``do`` (B, T, d_model) = dL/d out and the forward's
-    ``p`` and ``qkv``. ``dqkv`` must not overlap the inputs. Returns ``dqkv``."""
+    ``p`` and ``qkv``. ``dqkv`` may be ``qkv`` itself (overwritten in place; the kernel
+    works on a copy of each sequence) but must not overlap the inputs otherwise. Returns
+    ``dqkv``."""
     _check("do", do, p, qkv, n_heads)
     check_array("dqkv", dqkv, dtype=qkv.dtype, shape=qkv.shape)
+    same = dqkv.__array_interface__["data"][0] == qkv.__array_interface__["data"][0]
     for name, a in (("do", do), ("p", p), ("qkv", qkv)):
-        if np.may_share_memory(dqkv, a):
-            raise ValueError(f"dqkv: must not overlap {name}")
+        if np.may_share_memory(dqkv, a) and not (a is qkv and same):
+            raise ValueError(f"dqkv: must not overlap {name}" + (
+                " (it may be qkv itself)" if a is qkv else ""))
     return sdpa_backward_unchecked(dqkv, do, p, qkv, int(n_heads), float(scale), bool(causal))

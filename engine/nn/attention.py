@@ -176,17 +176,16 @@ class MultiHeadAttention(Module):
         n, bh = b * t, b * h
         s = ws.get("s", bh * t, t)    # (bh*T, T) scores, then P = softmax (kept for backward)
         v = SimpleNamespace(
-            qkv=ws.get("qkv", n, 3 * d),  # (N, 3d) x W_qkv + b_qkv (BLAS path: then d[q|k|v])
+            qkv=ws.get("qkv", n, 3 * d),  # (N, 3d) x W_qkv + b_qkv (then d[q|k|v] in backward)
             o=ws.get("o", n, d),          # (N, d) heads merged; dO rows in backward
             y=ws.get("y", n, d),          # (N, d) output
             dx=ws.get("dx", n, d),        # (N, d) input gradient
             s=s, s3=s.reshape(bh, t, t))
+        v.dqkv = v.qkv  # d[q | k | v] over [q | k | v] in backward (the kernel copies first)
         if fused:  # the kernels read and write rows: no head-major copies, no dS buffer
-            v.dqkv = ws.get("dqkv", n, 3 * d)  # (N, 3d) d[q | k | v]
             v.qkv3, v.o3 = v.qkv.reshape(b, t, 3 * d), v.o.reshape(b, t, d)
-            v.dqkv3 = v.dqkv.reshape(b, t, 3 * d)
+            v.dqkv3 = v.qkv3
             return v
-        v.dqkv = v.qkv
         v.heads = ws.get("heads", 3 * bh * t * dh).reshape(3, b, h, t, dh)  # q, k, v head-major
         v.dheads = ws.get("dheads", 3 * bh * t * dh).reshape(3, b, h, t, dh)  # dq, dk, dv
         v.oh = ws.get("oh", bh * t * dh).reshape(1, b, h, t, dh)  # heads' outputs; dO

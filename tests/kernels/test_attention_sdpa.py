@@ -194,9 +194,41 @@ def test_bad_arguments_raise_naming_them(call, match):
 
 
 def test_overlapping_output_is_refused():
-    # Check that dqkv aliasing qkv (the kernel reads qkv while writing dqkv) is refused.
+    # Check that dqkv overlapping qkv other than as the same array (a shifted view) is
+    # refused, and overlapping do too, with nothing written.
     qkv, do = _inputs((1, 4, 4, 2), F64)
     p = np.zeros((2, 4, 4))
     sdpa.sdpa_forward(np.empty((1, 4, 4)), p, qkv, 2, 0.5)
+    big = np.zeros((1, 5, 12))
+    big[:, :4] = qkv
+    before = big.copy()
     with pytest.raises(ValueError, match="dqkv: must not overlap qkv"):
-        sdpa.sdpa_backward(qkv, do, p, qkv, 2, 0.5)
+        sdpa.sdpa_backward(big[:, 1:], do, p, big[:, :4], 2, 0.5)
+    np.testing.assert_array_equal(big, before)
+    buf = np.zeros(qkv.size)
+    with pytest.raises(ValueError, match="dqkv: must not overlap do"):
+        sdpa.sdpa_backward(buf.reshape(qkv.shape), buf[:do.size].reshape(do.shape), p, qkv,
+                           2, 0.5)
+    assert not buf.any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, F64])
+def test_backward_in_place_over_qkv_matches_a_separate_output(dtype, monkeypatch):
+    # Check that dqkv = qkv itself gives the bits of a separate dqkv, on one thread and on
+    # two with the pairs split (15 pairs of 3 heads over 2 slots: sequence 2 cut between
+    # them, its heads read by one slot while the other writes back its own).
+    shape = (5, 16, 24, 3)
+    b, t, d, h = shape
+    scale = 1.0 / np.sqrt(d // h)
+    qkv, do = _inputs(shape, dtype, seed=7)
+    want = _run(shape, dtype, True, qkv, do)[2]
+    p = np.zeros((b * h, t, t), dtype)
+    monkeypatch.setattr(parallel, "SPLIT_WORK", 2)  # split however small
+    for threads in (1, 2):
+        with num_threads(threads):
+            got = qkv.copy()
+            sdpa.sdpa_forward(np.empty((b, t, d), dtype), p, got, h, scale)
+            before = parallel.handoffs()
+            assert sdpa.sdpa_backward(got, do, p, got, h, scale) is got
+            assert (parallel.handoffs() > before) == (threads == 2)
+        np.testing.assert_array_equal(got, want)
