@@ -48,10 +48,10 @@ def _fwd_rows(out, mean, rstd, x, gamma, beta, eps, i0, i1):
 
 
 @jit(slp=True)
-def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, acc, add, rows, fresh, b0, b1):
-    # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd,
-    # plus acc when add; part_g[b], part_b[b] (zeroed first if fresh) += dout xhat and dout
-    # over the rows of block b, in row order
+def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, fresh, b0, b1):
+    # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd
+    # (dx += that when add); part_g[b], part_b[b] (zeroed first if fresh) += dout xhat and
+    # dout over the rows of block b, in row order
     n, d = x.shape
     dd, zero = fastmath.const(d, x), fastmath.const(0, x)
     for b in range(b0, b1):
@@ -61,20 +61,20 @@ def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, acc, add, rows, 
                 pg[j] = zero
                 pb[j] = zero
         for r in range(b * rows, min(n, (b + 1) * rows)):
-            xr, gr, dr, ar = x[r], dout[r], dx[r], acc[r]
+            xr, gr, dr = x[r], dout[r], dx[r]
             mu, rs = mean[r], rstd[r]
             c1 = lanes.row_dot(gr, gamma) / dd
             c2 = lanes.row_dot_centred(gr, gamma, xr, mu) * rs / dd
-            # dx, acc, dout and x may be one array: element j is read before it is written.
-            # With add, the term is rounded first and then added (no contraction in an slp
-            # kernel): the bits of the plain backward followed by ops.add.
+            # dx may be dout or x: element j is read before it is written. With add, the term
+            # is rounded, then added (an slp kernel does not contract): the bits of the plain
+            # backward followed by ops.add.
             if add:
                 for j in range(d):
                     g = gr[j]
                     xh = (xr[j] - mu) * rs
                     pg[j] += g * xh
                     pb[j] += g
-                    dr[j] = ar[j] + rs * (g * gamma[j] - c1 - xh * c2)
+                    dr[j] += rs * (g * gamma[j] - c1 - xh * c2)
             else:
                 for j in range(d):
                     g = gr[j]
@@ -149,32 +149,30 @@ def _rescaled_rows(out, mean, rstd, x, gamma, beta, eps):
     rstd[bad] = r / scale
 
 
-def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, acc=None):
+def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma,
+                                 accumulate=False):
     """``layernorm_backward`` without argument checks (hot path). ``dx`` may be ``dout``
-    (or ``x``); ``acc`` may be any of them."""
+    (or ``x``)."""
     n, d = x.shape
     if n == 0:
         return dx
     if rstd[rstd.argmin()] < _TINY_RSTD[x.dtype]:  # a row of huge |x| (or NaN): see below
-        return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, acc)
-    add = acc is not None
-    if not add:
-        acc = dx  # never read
+        return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, accumulate)
+    add = bool(accumulate)
     rows = _block_rows(n, d)
     if rows == n:   # never split: the one block's sums go straight into dgamma and dbeta
-        _bwd_blocks(dgamma[None], dbeta[None], dx, dout, x, mean, rstd, gamma, acc, add, n,
-                    False, 0, 1)   # [None]: a view whatever the strides (a reshape could copy)
+        _bwd_blocks(dgamma[None], dbeta[None], dx, dout, x, mean, rstd, gamma, add, n, False,
+                    0, 1)   # [None]: a view whatever the strides (a reshape could copy)
         return dx
     nb = -(-n // rows)
     part_g = scratch("layernorm.part_g", (nb, d), x.dtype)    # (nb, d) block sums
     part_b = scratch("layernorm.part_b", (nb, d), x.dtype)
     k = min(_par.threads_for(n, d, passes=BWD_COST), nb)
     if k == 1:
-        _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, acc, add, rows, True, 0, nb)
+        _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, True, 0, nb)
     else:
         _par.split(lambda b0, b1, _: _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma,
-                                                 acc, add, rows, True, b0, b1),
-                   nb, rows * d, k=k)
+                                                 add, rows, True, b0, b1), nb, rows * d, k=k)
     _add_blocks(dgamma, dbeta, part_g, part_b)
     return dx
 
@@ -184,11 +182,11 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, 
 _TINY_RSTD = {np.dtype(np.float32): 2.0 ** -60, np.dtype(np.float64): 2.0 ** -500}
 
 
-def _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, acc=None):
+def _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, accumulate=False):
     """``layernorm_backward`` for rows of any finite scale: float64, and xhat = x rstd -
     mean rstd (each term of order |x| rstd, never the overflowing x - mean) so no
-    intermediate leaves the dtype's range; dx = rstd (g - mean(g) - xhat mean(g xhat)) (+ acc,
-    added in the dtype after rounding, as the fast path)."""
+    intermediate leaves the dtype's range; dx = rstd (g - mean(g) - xhat mean(g xhat)) (added
+    into dx in its dtype after rounding when ``accumulate``, as the fast path)."""
     r = rstd.astype(np.float64)[:, None]                             # (n, 1)
     xhat = x.astype(np.float64) * r                                  # (n, d)
     xhat -= mean.astype(np.float64)[:, None] * r
@@ -197,10 +195,10 @@ def _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, acc=None):
     dbeta += dout.astype(np.float64).sum(axis=0).astype(dbeta.dtype)
     g -= g.mean(axis=1, keepdims=True) + xhat * (g * xhat).mean(axis=1, keepdims=True)
     g *= r
-    if acc is None:
-        dx[...] = g
+    if accumulate:
+        dx += g.astype(dx.dtype)
     else:
-        np.add(acc, g.astype(dx.dtype), out=dx)
+        dx[...] = g
     return dx
 
 
@@ -235,22 +233,22 @@ def layernorm_forward(out, mean, rstd, x, gamma, beta, eps=1e-5):
     return layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps)
 
 
-def layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, acc=None):
+def layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, accumulate=False):
     """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * gamma and
     xhat = (x - mean) * rstd (means over the last axis); dgamma += sum over rows of
     dout * xhat and dbeta += sum over rows of dout (accumulated, not overwritten).
 
-    With ``acc`` (N, d) the same pass writes dx = acc + that (the residual stream's gradient
-    added as llm.c's ``dinp +=``; the bits of the plain call followed by ``acc + dx``).
-    ``mean``/``rstd`` are those written by ``layernorm_forward``. ``dx`` may be the same
-    array as ``dout`` (each row block reads dout before writing dx), ``acc`` the same as
-    ``dx`` or ``dout``. Returns ``dx``."""
+    ``accumulate=True`` adds into dx instead, in the same pass (llm.c's ``dinp +=``: a
+    residual stream's gradient held in dx), with the bits of the plain call followed by
+    ``ops.add``. ``mean``/``rstd`` are those written by ``layernorm_forward``. ``dx`` may be
+    the same array as ``dout`` (each row block reads dout before writing dx). Returns ``dx``."""
     _check_rows("x", x, mean, rstd, gamma)
     n, d = x.shape
     check_array("dout", dout, ndim=2, dtype=x.dtype, shape=(n, d))
     check_array("dx", dx, ndim=2, dtype=x.dtype, shape=(n, d))
     check_array("dgamma", dgamma, ndim=1, dtype=x.dtype, shape=(d,))
     check_array("dbeta", dbeta, ndim=1, dtype=x.dtype, shape=(d,))
-    if acc is not None:
-        check_array("acc", acc, ndim=2, dtype=x.dtype, shape=(n, d))
-    return layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, acc)
+    if not isinstance(accumulate, (bool, np.bool_)):
+        raise TypeError(f"accumulate: expected a bool, got {type(accumulate).__name__}")
+    return layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma,
+                                        accumulate)

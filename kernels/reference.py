@@ -193,16 +193,16 @@ def layernorm_forward(out, mean, rstd, x, gamma, beta, eps=1e-5):
     return out
 
 
-def layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, acc=None):
-    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * gamma, plus ``acc``
-    when given; dgamma += sum(dout * xhat), dbeta += sum(dout)."""
+def layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, accumulate=False):
+    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * gamma (dx += that
+    when ``accumulate``); dgamma += sum(dout * xhat), dbeta += sum(dout)."""
     xhat = (x - mean[:, None]) * rstd[:, None]
     g = dout * gamma
     dgamma += (dout * xhat).sum(axis=0)
     dbeta += dout.sum(axis=0)
     d = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
                          - xhat * (g * xhat).mean(axis=1, keepdims=True))
-    dx[...] = d if acc is None else acc + d
+    dx[...] = dx + d if accumulate else d
     return dx
 
 

@@ -137,7 +137,7 @@ class LayerNorm(Module):
                                         self.gamma.data)
             return ops.add(acc2, acc2, dx)
         return ops.layernorm_backward(v.dx if acc2 is None else acc2, self.gamma.grad, dbeta,
-                                      dy2, x, v.mean, v.rstd, self.gamma.data, acc2)
+                                      dy2, x, v.mean, v.rstd, self.gamma.data, acc2 is not None)
 
 
 # ----------------------------------------------------------------------------- FFN

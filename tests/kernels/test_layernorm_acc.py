@@ -1,6 +1,6 @@
-"""kernels.layernorm's backward with ``acc``: dx = acc + the LayerNorm input gradient in one
-pass (llm.c's ``dinp +=``), against reference.py, finite differences and the bits of the plain
-backward followed by ``ops.add``."""
+"""kernels.layernorm's backward with ``accumulate=True``: dx += the LayerNorm input gradient in
+the same pass (llm.c's ``dinp +=``), against reference.py, finite differences and the bits of
+the plain backward followed by ``ops.add``."""
 import numpy as np
 import pytest
 from gradcheck import assert_close, numeric_grad
@@ -36,22 +36,22 @@ SHAPES = [(3, 5), (300, 200)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_acc_matches_the_reference_float64(shape):
-    # Check that dx = acc + LayerNorm'(dout) and the parameter gradients equal the NumPy
-    # reference with the same acc (float64).
+def test_accumulate_matches_the_reference_float64(shape):
+    # Check that dx (holding acc) += LayerNorm'(dout) and the parameter gradients equal the
+    # NumPy reference from the same acc (float64).
     x, gamma, dout, acc, mean, rstd = _problem(1, *shape, np.float64)
     n, d = shape
-    dx, dg, db = np.full((n, d), np.nan), np.zeros(d), np.zeros(d)
-    res = layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma, acc)
-    dx_r, dg_r, db_r = np.empty((n, d)), np.zeros(d), np.zeros(d)
-    reference.layernorm_backward(dx_r, dg_r, db_r, dout, x, mean, rstd, gamma, acc)
+    dx, dg, db = acc.copy(), np.zeros(d), np.zeros(d)
+    res = layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma, True)
+    dx_r, dg_r, db_r = acc.copy(), np.zeros(d), np.zeros(d)
+    reference.layernorm_backward(dx_r, dg_r, db_r, dout, x, mean, rstd, gamma, True)
     assert res is dx
     assert_close(dx, dx_r, "dx", rtol=1e-12, atol=1e-12)
     assert_close(dg, dg_r, "dgamma", rtol=1e-12, atol=1e-12)
     assert_close(db, db_r, "dbeta", rtol=1e-12, atol=1e-12)
 
 
-def test_acc_matches_finite_differences():
+def test_accumulate_matches_finite_differences():
     # Check dx against central differences of L = sum(out * R) + sum(x * acc): the residual
     # stream's gradient acc is what a path around the LayerNorm adds to dx.
     n, d = 4, 6
@@ -62,39 +62,32 @@ def test_acc_matches_finite_differences():
         layernorm_forward(out, np.empty(n), np.empty(n), x, gamma, np.zeros(d))
         return float(np.sum(out * R) + np.sum(x * acc))
 
-    dx = np.empty((n, d))
-    layernorm_backward(dx, np.zeros(d), np.zeros(d), R, x, mean, rstd, gamma, acc)
+    dx = acc.copy()
+    layernorm_backward(dx, np.zeros(d), np.zeros(d), R, x, mean, rstd, gamma, True)
     assert_close(dx, numeric_grad(loss, x), "dx", rtol=1e-6, atol=1e-8)
-
-
-# Which of (dx, acc, dout) are one array: the letters of each name that share a buffer.
-ALIASES = ["separate", "dx=acc", "dx=dout", "acc=dout", "dx=acc=dout"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("alias", ALIASES)
-def test_acc_gives_the_bits_of_the_plain_backward_then_add(alias, shape, dtype):
+@pytest.mark.parametrize("dx_is_dout", [False, True], ids=["separate", "dx-is-dout"])
+def test_accumulate_gives_the_bits_of_the_plain_backward_then_add(dx_is_dout, shape, dtype):
     # Check that the fused pass writes exactly the bits of the backward followed by
-    # ops.add(dx, acc, dx), whichever of dx, acc and dout are one array.
+    # ops.add(dx, acc, dx), also when dx is dout itself (dx = dout + LayerNorm'(dout)).
     x, gamma, dout, acc, mean, rstd = _problem(3, *shape, dtype)
-    if "acc=dout" in alias:
+    if dx_is_dout:
         acc = dout
     want, dg_w, db_w = _plain_then_add(x, gamma, dout, acc, mean, rstd)
-    shared = dout.copy() if "dout" in alias else acc.copy()  # (n, d) the aliased buffer
-    dx = shared if alias.startswith("dx") else np.full_like(acc, np.nan)
-    acc_in = shared if "acc" in alias else acc
-    dout_in = shared if "dout" in alias else dout
+    dx = acc.copy()
     d = shape[1]
     dg, db = np.zeros(d, dtype), np.zeros(d, dtype)
-    res = layernorm_backward(dx, dg, db, dout_in, x, mean, rstd, gamma, acc_in)
+    res = layernorm_backward(dx, dg, db, dx if dx_is_dout else dout, x, mean, rstd, gamma, True)
     assert res is dx
     np.testing.assert_array_equal(dx, want)
     np.testing.assert_array_equal(dg, dg_w)
     np.testing.assert_array_equal(db, db_w)
 
 
-def test_acc_two_threads_give_the_bits_of_one(monkeypatch):
+def test_accumulate_two_threads_give_the_bits_of_one(monkeypatch):
     # Check that split over two threads the accumulated dx has the one-thread bits.
     from kernels import num_threads, parallel
     monkeypatch.setattr(parallel, "SPLIT_WORK", 64 * 1024)
@@ -106,14 +99,14 @@ def test_acc_two_threads_give_the_bits_of_one(monkeypatch):
         dx = acc.copy()
         with num_threads(k):
             layernorm_backward(dx, np.zeros(261, np.float32), np.zeros(261, np.float32), dout,
-                               x, mean, rstd, gamma, dx)
+                               x, mean, rstd, gamma, True)
         out.append(dx)
     np.testing.assert_array_equal(out[1], out[0])
 
 
-def test_acc_on_the_rescue_path_of_huge_rows():
+def test_accumulate_on_the_rescue_path_of_huge_rows():
     # Check that rows of huge scale (float32 rstd below the fast path's range, so the
-    # float64 rescue runs) add acc too, with the bits of the rescue followed by ops.add.
+    # float64 rescue runs) add into dx too, with the bits of the rescue followed by ops.add.
     rng = np.random.default_rng(5)
     n, d = 3, 8
     x = (rng.standard_normal((n, d)) * 1e25).astype(np.float32)
@@ -127,20 +120,18 @@ def test_acc_on_the_rescue_path_of_huge_rows():
     want, _, _ = _plain_then_add(x, gamma, dout, acc, mean, rstd)
     dx = acc.copy()
     layernorm_backward(dx, np.zeros(d, np.float32), np.zeros(d, np.float32), dout, x, mean,
-                       rstd, gamma, dx)
+                       rstd, gamma, True)
     assert np.isfinite(dx).all()
     np.testing.assert_array_equal(dx, want)
 
 
-def test_bad_acc_raises_naming_it_and_writes_nothing():
-    # Check that an acc of the wrong shape or dtype is rejected by name before any output
-    # is written.
+def test_accumulate_must_be_a_bool_and_a_rejected_call_writes_nothing():
+    # Check that a non-bool accumulate (an array passed where the flag goes, as an old
+    # acc= call would) raises naming it before any output is written.
     n, d = 4, 3
-    x, gamma, dout, _, mean, rstd = _problem(6, n, d, np.float64)
-    for bad, exc in ((np.ones((n, d + 1)), ValueError), (np.ones((n, d), np.float32), TypeError),
-                     (np.ones((d, n)).T, ValueError)):
-        dx, dg, db = np.full((n, d), 7.0), np.full(d, 7.0), np.full(d, 7.0)
-        with pytest.raises(exc, match="acc"):
-            layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma, bad)
-        for a in (dx, dg, db):
-            np.testing.assert_array_equal(a, 7.0)
+    x, gamma, dout, acc, mean, rstd = _problem(6, n, d, np.float64)
+    dx, dg, db = np.full((n, d), 7.0), np.full(d, 7.0), np.full(d, 7.0)
+    with pytest.raises(TypeError, match="accumulate"):
+        layernorm_backward(dx, dg, db, dout, x, mean, rstd, gamma, acc)
+    for a in (dx, dg, db):
+        np.testing.assert_array_equal(a, 7.0)
