@@ -437,9 +437,9 @@ def causal_grad_add(dw, g, mask):
 
 
 # ----------------------------------------------------------------------------- embedding
-def embedding_forward(out, ids, weight):
-    """out[i] = weight[ids[i]] by fancy indexing."""
-    out[...] = weight[ids]
+def embedding_forward(out, ids, weight, residual=None):
+    """out[i] = weight[ids[i]] (+ residual[i]) by fancy indexing."""
+    out[...] = weight[ids] if residual is None else weight[ids] + residual
     return out
 
 
