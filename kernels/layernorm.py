@@ -1,5 +1,6 @@
 """LayerNorm (Ba et al. 2016) over the last axis of an (N, d) array: forward caching mean and
-rstd, backward writing dx and accumulating dgamma/dbeta, as llm.c's layernorm kernels.
+rstd, backward writing dx (or adding into it: a residual stream's gradient) and accumulating
+dgamma/dbeta, as llm.c's layernorm kernels.
 
 Each is compiled (kernels.jit): the forward reads a row for its mean, again for its centred
 sum of squares (two-pass variance) and once more to write the output; the backward reads
