@@ -1,6 +1,9 @@
 """Embedding lookup (rows of a table gathered by integer ids) and its backward (rows of the
 output gradient added into the table's gradient, repeated ids accumulating).
 
+The lookup with a residual (a language model's token rows plus its position rows, nanoGPT's
+``tok_emb + pos_emb``) is one compiled pass that gathers and adds, split over rows.
+
 The backward is a scatter-add, one compiled pass (kernels.jit): for each id in order, one
 row add ``dW[ids[i]] += dY[i]``, nothing allocated, repeats accumulated in order of i. Large
 calls are split over blasnet's threads by columns (every thread walks all ids over its own
@@ -21,11 +24,29 @@ __all__ = ["embedding_forward", "embedding_backward", "embedding_forward_uncheck
 COST = 1
 
 
-def embedding_forward_unchecked(out, ids, weight):
-    """``out[i] = weight[ids[i]]``: ``out`` C-contiguous (N, d), ``ids`` (N,) int64 in range,
-    ``weight`` C-contiguous (V, d). No checks (mode="clip" lets take write into ``out``
-    without a temporary)."""
-    np.take(weight, ids, axis=0, out=out, mode="clip")
+@jit
+def _gather_add(out, ids, weight, residual, i0, i1):
+    for i in range(i0, i1):
+        o, w, r = out[i], weight[ids[i]], residual[i]
+        for j in range(o.shape[0]):
+            o[j] = w[j] + r[j]
+    return 0
+
+
+def embedding_forward_unchecked(out, ids, weight, residual=None):
+    """``out[i] = weight[ids[i]]`` (``+ residual[i]``): ``out`` C-contiguous (N, d), ``ids``
+    (N,) int64 in range, ``weight`` C-contiguous (V, d), ``residual`` None or C-contiguous
+    (N, d) (may be ``out``). No checks (mode="clip" lets take write into ``out`` without a
+    temporary)."""
+    if residual is None:
+        np.take(weight, ids, axis=0, out=out, mode="clip")
+        return out
+    n, d = out.shape
+    k = _par.threads_for(n, d, passes=COST)
+    if k == 1:
+        _gather_add(out, ids, weight, residual, 0, n)
+    else:
+        _par.split(lambda i0, i1, _: _gather_add(out, ids, weight, residual, i0, i1), n, d, k=k)
     return out
 
 
@@ -74,11 +95,18 @@ def _check(table_name, table, ids, rows_name, rows):
         raise ValueError(f"{rows_name}: must not overlap {table_name}")
 
 
-def embedding_forward(out, ids, weight):
+def embedding_forward(out, ids, weight, residual=None):
     """``out[i] = weight[ids[i]]`` for a C-contiguous (V, d) float ``weight``, (N,) int64
-    ``ids`` in [0, V) and a C-contiguous (N, d) ``out``. Returns out."""
+    ``ids`` in [0, V) and a C-contiguous (N, d) ``out``; with ``residual`` (N, d) of the same
+    dtype, ``out[i] = weight[ids[i]] + residual[i]`` in the same pass (the bits of the lookup
+    followed by an add; ``residual`` may be ``out``). Returns out."""
     _check("weight", weight, ids, "out", out)
-    return embedding_forward_unchecked(out, ids, weight)
+    if residual is not None:
+        _check("weight", weight, ids, "residual", residual)
+        if np.may_share_memory(residual, out) and \
+                residual.ctypes.data != out.ctypes.data:  # rows read after others wrote them
+            raise ValueError("residual: expected out itself or an array not overlapping it")
+    return embedding_forward_unchecked(out, ids, weight, residual)
 
 
 def embedding_backward(dweight, ids, dout):

@@ -1,5 +1,6 @@
 """LayerNorm (Ba et al. 2016) over the last axis of an (N, d) array: forward caching mean and
-rstd, backward writing dx and accumulating dgamma/dbeta, as llm.c's layernorm kernels.
+rstd, backward writing dx (or adding into it: a residual stream's gradient) and accumulating
+dgamma/dbeta, as llm.c's layernorm kernels.
 
 Each is compiled (kernels.jit): the forward reads a row for its mean, again for its centred
 sum of squares (two-pass variance) and once more to write the output; the backward reads
@@ -48,10 +49,10 @@ def _fwd_rows(out, mean, rstd, x, gamma, beta, eps, i0, i1):
 
 
 @jit(slp=True)
-def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, rows, fresh, b0, b1):
-    # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd;
-    # part_g[b], part_b[b] (zeroed first if fresh) += dout xhat and dout over the rows of
-    # block b, in row order
+def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, fresh, b0, b1):
+    # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd
+    # (dx += that when add); part_g[b], part_b[b] (zeroed first if fresh) += dout xhat and
+    # dout over the rows of block b, in row order
     n, d = x.shape
     dd, zero = fastmath.const(d, x), fastmath.const(0, x)
     for b in range(b0, b1):
@@ -65,12 +66,23 @@ def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, rows, fresh, b0,
             mu, rs = mean[r], rstd[r]
             c1 = lanes.row_dot(gr, gamma) / dd
             c2 = lanes.row_dot_centred(gr, gamma, xr, mu) * rs / dd
-            for j in range(d):                # dx may be dout or x: read before written
-                g = gr[j]
-                xh = (xr[j] - mu) * rs
-                pg[j] += g * xh
-                pb[j] += g
-                dr[j] = rs * (g * gamma[j] - c1 - xh * c2)
+            # dx may be dout or x: element j is read before it is written. With add, the term
+            # is rounded, then added (an slp kernel does not contract): the bits of the plain
+            # backward followed by ops.add.
+            if add:
+                for j in range(d):
+                    g = gr[j]
+                    xh = (xr[j] - mu) * rs
+                    pg[j] += g * xh
+                    pb[j] += g
+                    dr[j] += rs * (g * gamma[j] - c1 - xh * c2)
+            else:
+                for j in range(d):
+                    g = gr[j]
+                    xh = (xr[j] - mu) * rs
+                    pg[j] += g * xh
+                    pb[j] += g
+                    dr[j] = rs * (g * gamma[j] - c1 - xh * c2)
     return 0
 
 
@@ -138,17 +150,19 @@ def _rescaled_rows(out, mean, rstd, x, gamma, beta, eps):
     rstd[bad] = r / scale
 
 
-def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
+def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma,
+                                 accumulate=False):
     """``layernorm_backward`` without argument checks (hot path). ``dx`` may be ``dout``
     (or ``x``)."""
     n, d = x.shape
     if n == 0:
         return dx
     if rstd[rstd.argmin()] < _TINY_RSTD[x.dtype]:  # a row of huge |x| (or NaN): see below
-        return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
+        return _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, accumulate)
+    add = bool(accumulate)
     rows = _block_rows(n, d)
     if rows == n:   # never split: the one block's sums go straight into dgamma and dbeta
-        _bwd_blocks(dgamma[None], dbeta[None], dx, dout, x, mean, rstd, gamma, n, False,
+        _bwd_blocks(dgamma[None], dbeta[None], dx, dout, x, mean, rstd, gamma, add, n, False,
                     0, 1)   # [None]: a view whatever the strides (a reshape could copy)
         return dx
     nb = -(-n // rows)
@@ -156,10 +170,10 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     part_b = scratch("layernorm.part_b", (nb, d), x.dtype)
     k = min(_par.threads_for(n, d, passes=BWD_COST), nb)
     if k == 1:
-        _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, rows, True, 0, nb)
+        _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, True, 0, nb)
     else:
-        _par.split(lambda b0, b1, _: _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd,
-                                                 gamma, rows, True, b0, b1), nb, rows * d, k=k)
+        _par.split(lambda b0, b1, _: _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma,
+                                                 add, rows, True, b0, b1), nb, rows * d, k=k)
     _add_blocks(dgamma, dbeta, part_g, part_b)
     return dx
 
@@ -169,10 +183,11 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
 _TINY_RSTD = {np.dtype(np.float32): 2.0 ** -60, np.dtype(np.float64): 2.0 ** -500}
 
 
-def _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
+def _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, accumulate=False):
     """``layernorm_backward`` for rows of any finite scale: float64, and xhat = x rstd -
     mean rstd (each term of order |x| rstd, never the overflowing x - mean) so no
-    intermediate leaves the dtype's range; dx = rstd (g - mean(g) - xhat mean(g xhat))."""
+    intermediate leaves the dtype's range; dx = rstd (g - mean(g) - xhat mean(g xhat)) (added
+    into dx in its dtype after rounding when ``accumulate``, as the fast path)."""
     r = rstd.astype(np.float64)[:, None]                             # (n, 1)
     xhat = x.astype(np.float64) * r                                  # (n, d)
     xhat -= mean.astype(np.float64)[:, None] * r
@@ -181,7 +196,10 @@ def _backward_huge(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
     dbeta += dout.astype(np.float64).sum(axis=0).astype(dbeta.dtype)
     g -= g.mean(axis=1, keepdims=True) + xhat * (g * xhat).mean(axis=1, keepdims=True)
     g *= r
-    dx[...] = g
+    if accumulate:
+        dx += g.astype(dx.dtype)
+    else:
+        dx[...] = g
     return dx
 
 
@@ -216,17 +234,22 @@ def layernorm_forward(out, mean, rstd, x, gamma, beta, eps=1e-5):
     return layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps)
 
 
-def layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
+def layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, accumulate=False):
     """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * gamma and
     xhat = (x - mean) * rstd (means over the last axis); dgamma += sum over rows of
     dout * xhat and dbeta += sum over rows of dout (accumulated, not overwritten).
 
-    ``mean``/``rstd`` are those written by ``layernorm_forward``. ``dx`` may be the same
-    array as ``dout`` (each row block reads dout before writing dx). Returns ``dx``."""
+    ``accumulate=True`` adds into dx instead, in the same pass (llm.c's ``dinp +=``: a
+    residual stream's gradient held in dx), with the bits of the plain call followed by
+    ``ops.add``. ``mean``/``rstd`` are those written by ``layernorm_forward``. ``dx`` may be
+    the same array as ``dout`` (each row block reads dout before writing dx). Returns ``dx``."""
     _check_rows("x", x, mean, rstd, gamma)
     n, d = x.shape
     check_array("dout", dout, ndim=2, dtype=x.dtype, shape=(n, d))
     check_array("dx", dx, ndim=2, dtype=x.dtype, shape=(n, d))
     check_array("dgamma", dgamma, ndim=1, dtype=x.dtype, shape=(d,))
     check_array("dbeta", dbeta, ndim=1, dtype=x.dtype, shape=(d,))
-    return layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma)
+    if not isinstance(accumulate, (bool, np.bool_)):
+        raise TypeError(f"accumulate: expected a bool, got {type(accumulate).__name__}")
+    return layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma,
+                                        accumulate)

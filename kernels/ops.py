@@ -67,7 +67,7 @@ sgu_gate_forward = sgu_gate_forward_unchecked          # a = u * (swap01(s_tm) +
 sgu_gate_backward = sgu_gate_backward_unchecked        # dS in s_tm, du, dbias of a = u * s
 causal_weight = causal_weight_unchecked                # out = w * mask
 causal_grad_add = causal_grad_add_unchecked            # dw += g * mask
-embedding_forward = embedding_forward_unchecked        # out[i] = weight[ids[i]]
+embedding_forward = embedding_forward_unchecked        # out[i] = weight[ids[i]] (+ res[i])
 embedding_backward = embedding_backward_unchecked      # dweight[ids[i]] += dout[i]
 
 NAMES += ("softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",

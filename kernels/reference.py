@@ -193,15 +193,16 @@ def layernorm_forward(out, mean, rstd, x, gamma, beta, eps=1e-5):
     return out
 
 
-def layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma):
-    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * gamma;
-    dgamma += sum(dout * xhat), dbeta += sum(dout)."""
+def layernorm_backward(dx, dgamma, dbeta, dout, x, mean, rstd, gamma, accumulate=False):
+    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * gamma (dx += that
+    when ``accumulate``); dgamma += sum(dout * xhat), dbeta += sum(dout)."""
     xhat = (x - mean[:, None]) * rstd[:, None]
     g = dout * gamma
     dgamma += (dout * xhat).sum(axis=0)
     dbeta += dout.sum(axis=0)
-    dx[...] = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
-                               - xhat * (g * xhat).mean(axis=1, keepdims=True))
+    d = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
+                         - xhat * (g * xhat).mean(axis=1, keepdims=True))
+    dx[...] = dx + d if accumulate else d
     return dx
 
 
@@ -436,9 +437,9 @@ def causal_grad_add(dw, g, mask):
 
 
 # ----------------------------------------------------------------------------- embedding
-def embedding_forward(out, ids, weight):
-    """out[i] = weight[ids[i]] by fancy indexing."""
-    out[...] = weight[ids]
+def embedding_forward(out, ids, weight, residual=None):
+    """out[i] = weight[ids[i]] (+ residual[i]) by fancy indexing."""
+    out[...] = weight[ids] if residual is None else weight[ids] + residual
     return out
 
 

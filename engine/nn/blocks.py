@@ -90,6 +90,7 @@ class LayerNorm(Module):
 
     # PyTorch: nn.LayerNorm(d) (engine/interop.py); without bias, no "bias" key.
     torch_layout = (("weight", "gamma", False), ("bias", "beta", False))
+    fuses_dx_acc = True  # dx_acc += LN'(dy) inside the backward's one pass over the rows
 
     def __init__(self, d: int, *, bias: bool = True, dtype=np.float32, eps: float = 1e-5):
         super().__init__(dtype)
@@ -128,10 +129,15 @@ class LayerNorm(Module):
             dbeta.fill(0.0)
         else:
             dbeta = self.beta.grad
-        ops.layernorm_backward(v.dx, self.gamma.grad, dbeta, dy2, self._saved.x, v.mean,
-                               v.rstd, self.gamma.data)
+        x = self._saved.x
         self._saved.x = None
-        return v.dx
+        if acc2 is not None and np.may_share_memory(acc2, x):
+            # The pass writes acc's rows while it reads x's: add after, as the base class.
+            dx = ops.layernorm_backward(v.dx, self.gamma.grad, dbeta, dy2, x, v.mean, v.rstd,
+                                        self.gamma.data)
+            return ops.add(acc2, acc2, dx)
+        return ops.layernorm_backward(v.dx if acc2 is None else acc2, self.gamma.grad, dbeta,
+                                      dy2, x, v.mean, v.rstd, self.gamma.data, acc2 is not None)
 
 
 # ----------------------------------------------------------------------------- FFN

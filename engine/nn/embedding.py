@@ -91,10 +91,8 @@ class Embedding(Module):
         idx = self._iws.get("ids", n)               # (N,) int64 ids, read again by backward
         np.copyto(idx.reshape(ids.shape), ids, casting="unsafe")  # in range: nothing is lost
         y = self._ws.get("y", n, self.dim)          # (N, dim) output
-        if n:
-            ops.embedding_forward(y, idx, self.W.data)
-            if res2 is not None:
-                ops.add(y, y, res2)
+        if n:  # with a residual: gathered and added in one pass
+            ops.embedding_forward(y, idx, self.W.data, res2)
         self._saved.ids = idx
         s.out_shape, s.ready = out_shape, True
         return y.reshape(out_shape)

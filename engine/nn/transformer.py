@@ -131,9 +131,9 @@ class TransformerBlock(Module):
         attn, mlp, ln_1, ln_2 = self.attn, self.mlp, self.ln_1, self.ln_2
         if self.norm == "pre":
             dh = ln_2.backward(mlp.backward(self.drop_2.backward(dy) if dropped else dy))
-            ops.add(dh, dh, dy)                                  # the residual path
-            dx = ln_1.backward(attn.backward(self.drop_1.backward(dh) if dropped else dh))
-            ops.add(dx, dx, dh)
+            ops.add(dh, dh, dy)           # the residual path (dy is the caller's: not written)
+            da = attn.backward(self.drop_1.backward(dh) if dropped else dh)
+            dx = ln_1.backward(da, dx_acc=dh)                    # dh + ln_1'(x)^T da, one pass
         else:
             ds = ln_2.backward(dy)                               # dh = ds + mlp'(h)^T ds
             dh = mlp.backward(self.drop_2.backward(ds) if dropped else ds, dx_acc=ds)

@@ -174,6 +174,39 @@ def test_embedding_backward_matches_add_at_on_any_thread_count(dtype, nvd, split
     np.testing.assert_allclose(one, want, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nvd", [(0, 4, 3), (1, 1, 1), (500, 7, 19), (3000, 50, 64)])
+def test_embedding_lookup_with_residual_is_one_exact_pass(dtype, nvd, split_small):
+    # Check out = weight[ids] + residual against the reference to the bit (one rounding, as
+    # the lookup then an add), on one and two threads, and with residual being out itself.
+    rng = np.random.default_rng(5)
+    n, v, d = nvd
+    ids = rng.integers(0, v, n).astype(np.int64)
+    w = rng.standard_normal((v, d)).astype(dtype)
+    res = rng.standard_normal((n, d)).astype(dtype)
+    want = reference.embedding_forward(np.empty((n, d), dtype), ids, w, res)
+    one, two = _both_thread_counts(
+        lambda: embedding.embedding_forward(np.full((n, d), np.nan, dtype), ids, w, res))
+    np.testing.assert_array_equal(one, want)
+    np.testing.assert_array_equal(two, want)
+    inplace = res.copy()
+    assert embedding.embedding_forward(inplace, ids, w, inplace) is inplace
+    np.testing.assert_array_equal(inplace, want)
+
+
+def test_embedding_lookup_rejects_a_bad_residual_naming_it():
+    # Check that a residual of the wrong shape or dtype, or one overlapping out other than
+    # being out itself, raises naming it and writes nothing.
+    ids, w = np.array([0, 2, 1], np.int64), np.ones((3, 2))
+    buf = np.zeros((4, 2))
+    for bad, exc in ((np.zeros((3, 3)), ValueError), (np.zeros((3, 2), np.float32), TypeError),
+                     (buf[1:], ValueError)):
+        out = buf[:3]
+        with pytest.raises(exc, match="residual"):
+            embedding.embedding_forward(out, ids, w, bad)
+        np.testing.assert_array_equal(buf, 0.0)
+
+
 # ----------------------------------------------------------------------------- gMLP gate
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [0, 1, 17, 4099 * 3])

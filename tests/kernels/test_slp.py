@@ -44,9 +44,10 @@ def _layernorm_bwd(rng, d, dtype):
         mean = x.mean(axis=1).astype(dtype)
         rstd = (1.0 / (x.std(axis=1) + 0.1)).astype(dtype)
     rows = 4                                  # two blocks, the second ragged
-    return (np.empty((2, d), dtype), np.empty((2, d), dtype), np.empty_like(x),
+    dx = rng.standard_normal((n, d)).astype(dtype)
+    return (np.empty((2, d), dtype), np.empty((2, d), dtype), dx,
             _rows(rng, n, d, dtype), x, mean, rstd, rng.standard_normal(d).astype(dtype),
-            rows, True, 0, 2)
+            d % 2 == 1, rows, True, 0, 2)   # odd widths add into dx, even overwrite it
 
 
 def _softmax_bwd(rng, d, dtype):
