@@ -86,17 +86,11 @@ def _put(out, src, n):
 
 
 @jit(inline="always")
-def _rows_out(out, src, c0, c1, nt):
-    # out[i, c0:c1] = src[i, c0:c1] for i < nt: a sequence's rows written in one sweep
+def _rows_out(out, src, c0, c1, d, nt):
+    # columns o + c0..o + c1 of a sequence's rows for each of out's blocks of d columns (O:
+    # one, d[q | k | v]: three), written in one sweep
     for i in range(nt):
-        _put(out[i, c0:c1], src[i, c0:c1], c1 - c0)
-
-
-@jit(inline="always")
-def _drows_out(out, src, c0, c1, d, nt):
-    # the q, k and v columns c0..c1 of each head block of a sequence's d[qkv] rows
-    for i in range(nt):
-        for o in range(0, 3 * d, d):
+        for o in range(0, out.shape[1], d):
             _put(out[i, o + c0:o + c1], src[i, o + c0:o + c1], c1 - c0)
 
 
@@ -283,7 +277,7 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
         if b != last:  # one sequential read of the sequence (a stream the prefetcher follows)
             if last >= 0:
-                _rows_out(out[last], ob, first * dh, d, nt)
+                _rows_out(out[last], ob, first * dh, d, d, nt)
             _put(x.reshape(-1), qkv[b].reshape(-1), nt * 3 * d)
             last, first = b, h
         pp = p[pair]
@@ -302,12 +296,9 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
             _softmax_row(pp[ih], sr[3], nh, sc)
             _mix2(orow[0], orow[1], pp[i], pp[ib], vx, vof, na, nb, wp)  # O rows = P v
             _mix2(orow[2], orow[3], pp[ig], pp[ih], vx, vof, ng, nh, wp)
-            _put(ob[i, qo:qo + dh], orow[0], dh)
-            _put(ob[ib, qo:qo + dh], orow[1], dh)
-            _put(ob[ig, qo:qo + dh], orow[2], dh)
-            _put(ob[ih, qo:qo + dh], orow[3], dh)
+            _put4(ob, orow, i, ib, ig, ih, qo, dh)
     if last >= 0:  # the heads done of the last sequence (another slot may do the rest)
-        _rows_out(out[last], ob, first * dh, ((i1 - 1) % n_heads + 1) * dh, nt)
+        _rows_out(out[last], ob, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
     return 0
 
 
@@ -367,7 +358,7 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
         if b != last:  # sequential reads and writes of whole sequences, as in _sdpa_fwd
             if last >= 0:
-                _drows_out(dqkv[last], dx, first * dh, d, d, nt)
+                _rows_out(dqkv[last], dx, first * dh, d, d, nt)
             _put(x.reshape(-1), qkv[b].reshape(-1), nt * 3 * d)
             _put(g.reshape(-1), do[b].reshape(-1), nt * d)
             last, first = b, h
@@ -394,7 +385,7 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
             _colmix4(orow, ds, qx, qof, j, jb, jg, jh, causal, nt, wp)
             _put4(dx, orow, j, jb, jg, jh, ko, dh)
     if last >= 0:
-        _drows_out(dqkv[last], dx, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
+        _rows_out(dqkv[last], dx, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
     return 0
 
 
