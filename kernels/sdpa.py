@@ -206,7 +206,9 @@ def _softmax_row(pr, sr, n, sc):
     # pr[:n] = softmax(sr[:n] * sc), sr[:n] overwritten with the exp terms; three passes
     # (max(s) sc is max(s sc): scaling by sc > 0 is monotone)
     sub = lanes.row_max(sr[:n]) * sc      # s - max: exp stays <= 1
-    for j in range(n):
+    # exp over whole tiles (the scores past n, which _dot4 also wrote, are dropped): a loop of n
+    # ran a short row's exps in the vector loop's scalar remainder (forward -5% at T 64)
+    for j in range(tiles.round_up(n)):
         sr[j] = fastmath.exp(sr[j] * sc - sub)
     inv = fastmath.const(1, sr) / lanes.row_sum(sr[:n])
     for j in range(n):
