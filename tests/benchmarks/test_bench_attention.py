@@ -32,6 +32,7 @@ def test_tiny_run_reports_every_case(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["case"].split()[0] for r in rows] == ["MHA", "GPT", "nanoGPT-cpu"]
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)
+    assert all(r["target"] == 1.15 for r in rows)  # every case against the same target
     assert math.isfinite(rows[-1]["ratio_blas_heads"])
 
 

@@ -22,6 +22,15 @@ def one_thread():
         yield
 
 
+@pytest.fixture(autouse=True)
+def sigint_raises():
+    # A shell without job control starts a background job (`make test &`) with SIGINT ignored,
+    # which Python then keeps: these tests need its KeyboardInterrupt handler
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _interrupt_at(k, fn):
     """Run ``fn()`` with a SIGINT raised at its k-th profile event (none if it has fewer).
     Returns ``(the KeyboardInterrupt raised or None, the number of events seen)``."""
