@@ -49,7 +49,7 @@ TARGET = 1.15
 MHA_SHAPES = [((8, 256, 384, 6), TARGET), ((4, 64, 128, 4), TARGET)]
 GPT_SHAPE = dict(vocab=103, n_layer=4, n_head=4, d_model=128, seq_len=128, batch=16)
 # --tiny (the test suite's smoke run): every part of the bench at sizes that take no time.
-TINY_MHA = [((2, 8, 12, 3), 1.6)]
+TINY_MHA = [((2, 8, 12, 3), TARGET)]
 TINY_GPT = dict(vocab=11, n_layer=1, n_head=2, d_model=8, seq_len=8, batch=2)
 # nanoGPT's CPU recipe on shakespeare_char (bias=False as its config allows; tied head).
 NANOGPT_CPU = dict(vocab=65, n_layer=4, n_head=4, d_model=128, seq_len=64, batch=12,
