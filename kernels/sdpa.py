@@ -14,20 +14,18 @@ Each pair is computed by one thread in a fixed loop order (pairs are split over 
 pool, kernels.parallel), so results are bit-identical at any thread count. The products are
 GEMM-style register tiles (kernels.tiles): four rows of sixteen lanes accumulate over the
 inner index in registers, packed into vectors by LLVM's SLP vectoriser (the kernels compile
-with ``jit(slp=True)``, so without FMA contraction); per pair the head's k (transposed, v
-backward) is first copied into per-thread scratch padded to whole tiles, and so are its v
-rows (and backward dO, q, k) when d_head is not whole tiles (else the tiles read them where
-they are), so every tile reads contiguous, in-bounds memory. The softmax's row reductions
-use kernels.lanes.
+with ``jit(slp=True)``, so without FMA contraction); per pair the head's k (transposed) and
+v rows (and backward dO, q, k) are first copied into per-thread scratch padded to whole
+tiles, so every tile reads contiguous, in-bounds memory. The softmax's row reductions use
+kernels.lanes.
 
 Inside a training step these arrays come from DRAM (the step's buffers outgrow the L3), and
 a head's columns are two cache lines in every row of a 3 d_model-wide row: read and written
 that way, per head, each line waits on memory. So each pass first copies a sequence's rows
 (qkv, and dO backward) into per-thread scratch in one sequential sweep, which the hardware
-prefetcher follows, and works on the copy. The forward writes the sequence's O rows back in
-one sweep at the end (a slot that holds only some of its heads: their columns alone); the
-backward writes d[q | k | v] straight into its rows, which in a step are qkv's own (in place:
-lines the copy has just read).
+prefetcher follows, works on the copy, and writes the sequence's output rows (O, d[qkv]) back
+in one sweep at the end; a slot that holds only some of a sequence's heads writes back their
+columns alone.
 """
 from __future__ import annotations
 
@@ -88,10 +86,12 @@ def _put(out, src, n):
 
 
 @jit(inline="always")
-def _rows_out(out, src, c0, c1, nt):
-    # out[i, c0:c1] = src[i, c0:c1] for i < nt: a sequence's rows written in one sweep
+def _rows_out(out, src, c0, c1, d, nt):
+    # columns o + c0..o + c1 of a sequence's rows for each of out's blocks of d columns (O:
+    # one, d[q | k | v]: three), written in one sweep
     for i in range(nt):
-        _put(out[i, c0:c1], src[i, c0:c1], c1 - c0)
+        for o in range(0, out.shape[1], d):
+            _put(out[i, o + c0:o + c1], src[i, o + c0:o + c1], c1 - c0)
 
 
 # The three products below are register tiles (kernels.tiles) of sixteen lanes, every lane
@@ -240,9 +240,9 @@ def _stride(nt):
 def work_size(nt, dh, backward, n_heads=1):
     """Scratch elements per thread of ``_sdpa_fwd`` / ``_sdpa_bwd`` for T = ``nt``."""
     tp, wp = -(-nt // 16) * 16, -(-dh // 16) * 16
-    if backward:  # V^T, dO / q / k rows, dS and P rows, four output rows, a sequence's qkv
-        # and dO rows
-        return dh * tp + 3 * nt * wp + 2 * nt * (tp + 16) + 4 * wp + nt * 4 * dh * n_heads
+    if backward:  # V^T, dO / q / k rows, dS and P rows, four output rows, a sequence's qkv,
+        # dO and d[qkv] rows
+        return dh * tp + 3 * nt * wp + 2 * nt * (tp + 16) + 4 * wp + nt * 7 * dh * n_heads
     # K^T, v rows, four score rows, four output rows, a sequence's qkv and output rows
     return dh * tp + nt * wp + 4 * tp + 4 * wp + nt * 4 * dh * n_heads
 
@@ -279,7 +279,7 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
         if b != last:  # one sequential read of the sequence (a stream the prefetcher follows)
             if last >= 0:
-                _rows_out(out[last], ob, first * dh, d, nt)
+                _rows_out(out[last], ob, first * dh, d, d, nt)
             _put(x.reshape(-1), qkv[b].reshape(-1), nt * 3 * d)
             last, first = b, h
         pp = p[pair]
@@ -300,7 +300,7 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
             _mix2(orow[2], orow[3], pp[ig], pp[ih], vx, vof, ng, nh, wp)
             _put4(ob, orow, i, ib, ig, ih, qo, dh)
     if last >= 0:  # the heads done of the last sequence (another slot may do the rest)
-        _rows_out(out[last], ob, first * dh, ((i1 - 1) % n_heads + 1) * dh, nt)
+        _rows_out(out[last], ob, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
     return 0
 
 
@@ -350,18 +350,21 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
     pc = work[o + nt * ts:o + 2 * nt * ts].reshape(nt, ts)   # P copied, from T = COPY_P_FROM
     orow = work[o + 2 * nt * ts:o + 2 * nt * ts + 4 * wp].reshape(4, wp)
     o += 2 * nt * ts + 4 * wp
-    x = work[o:o + nt * 3 * d].reshape(nt, 3 * d)           # the sequence's qkv and dO
-    g = work[o + nt * 3 * d:o + nt * 4 * d].reshape(nt, d)  # rows
+    x = work[o:o + nt * 3 * d].reshape(nt, 3 * d)           # the sequence's qkv, dO and
+    g = work[o + nt * 3 * d:o + nt * 4 * d].reshape(nt, d)  # d[qkv] rows
+    dx = work[o + nt * 4 * d:o + nt * 7 * d].reshape(nt, 3 * d)
     sc = fastmath.const(scale, p)
-    last = -1
+    last, first = -1, 0
     for pair in range(i0, i1):
         b, h = pair // n_heads, pair % n_heads
         qo, ko, vo = h * dh, d + h * dh, 2 * d + h * dh
-        if b != last:  # sequential reads of whole sequences, as in _sdpa_fwd
+        if b != last:  # sequential reads and writes of whole sequences, as in _sdpa_fwd
+            if last >= 0:
+                _rows_out(dqkv[last], dx, first * dh, d, d, nt)
             _put(x.reshape(-1), qkv[b].reshape(-1), nt * 3 * d)
             _put(g.reshape(-1), do[b].reshape(-1), nt * d)
-            last = b
-        pp, dx = p[pair], dqkv[b]
+            last, first = b, h
+        pp = p[pair]
         _head_cols(vt, x, vo, dh, nt)
         gx, gof, qx, qof, kx, kof = g, qo, x, qo, x, ko  # rows read in place when whole tiles
         if wp != dh:                                       # else copied, padded
@@ -383,6 +386,8 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
             jb, jg, jh = _block(j, nt, causal)[:3]
             _colmix4(orow, ds, qx, qof, j, jb, jg, jh, causal, nt, wp)
             _put4(dx, orow, j, jb, jg, jh, ko, dh)
+    if last >= 0:
+        _rows_out(dqkv[last], dx, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
     return 0
 
 
@@ -424,7 +429,7 @@ def sdpa_backward_unchecked(dqkv, do, p, qkv, n_heads, scale, causal):
     (B, T, d) = dL/d out, the forward's ``p`` and ``qkv``: per (batch, head)
     dS = P (dP - rowsum(dP P)) with dP = dO v^T, dq = dS k scale, dk = dS^T q scale,
     dv = P^T dO. ``dqkv`` may be ``qkv`` (each slot copies a sequence before it computes and
-    then writes only its own heads' columns) but no other input; no checks. Returns
+    writes back only its own heads' columns after) but no other input; no checks. Returns
     ``dqkv``."""
     nb, nt, d = do.shape
     if nb == 0 or nt == 0:
