@@ -238,8 +238,9 @@ def _stride(nt):
     return tiles.round_up(nt) + 16
 
 
-def work_size(nt, dh, backward, n_heads=1):
-    """Scratch elements per thread of ``_sdpa_fwd`` / ``_sdpa_bwd`` for T = ``nt``."""
+def work_size(nt, dh, backward, n_heads):
+    """Scratch elements per thread of ``_sdpa_fwd`` / ``_sdpa_bwd`` for T = ``nt`` and
+    ``n_heads`` heads of ``dh`` (a whole sequence's rows are staged)."""
     tp, wp = -(-nt // 16) * 16, -(-dh // 16) * 16
     if backward:  # V^T, dO / q / k rows, dS and P rows, four output rows, a sequence's qkv,
         # dO and d[qkv] rows
