@@ -15,7 +15,7 @@ import threading
 
 from . import threads as _threads
 
-__all__ = ["split", "threads_for", "chunks", "handoffs",
+__all__ = ["split", "slots", "threads_for", "chunks", "handoffs",
            "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
 # Elements per thread below which ``chunks`` does not split (kernels that give no cost).
@@ -154,4 +154,13 @@ def split(fn, n: int, row_len: int = 1, min_elements: int = SPLIT_MIN, k: int | 
         fn(0, n, 0)
         return 1
     _fork(lambda s: fn(n * s // k, n * (s + 1) // k, s), k)
+    return k
+
+
+def slots(fn, k: int) -> int:
+    """``fn(slot)`` for slot in range(``k``), all at once (slot 0 on the calling thread), for
+    kernels that divide their work among themselves by claiming pieces of it
+    (``kernels.atomic.fetch_add``); waits for all and re-raises the first error. Returns
+    ``k``."""
+    _fork(fn, k)
     return k

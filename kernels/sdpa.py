@@ -10,8 +10,10 @@ computes only the j <= i half of a causal score matrix, and writes O straight in
 d[q | k | v] in the (B, T, 3 d_model) rows of the QKV weight-gradient GEMM. The probabilities
 P (B h, T, T) are kept for backward, as the BLAS path does; only their causal half is read.
 
-Each pair is computed by one thread in a fixed loop order (pairs are split over the engine's
-pool, kernels.parallel), so results are bit-identical at any thread count. The products are
+Each pair is computed by one thread in a fixed loop order, so results are bit-identical at
+any thread count: the engine's pool threads (kernels.parallel.slots) claim chunks of pairs
+(kernels.atomic), so the calling thread starts at once and a pool thread that wakes late
+takes what is left instead of holding up the call. The products are
 GEMM-style register tiles (kernels.tiles): four rows of sixteen lanes accumulate over the
 inner index in registers, packed into vectors by LLVM's SLP vectoriser (the kernels compile
 with ``jit(slp=True)``, so without FMA contraction); per pair the head's k (transposed, v
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import fastmath, lanes, tiles
+from . import atomic, fastmath, lanes, tiles
 from . import parallel as _par
 from .gemm import check_array
 from .jit import jit
@@ -95,119 +97,12 @@ def _rows_out(out, src, c0, c1, d, nt):
             _put(out[i, o + c0:o + c1], src[i, o + c0:o + c1], c1 - c0)
 
 
-# The three products below are register tiles (kernels.tiles) of sixteen lanes, every lane
-# summed over its inner index in increasing order. Rows go in blocks of four (a block past T
-# repeats row T - 1: same inputs, same bits); S = q K^T and the column sums take all four
-# at once, the row mixes P v and dS k two and two (measured: four rows there ran 2-8% slower
-# than two pairs, four 7-18% faster for the others; Zen 5, float32).
-
-@jit(inline="always")
-def _dot4(sa, sb, sg, sh, qa, qb, qg, qh, kt, dh, n):
-    # s_r[j] = sum_c q_r[c] kt[c, j] for the four rows r and the tiles covering j < n
-    for j0 in range(0, n, 16):
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(sa)
-        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.zeros(sa)
-        g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15 = tiles.zeros(sa)
-        h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15 = tiles.zeros(sa)
-        for c in range(dh):
-            k = tiles.load(kt[c, j0:j0 + 16])
-            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
-                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), qa[c], k)
-            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
-                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), qb[c], k)
-            g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15 = tiles.axpy(
-                (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15), qg[c], k)
-            h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15 = tiles.axpy(
-                (h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15), qh[c], k)
-        tiles.store(sa[j0:j0 + 16],
-                    (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
-        tiles.store(sb[j0:j0 + 16],
-                    (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
-        tiles.store(sg[j0:j0 + 16],
-                    (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15))
-        tiles.store(sh[j0:j0 + 16],
-                    (h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15))
-
-
-@jit(inline="always")
-def _mix2(oa, ob, pa, pb, x, off, na, nb, width):
-    # oa = sum_{j < na} pa[j] x[j] and ob = sum_{j < nb} pb[j] x[j] over columns off..off+width
-    # (nb = na, or na + 1: a causal pair's second row has one term more)
-    for c0 in range(0, width, 16):
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(oa)
-        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.zeros(oa)
-        for j in range(na):
-            k = tiles.load(x[j, off + c0:off + c0 + 16])
-            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
-                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), pa[j], k)
-            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
-                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), pb[j], k)
-        if nb > na:
-            k = tiles.load(x[na, off + c0:off + c0 + 16])
-            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
-                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), pb[na], k)
-        tiles.store(oa[c0:c0 + 16],
-                    (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
-        tiles.store(ob[c0:c0 + 16],
-                    (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
-
-
-@jit(inline="always")
-def _colmix4(o4, w, x, off, ja, jb, jg, jh, causal, nt, width):
-    # o4[r] = sum_i w[i, j_r] x[i, off:off + width] over i < nt, or i >= j_r when causal (ja
-    # <= jb <= jg <= jh): the transposed product (dv = P^T dO, dk = dS^T q)
-    la, lb, lg, lh = (ja, jb, jg, jh) if causal else (0, 0, 0, 0)
-    for c0 in range(0, width, 16):
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(o4)
-        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.zeros(o4)
-        g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15 = tiles.zeros(o4)
-        h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15 = tiles.zeros(o4)
-        for i in range(la, lb):
-            k, wa = tiles.load(x[i, off + c0:off + c0 + 16]), w[i, ja]
-            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
-                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), wa, k)
-        for i in range(lb, lg):
-            k, wa, wb = tiles.load(x[i, off + c0:off + c0 + 16]), w[i, ja], w[i, jb]
-            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
-                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), wa, k)
-            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
-                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), wb, k)
-        for i in range(lg, lh):
-            k = tiles.load(x[i, off + c0:off + c0 + 16])
-            wa, wb, wg = w[i, ja], w[i, jb], w[i, jg]
-            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
-                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), wa, k)
-            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
-                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), wb, k)
-            g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15 = tiles.axpy(
-                (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15), wg, k)
-        for i in range(lh, nt):
-            k = tiles.load(x[i, off + c0:off + c0 + 16])
-            wa, wb, wg, wh = w[i, ja], w[i, jb], w[i, jg], w[i, jh]
-            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.axpy(
-                (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), wa, k)
-            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = tiles.axpy(
-                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), wb, k)
-            g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15 = tiles.axpy(
-                (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15), wg, k)
-            h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15 = tiles.axpy(
-                (h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15), wh, k)
-        tiles.store(o4[0][c0:c0 + 16],
-                    (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
-        tiles.store(o4[1][c0:c0 + 16],
-                    (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
-        tiles.store(o4[2][c0:c0 + 16],
-                    (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15))
-        tiles.store(o4[3][c0:c0 + 16],
-                    (h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15))
-
-
 @jit(inline="always")
 def _softmax_row(pr, sr, n, sc):
     # pr[:n] = softmax(sr[:n] * sc), sr[:n] overwritten with the exp terms; three passes
     # (max(s) sc is max(s sc): scaling by sc > 0 is monotone)
     sub = lanes.row_max(sr[:n]) * sc      # s - max: exp stays <= 1
-    # exp over whole tiles (the scores past n, which _dot4 also wrote, are dropped): a loop of n
+    # exp over whole tiles (the scores past n, which tiles.dot4 also wrote, are dropped): a loop of n
     # ran a short row's exps in the vector loop's scalar remainder (forward -5% at T 64)
     for j in range(tiles.round_up(n)):
         sr[j] = fastmath.exp(sr[j] * sc - sub)
@@ -292,14 +187,14 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
             vx, vof = vp, 0
         for i in range(0, nt, 4):
             ib, ig, ih, na, nb, ng, nh = _block(i, nt, causal)
-            _dot4(sr[0], sr[1], sr[2], sr[3], x[i, qo:qo + dh], x[ib, qo:qo + dh],
+            tiles.dot4(sr[0], sr[1], sr[2], sr[3], x[i, qo:qo + dh], x[ib, qo:qo + dh],
                   x[ig, qo:qo + dh], x[ih, qo:qo + dh], kt, dh, tiles.round_up(nh))  # S rows
             _softmax_row(pp[i], sr[0], na, sc)                  # P rows
             _softmax_row(pp[ib], sr[1], nb, sc)
             _softmax_row(pp[ig], sr[2], ng, sc)
             _softmax_row(pp[ih], sr[3], nh, sc)
-            _mix2(orow[0], orow[1], pp[i], pp[ib], vx, vof, na, nb, wp)  # O rows = P v
-            _mix2(orow[2], orow[3], pp[ig], pp[ih], vx, vof, ng, nh, wp)
+            tiles.mix2(orow[0], orow[1], pp[i], pp[ib], vx, vof, na, nb, wp)  # O rows = P v
+            tiles.mix2(orow[2], orow[3], pp[ig], pp[ih], vx, vof, ng, nh, wp)
             _put4(ob, orow, i, ib, ig, ih, qo, dh)
     if last >= 0:  # the heads done of the last sequence (another slot may do the rest)
         _rows_out(out[last], ob, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
@@ -321,7 +216,7 @@ def _dq_rows(dx, ds, orow, gp, gof, kp, kof, pp, vt, qo, dh, sc, nt, causal, wp)
     # dq_i = sum_j dS_ij k_j
     for i in range(0, nt, 4):
         ib, ig, ih, na, nb, ng, nh = _block(i, nt, causal)
-        _dot4(ds[i], ds[ib], ds[ig], ds[ih], gp[i, gof:gof + dh], gp[ib, gof:gof + dh],
+        tiles.dot4(ds[i], ds[ib], ds[ig], ds[ih], gp[i, gof:gof + dh], gp[ib, gof:gof + dh],
               gp[ig, gof:gof + dh], gp[ih, gof:gof + dh], vt, dh, tiles.round_up(nh))
         _dscore_row(ds[i], pp[i], na, sc)
         if ib > i:
@@ -330,8 +225,8 @@ def _dq_rows(dx, ds, orow, gp, gof, kp, kof, pp, vt, qo, dh, sc, nt, causal, wp)
             _dscore_row(ds[ig], pp[ig], ng, sc)
         if ih > ig:
             _dscore_row(ds[ih], pp[ih], nh, sc)
-        _mix2(orow[0], orow[1], ds[i], ds[ib], kp, kof, na, nb, wp)
-        _mix2(orow[2], orow[3], ds[ig], ds[ih], kp, kof, ng, nh, wp)
+        tiles.mix2(orow[0], orow[1], ds[i], ds[ib], kp, kof, na, nb, wp)
+        tiles.mix2(orow[2], orow[3], ds[ig], ds[ih], kp, kof, ng, nh, wp)
         _put4(dx, orow, i, ib, ig, ih, qo, dh)
 
 
@@ -381,16 +276,51 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
             pw = pc
         for j in range(0, nt, 4):                            # dv_j = sum_i P_ij dO_i
             jb, jg, jh = _block(j, nt, causal)[:3]
-            _colmix4(orow, pw, gx, gof, j, jb, jg, jh, causal, nt, wp)
+            tiles.colmix4(orow, pw, gx, gof, j, jb, jg, jh, causal, nt, wp)
             _put4(dx, orow, j, jb, jg, jh, vo, dh)
         _dq_rows(dx, ds, orow, gx, gof, kx, kof, pp, vt, qo, dh, sc, nt, causal, wp)
         for j in range(0, nt, 4):                            # dk_j = sum_i dS_ij q_i
             jb, jg, jh = _block(j, nt, causal)[:3]
-            _colmix4(orow, ds, qx, qof, j, jb, jg, jh, causal, nt, wp)
+            tiles.colmix4(orow, ds, qx, qof, j, jb, jg, jh, causal, nt, wp)
             _put4(dx, orow, j, jb, jg, jh, ko, dh)
     if last >= 0:
         _rows_out(dqkv[last], dx, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
     return 0
+
+
+@jit(slp=True)
+def _sdpa_fwd_claims(out, p, work, qkv, n_heads, scale, causal, counter, chunk, n_pairs):
+    # _sdpa_fwd over pairs chunk at a time, each chunk claimed from counter (shared by slots)
+    while True:
+        i0 = atomic.fetch_add(counter, 1) * chunk
+        if i0 >= n_pairs:
+            return 0
+        _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, min(i0 + chunk, n_pairs))
+
+
+@jit(slp=True)
+def _sdpa_bwd_claims(dqkv, work, do, p, qkv, n_heads, scale, causal, counter, chunk, n_pairs):
+    # _sdpa_bwd over claimed chunks, as _sdpa_fwd_claims
+    while True:
+        i0 = atomic.fetch_add(counter, 1) * chunk
+        if i0 >= n_pairs:
+            return 0
+        _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, min(i0 + chunk, n_pairs))
+
+
+def _chunk(n_pairs, n_heads, k):
+    """Pairs per claim (kernels.atomic): whole sequences when there are four or more per
+    slot (a sequence's rows are staged once), else a quarter of a slot's share."""
+    if n_pairs >= 4 * k * n_heads:
+        return n_heads
+    return max(1, -(-n_pairs // (4 * k)))
+
+
+def _claims(k, n_pairs, n_heads):
+    """A zeroed claim counter (the calling thread's scratch) and the pairs per claim."""
+    counter = scratch("sdpa.claims", 1, np.int64)
+    counter[0] = 0
+    return counter, _chunk(n_pairs, n_heads, k)
 
 
 # Cost per score element x d_head for kernels.parallel.threads_for, calibrated rather than
@@ -403,7 +333,7 @@ BWD_COST = 1
 def _threads(n_pairs, t, dh, causal, cost):
     """Threads for ``n_pairs`` (batch, head) pairs of ``t`` positions (kernels.parallel)."""
     per_pair = (t * (t + 1) // 2 if causal else t * t) * dh
-    return _par.threads_for(n_pairs, per_pair, passes=cost), per_pair
+    return _par.threads_for(n_pairs, per_pair, passes=cost)
 
 
 def sdpa_forward_unchecked(out, p, qkv, n_heads, scale, causal):
@@ -415,14 +345,15 @@ def sdpa_forward_unchecked(out, p, qkv, n_heads, scale, causal):
     if nb == 0 or nt == 0:
         return out
     dh, n_pairs = d // n_heads, nb * n_heads
-    k, per_pair = _threads(n_pairs, nt, dh, causal, FWD_COST)
+    k = _threads(n_pairs, nt, dh, causal, FWD_COST)
     size = work_size(nt, dh, False, n_heads)
     works = [scratch(("sdpa.work", s), size, qkv.dtype) for s in range(k)]  # per slot
     if k == 1:
         _sdpa_fwd(out, p, works[0], qkv, n_heads, scale, causal, 0, n_pairs)
-    else:
-        _par.split(lambda i0, i1, s: _sdpa_fwd(out, p, works[s], qkv, n_heads, scale, causal,
-                                               i0, i1), n_pairs, per_pair, k=k)
+    else:  # slots claim chunks of pairs: a late pool thread takes what is left
+        counter, chunk = _claims(k, n_pairs, n_heads)
+        _par.slots(lambda s: _sdpa_fwd_claims(out, p, works[s], qkv, n_heads, scale, causal,
+                                               counter, chunk, n_pairs), k)
     return out
 
 
@@ -437,14 +368,15 @@ def sdpa_backward_unchecked(dqkv, do, p, qkv, n_heads, scale, causal):
     if nb == 0 or nt == 0:
         return dqkv
     dh, n_pairs = d // n_heads, nb * n_heads
-    k, per_pair = _threads(n_pairs, nt, dh, causal, BWD_COST)
+    k = _threads(n_pairs, nt, dh, causal, BWD_COST)
     size = work_size(nt, dh, True, n_heads)
     works = [scratch(("sdpa.work", s), size, qkv.dtype) for s in range(k)]  # per slot
     if k == 1:
         _sdpa_bwd(dqkv, works[0], do, p, qkv, n_heads, scale, causal, 0, n_pairs)
     else:
-        _par.split(lambda i0, i1, s: _sdpa_bwd(dqkv, works[s], do, p, qkv, n_heads, scale,
-                                               causal, i0, i1), n_pairs, per_pair, k=k)
+        counter, chunk = _claims(k, n_pairs, n_heads)
+        _par.slots(lambda s: _sdpa_bwd_claims(dqkv, works[s], do, p, qkv, n_heads, scale,
+                                               causal, counter, chunk, n_pairs), k)
     return dqkv
 
 

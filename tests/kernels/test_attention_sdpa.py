@@ -2,6 +2,8 @@
 backward against the NumPy reference (kernels.reference) in float64 and float32, the shapes
 where row blocks and vector widths have tails, causal skipping, thread-count independence,
 NaN propagation and argument errors."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -136,6 +138,51 @@ def test_pairs_cut_inside_a_sequence_come_out_as_in_one_slot(cut):
         sdpa._sdpa_fwd(out, p, np.zeros(fwd), qkv, h, scale, True, i0, i1)
     for i0, i1 in ((cut, b * h), (0, cut)):
         sdpa._sdpa_bwd(dqkv, np.zeros(bwd), do, p, qkv, h, scale, True, i0, i1)
+    np.testing.assert_array_equal(out, one_out)
+    np.testing.assert_array_equal(dqkv, one_dqkv)
+
+
+def test_few_pairs_split_inside_sequences_match_one_thread():
+    # Check 1 against 2 threads where there are too few sequences to claim whole ones (2
+    # sequences of 4 heads: one pair per claim), so the slots stage and write back parts of
+    # sequences; T 256 makes the 8 pairs worth a second thread.
+    shape = (2, 256, 64, 4)
+    qkv, do = _inputs(shape, np.float32, seed=9)
+    with num_threads(1):
+        one = _run(shape, np.float32, True, qkv, do)
+    before = parallel.handoffs()
+    with num_threads(2):
+        two = _run(shape, np.float32, True, qkv, do)
+    assert parallel.handoffs() > before and sdpa._chunk(8, 4, 2) == 1
+    np.testing.assert_array_equal(one[0], two[0])
+    np.testing.assert_array_equal(one[2], two[2])
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7])
+def test_claiming_slots_compute_every_pair_once(chunk):
+    # Check the claim loops of both passes driven by two threads that share one counter,
+    # the second started only after the first is well under way (a pool thread that wakes
+    # late): together they give exactly the one-slot results, whatever the chunk (3 heads:
+    # chunks 2 and 7 cut sequences).
+    b, t, d, h = shape = (4, 9, 12, 3)
+    qkv, do = _inputs(shape, F64, seed=4)
+    one_out, _, one_dqkv = _run(shape, F64, True, qkv, do)
+    out, p, dqkv = np.full((b, t, d), np.nan), np.zeros((b * h, t, t)), np.full_like(qkv, np.nan)
+    scale, n = 1.0 / np.sqrt(d // h), b * h
+    for backward in (False, True):
+        counter = np.zeros(1, np.int64)
+        size = sdpa.work_size(t, d // h, backward, h)
+        if backward:
+            fn = lambda: sdpa._sdpa_bwd_claims(dqkv, np.zeros(size), do, p, qkv, h, scale,
+                                               True, counter, chunk, n)
+        else:
+            fn = lambda: sdpa._sdpa_fwd_claims(out, p, np.zeros(size), qkv, h, scale, True,
+                                               counter, chunk, n)
+        late = threading.Thread(target=fn)
+        fn()
+        late.start()
+        late.join()
+        assert counter[0] == -(-n // chunk) + 2  # every chunk once, then one miss per slot
     np.testing.assert_array_equal(out, one_out)
     np.testing.assert_array_equal(dqkv, one_dqkv)
 
