@@ -97,6 +97,14 @@ def _sdpa_bwd(rng, d, dtype):
             rng.standard_normal(out.shape).astype(dtype), p, qkv, h, scale, causal, i0, i1)
 
 
+def _claimed(case):
+    # the claim loop over all of the case's pairs, one pair per claim
+    def make(rng, d, dtype):
+        *args, i0, i1 = case(rng, d, dtype)
+        return (*args, np.zeros(1, np.int64), 1, i1)
+    return make
+
+
 CASES = {
     layernorm._fwd_rows: _layernorm_fwd,
     layernorm._bwd_blocks: _layernorm_bwd,
@@ -107,6 +115,8 @@ CASES = {
     token_mix._bias_from_blocks: _bias_from_blocks,
     sdpa._sdpa_fwd: _sdpa_fwd,
     sdpa._sdpa_bwd: _sdpa_bwd,
+    sdpa._sdpa_fwd_claims: _claimed(_sdpa_fwd),
+    sdpa._sdpa_bwd_claims: _claimed(_sdpa_bwd),
 }
 
 
