@@ -8,11 +8,12 @@ over threads. Inline helpers: call them from ``@jit`` kernels.
 """
 from __future__ import annotations
 
-from . import fastmath
+from . import fastmath, tiles
 from .jit import jit
 
 __all__ = ["row_sum", "row_dot", "row_dot_centred", "row_sumsq_centred", "row_max",
-           "row_wsum_centred", "row_sqdist", "sum_in_order"]
+           "row_wsum_centred", "row_sqdist", "sum_in_order", "sum16", "dot16",
+           "sumsq16_centred", "dot16_centred"]
 
 
 @jit(inline="always")
@@ -171,6 +172,131 @@ def row_sqdist(x, y):
         t = x[i] - y[i]
         s0 += t * t
     return _tree(s0, s1, s2, s3, s4, s5, s6, s7)
+
+
+# ----------------------------------------------------------------------------- 16 lanes, stored
+# LLVM's SLP vectoriser packs the eight lanes above starting from their final tree, two or
+# four lanes at a time with shuffles (row_sumsq_centred ran at a third of row_sum's speed;
+# Zen 5, rows of 128). Here a row's 16 lanes (element i in lane i % 16, a whole tile per
+# step, kernels.tiles) end in one store to a 16-element scratch row ``acc``: SLP packs from
+# that store, so the loop runs on one 16-lane register. The tail (n % 16 elements) is added
+# to lanes 0.. in ``acc``, and the lanes are added in one fixed tree: lane l and lane l + 8,
+# then halves again. Call from ``@jit(slp=True)`` kernels.
+
+@jit(inline="always")
+def _tree16(acc):
+    s0, s1, s2, s3 = acc[0] + acc[8], acc[1] + acc[9], acc[2] + acc[10], acc[3] + acc[11]
+    s4, s5, s6, s7 = acc[4] + acc[12], acc[5] + acc[13], acc[6] + acc[14], acc[7] + acc[15]
+    return ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))
+
+
+@jit(inline="always")
+def _add(a, t):
+    return (a[0] + t[0], a[1] + t[1], a[2] + t[2], a[3] + t[3],
+            a[4] + t[4], a[5] + t[5], a[6] + t[6], a[7] + t[7],
+            a[8] + t[8], a[9] + t[9], a[10] + t[10], a[11] + t[11],
+            a[12] + t[12], a[13] + t[13], a[14] + t[14], a[15] + t[15])
+
+
+@jit(inline="always")
+def _mul(k, y):
+    return (k[0] * y[0], k[1] * y[1], k[2] * y[2], k[3] * y[3],
+            k[4] * y[4], k[5] * y[5], k[6] * y[6], k[7] * y[7],
+            k[8] * y[8], k[9] * y[9], k[10] * y[10], k[11] * y[11],
+            k[12] * y[12], k[13] * y[13], k[14] * y[14], k[15] * y[15])
+
+
+@jit(inline="always")
+def _sq_centred(k, c):
+    return ((k[0] - c) * (k[0] - c), (k[1] - c) * (k[1] - c),
+            (k[2] - c) * (k[2] - c), (k[3] - c) * (k[3] - c),
+            (k[4] - c) * (k[4] - c), (k[5] - c) * (k[5] - c),
+            (k[6] - c) * (k[6] - c), (k[7] - c) * (k[7] - c),
+            (k[8] - c) * (k[8] - c), (k[9] - c) * (k[9] - c),
+            (k[10] - c) * (k[10] - c), (k[11] - c) * (k[11] - c),
+            (k[12] - c) * (k[12] - c), (k[13] - c) * (k[13] - c),
+            (k[14] - c) * (k[14] - c), (k[15] - c) * (k[15] - c))
+
+
+@jit(inline="always")
+def _mul_centred(ka, kb, kx, c):
+    return (ka[0] * kb[0] * (kx[0] - c), ka[1] * kb[1] * (kx[1] - c),
+            ka[2] * kb[2] * (kx[2] - c), ka[3] * kb[3] * (kx[3] - c),
+            ka[4] * kb[4] * (kx[4] - c), ka[5] * kb[5] * (kx[5] - c),
+            ka[6] * kb[6] * (kx[6] - c), ka[7] * kb[7] * (kx[7] - c),
+            ka[8] * kb[8] * (kx[8] - c), ka[9] * kb[9] * (kx[9] - c),
+            ka[10] * kb[10] * (kx[10] - c), ka[11] * kb[11] * (kx[11] - c),
+            ka[12] * kb[12] * (kx[12] - c), ka[13] * kb[13] * (kx[13] - c),
+            ka[14] * kb[14] * (kx[14] - c), ka[15] * kb[15] * (kx[15] - c))
+
+
+@jit(inline="always")
+def sum16(x, acc):
+    """sum(x) of a 1-D row in 16 stored lanes (``acc``: a 16-element scratch row)."""
+    n = x.shape[0]
+    m = n - n % 16
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(x)
+    for i in range(0, m, 16):
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = _add(
+            (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15),
+            tiles.load(x[i:i + 16]))
+    tiles.store(acc, (a0, a1, a2, a3, a4, a5, a6, a7,
+                      a8, a9, a10, a11, a12, a13, a14, a15))
+    for i in range(m, n):
+        acc[i - m] += x[i]
+    return _tree16(acc)
+
+
+@jit(inline="always")
+def dot16(x, y, acc):
+    """sum(x * y) of two 1-D rows of one length in 16 stored lanes."""
+    n = x.shape[0]
+    m = n - n % 16
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(x)
+    for i in range(0, m, 16):
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = _add(
+            (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15),
+            _mul(tiles.load(x[i:i + 16]), tiles.load(y[i:i + 16])))
+    tiles.store(acc, (a0, a1, a2, a3, a4, a5, a6, a7,
+                      a8, a9, a10, a11, a12, a13, a14, a15))
+    for i in range(m, n):
+        acc[i - m] += x[i] * y[i]
+    return _tree16(acc)
+
+
+@jit(inline="always")
+def sumsq16_centred(x, c, acc):
+    """sum((x - c)**2) of a 1-D row in 16 stored lanes."""
+    n = x.shape[0]
+    m = n - n % 16
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(x)
+    for i in range(0, m, 16):
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = _add(
+            (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15),
+            _sq_centred(tiles.load(x[i:i + 16]), c))
+    tiles.store(acc, (a0, a1, a2, a3, a4, a5, a6, a7,
+                      a8, a9, a10, a11, a12, a13, a14, a15))
+    for i in range(m, n):
+        acc[i - m] += (x[i] - c) * (x[i] - c)
+    return _tree16(acc)
+
+
+@jit(inline="always")
+def dot16_centred(u, w, x, c, acc):
+    """sum(u * w * (x - c)) of three 1-D rows of one length in 16 stored lanes."""
+    n = x.shape[0]
+    m = n - n % 16
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = tiles.zeros(x)
+    for i in range(0, m, 16):
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = _add(
+            (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15),
+            _mul_centred(tiles.load(u[i:i + 16]), tiles.load(w[i:i + 16]),
+                         tiles.load(x[i:i + 16]), c))
+    tiles.store(acc, (a0, a1, a2, a3, a4, a5, a6, a7,
+                      a8, a9, a10, a11, a12, a13, a14, a15))
+    for i in range(m, n):
+        acc[i - m] += u[i] * w[i] * (x[i] - c)
+    return _tree16(acc)
 
 
 @jit

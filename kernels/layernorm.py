@@ -34,13 +34,14 @@ BWD_COST = 8
 
 
 @jit(slp=True)
-def _fwd_rows(out, mean, rstd, x, gamma, beta, eps, i0, i1):
+def _fwd_rows(out, mean, rstd, acc, x, gamma, beta, eps, i0, i1):
+    # acc: 16-element scratch for the row sums' lanes (kernels.lanes)
     d = x.shape[1]
     dd, one = fastmath.const(d, x), fastmath.const(1, x)
     for r in range(i0, i1):
         xr, orow = x[r], out[r]
-        mu = lanes.row_sum(xr) / dd
-        rs = one / math.sqrt(lanes.row_sumsq_centred(xr, mu) / dd + eps)
+        mu = lanes.sum16(xr, acc) / dd
+        rs = one / math.sqrt(lanes.sumsq16_centred(xr, mu, acc) / dd + eps)
         mean[r] = mu
         rstd[r] = rs
         for j in range(d):                    # out may be x: element j is read first
@@ -49,7 +50,7 @@ def _fwd_rows(out, mean, rstd, x, gamma, beta, eps, i0, i1):
 
 
 @jit(slp=True)
-def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, fresh, b0, b1):
+def _bwd_blocks(part_g, part_b, dx, acc, dout, x, mean, rstd, gamma, add, rows, fresh, b0, b1):
     # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd
     # (dx += that when add); part_g[b], part_b[b] (zeroed first if fresh) += dout xhat and
     # dout over the rows of block b, in row order
@@ -64,8 +65,8 @@ def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, fresh
         for r in range(b * rows, min(n, (b + 1) * rows)):
             xr, gr, dr = x[r], dout[r], dx[r]
             mu, rs = mean[r], rstd[r]
-            c1 = lanes.row_dot(gr, gamma) / dd
-            c2 = lanes.row_dot_centred(gr, gamma, xr, mu) * rs / dd
+            c1 = lanes.dot16(gr, gamma, acc) / dd
+            c2 = lanes.dot16_centred(gr, gamma, xr, mu, acc) * rs / dd
             # dx may be dout or x: element j is read before it is written. With add, the term
             # is rounded, then added (an slp kernel does not contract): the bits of the plain
             # backward followed by ops.add.
@@ -108,6 +109,11 @@ def _block_rows(n, d):
     return min(64, max(1, n // 8))
 
 
+def _accs(k, dtype):
+    """One 16-element lane scratch per slot (kernels.lanes), taken on the calling thread."""
+    return [scratch(("layernorm.acc", s), 16, dtype) for s in range(k)]
+
+
 def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
     """``layernorm_forward`` without argument checks (hot path): C-contiguous arrays of one
     dtype and matching shapes, d > 0. ``out`` may be ``x``."""
@@ -116,11 +122,12 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
         return out
     e = x.dtype.type(eps)
     k = _par.threads_for(n, d, passes=FWD_COST)
+    accs = _accs(k, x.dtype)
     if k == 1:
-        _fwd_rows(out, mean, rstd, x, gamma, beta, e, 0, n)
+        _fwd_rows(out, mean, rstd, accs[0], x, gamma, beta, e, 0, n)
     else:
-        _par.split(lambda i0, i1, _: _fwd_rows(out, mean, rstd, x, gamma, beta, e, i0, i1),
-                   n, d, k=k)
+        _par.split(lambda i0, i1, s: _fwd_rows(out, mean, rstd, accs[s], x, gamma, beta, e,
+                                               i0, i1), n, d, k=k)
     # A row whose sum, centring or sum of squares overflowed (|x| beyond ~1e19 in float32)
     # has rstd = 0 (or NaN): the smallest rstd finds it (argmin: the cheapest reduction
     # call, and it stops at a NaN), and such rows are redone scaled.
@@ -162,18 +169,21 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma,
     add = bool(accumulate)
     rows = _block_rows(n, d)
     if rows == n:   # never split: the one block's sums go straight into dgamma and dbeta
-        _bwd_blocks(dgamma[None], dbeta[None], dx, dout, x, mean, rstd, gamma, add, n, False,
-                    0, 1)   # [None]: a view whatever the strides (a reshape could copy)
+        _bwd_blocks(dgamma[None], dbeta[None], dx, _accs(1, x.dtype)[0], dout, x, mean, rstd,
+                    gamma, add, n, False, 0, 1)  # [None]: a view (a reshape could copy)
         return dx
     nb = -(-n // rows)
     part_g = scratch("layernorm.part_g", (nb, d), x.dtype)    # (nb, d) block sums
     part_b = scratch("layernorm.part_b", (nb, d), x.dtype)
     k = min(_par.threads_for(n, d, passes=BWD_COST), nb)
+    accs = _accs(k, x.dtype)
     if k == 1:
-        _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, True, 0, nb)
+        _bwd_blocks(part_g, part_b, dx, accs[0], dout, x, mean, rstd, gamma, add, rows, True,
+                    0, nb)
     else:
-        _par.split(lambda b0, b1, _: _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma,
-                                                 add, rows, True, b0, b1), nb, rows * d, k=k)
+        _par.split(lambda b0, b1, s: _bwd_blocks(part_g, part_b, dx, accs[s], dout, x, mean,
+                                                 rstd, gamma, add, rows, True, b0, b1),
+                   nb, rows * d, k=k)
     _add_blocks(dgamma, dbeta, part_g, part_b)
     return dx
 

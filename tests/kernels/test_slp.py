@@ -32,7 +32,7 @@ def _rows(rng, n, d, dtype):
 def _layernorm_fwd(rng, d, dtype):
     n = 6
     x = _rows(rng, n, d, dtype)
-    return (np.empty_like(x), np.empty(n, dtype), np.empty(n, dtype), x,
+    return (np.empty_like(x), np.empty(n, dtype), np.empty(n, dtype), np.empty(16, dtype), x,
             rng.standard_normal(d).astype(dtype), rng.standard_normal(d).astype(dtype),
             dtype(1e-5), 0, n)
 
@@ -45,7 +45,7 @@ def _layernorm_bwd(rng, d, dtype):
         rstd = (1.0 / (x.std(axis=1) + 0.1)).astype(dtype)
     rows = 4                                  # two blocks, the second ragged
     dx = rng.standard_normal((n, d)).astype(dtype)
-    return (np.empty((2, d), dtype), np.empty((2, d), dtype), dx,
+    return (np.empty((2, d), dtype), np.empty((2, d), dtype), dx, np.empty(16, dtype),
             _rows(rng, n, d, dtype), x, mean, rstd, rng.standard_normal(d).astype(dtype),
             d % 2 == 1, rows, True, 0, 2)   # odd widths add into dx, even overwrite it
 
