@@ -114,11 +114,13 @@ def test_ce_accepts_any_integer_label_dtype(dtype):
     np.testing.assert_array_equal(dl3, dl)
 
 
+@pytest.mark.parametrize("c", [7, losses.WIDE_ROWS + 3])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_ce_one_hot_probabilities_agree_with_labels(dtype):
-    # Check that one-hot probability targets give the loss and gradient of integer labels.
+def test_ce_one_hot_probabilities_agree_with_labels(dtype, c):
+    # Check that one-hot probability targets give the loss and gradient of integer labels,
+    # the probabilities bit for bit, below and above the width where the kernels change.
     rng = np.random.default_rng(13)
-    n, c = 2 * _rows_per_block(7, dtype) + 1, 7
+    n = 2 * _rows_per_block(c, dtype) + 1
     logits = (2.0 * rng.standard_normal((n, c))).astype(dtype)
     labels = rng.integers(0, c, n)
     onehot = np.zeros((n, c), dtype)

@@ -80,6 +80,28 @@ def _bias_from_blocks(rng, d, dtype):
     return np.zeros(3, dtype), _rows(rng, 4 * 3, d, dtype).reshape(4, 3, d)
 
 
+def _ce_labels(rng, d, dtype):
+    n = 6
+    return (np.empty(n), np.empty((n, d), dtype), _rows(rng, n, d, dtype),
+            rng.integers(0, d, n).astype(np.int64), 0, n)
+
+
+def _ce_probs(rng, d, dtype):
+    n = 6
+    return (np.empty(n), np.empty((n, d), dtype), _rows(rng, n, d, dtype),
+            rng.random((n, d)).astype(dtype), 0, n)
+
+
+def _ce_probs_wide(rng, d, dtype):
+    *args, i0, i1 = _ce_probs(rng, d, dtype)
+    return (*args, np.empty(16, dtype), i0, i1)
+
+
+def _ce_labels_wide(rng, d, dtype):
+    *args, i0, i1 = _ce_labels(rng, d, dtype)
+    return (*args, np.empty(16, dtype), i0, i1)
+
+
 def _sdpa_fwd(rng, d, dtype):
     # T = d positions, 2 sequences x 2 heads of 20 features (not whole 16-lane tiles);
     # causal at even T, full at odd
@@ -110,6 +132,10 @@ CASES = {
     layernorm._bwd_blocks: _layernorm_bwd,
     softmax._softmax_bwd: _softmax_bwd,
     losses._mse_sums: _mse_sums,
+    losses._ce_labels_fwd: _ce_labels,
+    losses._ce_labels_fwd_wide: _ce_labels_wide,
+    losses._ce_probs_fwd: _ce_probs,
+    losses._ce_probs_fwd_wide: _ce_probs_wide,
     losses._mse_fwd_bwd: _mse_fwd_bwd,
     optim._sumsq_blocks: _sumsq_blocks,
     token_mix._bias_from_blocks: _bias_from_blocks,
