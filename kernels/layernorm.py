@@ -33,57 +33,101 @@ FWD_COST = 6
 BWD_COST = 8
 
 
+@jit(inline="always")
+def _out_row(orow, xr, mu, rs, gamma, beta):
+    for j in range(xr.shape[0]):              # out may be x: element j is read first
+        orow[j] = (xr[j] - mu) * rs * gamma[j] + beta[j]
+
+
 @jit(slp=True)
-def _fwd_rows(out, mean, rstd, acc, x, gamma, beta, eps, i0, i1):
-    # acc: 16-element scratch for the row sums' lanes (kernels.lanes)
+def _fwd_rows(out, mean, rstd, x, gamma, beta, eps, i0, i1):
     d = x.shape[1]
     dd, one = fastmath.const(d, x), fastmath.const(1, x)
     for r in range(i0, i1):
-        xr, orow = x[r], out[r]
-        mu = lanes.sum16(xr, acc) / dd
-        rs = one / math.sqrt(lanes.sumsq16_centred(xr, mu, acc) / dd + eps)
+        xr = x[r]
+        mu = lanes.row_sum(xr) / dd
+        rs = one / math.sqrt(lanes.row_sumsq_centred(xr, mu) / dd + eps)
         mean[r] = mu
         rstd[r] = rs
-        for j in range(d):                    # out may be x: element j is read first
-            orow[j] = (xr[j] - mu) * rs * gamma[j] + beta[j]
+        _out_row(out[r], xr, mu, rs, gamma, beta)
     return 0
 
 
 @jit(slp=True)
-def _bwd_blocks(part_g, part_b, dx, acc, dout, x, mean, rstd, gamma, add, rows, fresh, b0, b1):
+def _fwd_rows_wide(out, mean, rstd, x, gamma, beta, eps, acc, i0, i1):
+    # _fwd_rows with the row sums in 16 stored lanes (acc: their scratch, kernels.lanes)
+    d = x.shape[1]
+    dd, one = fastmath.const(d, x), fastmath.const(1, x)
+    for r in range(i0, i1):
+        xr = x[r]
+        mu = lanes.sum16(xr, acc) / dd
+        rs = one / math.sqrt(lanes.sumsq16_centred(xr, mu, acc) / dd + eps)
+        mean[r] = mu
+        rstd[r] = rs
+        _out_row(out[r], xr, mu, rs, gamma, beta)
+    return 0
+
+
+@jit(inline="always")
+def _bwd_row(pg, pb, dr, gr, xr, mu, rs, c1, c2, gamma, add):
+    # dx may be dout or x: element j is read before it is written. With add, the term is
+    # rounded, then added (an slp kernel does not contract): the bits of the plain backward
+    # followed by ops.add.
+    if add:
+        for j in range(xr.shape[0]):
+            g = gr[j]
+            xh = (xr[j] - mu) * rs
+            pg[j] += g * xh
+            pb[j] += g
+            dr[j] += rs * (g * gamma[j] - c1 - xh * c2)
+    else:
+        for j in range(xr.shape[0]):
+            g = gr[j]
+            xh = (xr[j] - mu) * rs
+            pg[j] += g * xh
+            pb[j] += g
+            dr[j] = rs * (g * gamma[j] - c1 - xh * c2)
+
+
+@jit(inline="always")
+def _zero_block(part_g, part_b, b, fresh):
+    if fresh:
+        zero = fastmath.const(0, part_g)
+        for j in range(part_g.shape[1]):
+            part_g[b, j] = zero
+            part_b[b, j] = zero
+
+
+@jit(slp=True)
+def _bwd_blocks(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, fresh, b0, b1):
     # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma, xhat = (x - mean) rstd
     # (dx += that when add); part_g[b], part_b[b] (zeroed first if fresh) += dout xhat and
     # dout over the rows of block b, in row order
     n, d = x.shape
-    dd, zero = fastmath.const(d, x), fastmath.const(0, x)
+    dd = fastmath.const(d, x)
     for b in range(b0, b1):
-        pg, pb = part_g[b], part_b[b]
-        if fresh:
-            for j in range(d):
-                pg[j] = zero
-                pb[j] = zero
+        _zero_block(part_g, part_b, b, fresh)
         for r in range(b * rows, min(n, (b + 1) * rows)):
-            xr, gr, dr = x[r], dout[r], dx[r]
-            mu, rs = mean[r], rstd[r]
+            xr, gr, mu, rs = x[r], dout[r], mean[r], rstd[r]
+            c1 = lanes.row_dot(gr, gamma) / dd
+            c2 = lanes.row_dot_centred(gr, gamma, xr, mu) * rs / dd
+            _bwd_row(part_g[b], part_b[b], dx[r], gr, xr, mu, rs, c1, c2, gamma, add)
+    return 0
+
+
+@jit(slp=True)
+def _bwd_blocks_wide(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, fresh, acc,
+                     b0, b1):
+    # _bwd_blocks with the row sums in 16 stored lanes (acc: their scratch)
+    n, d = x.shape
+    dd = fastmath.const(d, x)
+    for b in range(b0, b1):
+        _zero_block(part_g, part_b, b, fresh)
+        for r in range(b * rows, min(n, (b + 1) * rows)):
+            xr, gr, mu, rs = x[r], dout[r], mean[r], rstd[r]
             c1 = lanes.dot16(gr, gamma, acc) / dd
             c2 = lanes.dot16_centred(gr, gamma, xr, mu, acc) * rs / dd
-            # dx may be dout or x: element j is read before it is written. With add, the term
-            # is rounded, then added (an slp kernel does not contract): the bits of the plain
-            # backward followed by ops.add.
-            if add:
-                for j in range(d):
-                    g = gr[j]
-                    xh = (xr[j] - mu) * rs
-                    pg[j] += g * xh
-                    pb[j] += g
-                    dr[j] += rs * (g * gamma[j] - c1 - xh * c2)
-            else:
-                for j in range(d):
-                    g = gr[j]
-                    xh = (xr[j] - mu) * rs
-                    pg[j] += g * xh
-                    pb[j] += g
-                    dr[j] = rs * (g * gamma[j] - c1 - xh * c2)
+            _bwd_row(part_g[b], part_b[b], dx[r], gr, xr, mu, rs, c1, c2, gamma, add)
     return 0
 
 
@@ -109,9 +153,19 @@ def _block_rows(n, d):
     return min(64, max(1, n // 8))
 
 
-def _accs(k, dtype):
-    """One 16-element lane scratch per slot (kernels.lanes), taken on the calling thread."""
-    return [scratch(("layernorm.acc", s), 16, dtype) for s in range(k)]
+# Rows of at least this many features take the kernels whose row sums run in 16 stored lanes
+# (kernels.lanes), shorter rows the eight-lane ones: at 768 x 128 the forward took 19
+# against 30 us and the backward 31 against 42, at d 32 level, at d 8 three times longer
+# (float32, 1 thread, Zen 5). The choice is the shape's alone.
+WIDE_ROWS = 32
+
+
+def _kernel(narrow, wide, k, x):
+    """The kernel for ``x``'s row width, and per slot the extra arguments it takes: for the
+    wide one a 16-element lane scratch (taken on the calling thread), for the other none."""
+    if x.shape[1] < WIDE_ROWS:
+        return narrow, [()] * k
+    return wide, [(scratch(("layernorm.acc", s), 16, x.dtype),) for s in range(k)]
 
 
 def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
@@ -122,12 +176,12 @@ def layernorm_forward_unchecked(out, mean, rstd, x, gamma, beta, eps=1e-5):
         return out
     e = x.dtype.type(eps)
     k = _par.threads_for(n, d, passes=FWD_COST)
-    accs = _accs(k, x.dtype)
+    kernel, accs = _kernel(_fwd_rows, _fwd_rows_wide, k, x)
     if k == 1:
-        _fwd_rows(out, mean, rstd, accs[0], x, gamma, beta, e, 0, n)
+        kernel(out, mean, rstd, x, gamma, beta, e, *accs[0], 0, n)
     else:
-        _par.split(lambda i0, i1, s: _fwd_rows(out, mean, rstd, accs[s], x, gamma, beta, e,
-                                               i0, i1), n, d, k=k)
+        _par.split(lambda i0, i1, s: kernel(out, mean, rstd, x, gamma, beta, e, *accs[s], i0,
+                                            i1), n, d, k=k)
     # A row whose sum, centring or sum of squares overflowed (|x| beyond ~1e19 in float32)
     # has rstd = 0 (or NaN): the smallest rstd finds it (argmin: the cheapest reduction
     # call, and it stops at a NaN), and such rows are redone scaled.
@@ -169,20 +223,20 @@ def layernorm_backward_unchecked(dx, dgamma, dbeta, dout, x, mean, rstd, gamma,
     add = bool(accumulate)
     rows = _block_rows(n, d)
     if rows == n:   # never split: the one block's sums go straight into dgamma and dbeta
-        _bwd_blocks(dgamma[None], dbeta[None], dx, _accs(1, x.dtype)[0], dout, x, mean, rstd,
-                    gamma, add, n, False, 0, 1)  # [None]: a view (a reshape could copy)
+        kernel, accs = _kernel(_bwd_blocks, _bwd_blocks_wide, 1, x)
+        kernel(dgamma[None], dbeta[None], dx, dout, x, mean, rstd, gamma, add, n, False,
+               *accs[0], 0, 1)   # [None]: a view whatever the strides (a reshape could copy)
         return dx
     nb = -(-n // rows)
     part_g = scratch("layernorm.part_g", (nb, d), x.dtype)    # (nb, d) block sums
     part_b = scratch("layernorm.part_b", (nb, d), x.dtype)
     k = min(_par.threads_for(n, d, passes=BWD_COST), nb)
-    accs = _accs(k, x.dtype)
+    kernel, accs = _kernel(_bwd_blocks, _bwd_blocks_wide, k, x)
     if k == 1:
-        _bwd_blocks(part_g, part_b, dx, accs[0], dout, x, mean, rstd, gamma, add, rows, True,
-                    0, nb)
+        kernel(part_g, part_b, dx, dout, x, mean, rstd, gamma, add, rows, True, *accs[0], 0, nb)
     else:
-        _par.split(lambda b0, b1, s: _bwd_blocks(part_g, part_b, dx, accs[s], dout, x, mean,
-                                                 rstd, gamma, add, rows, True, b0, b1),
+        _par.split(lambda b0, b1, s: kernel(part_g, part_b, dx, dout, x, mean, rstd, gamma,
+                                            add, rows, True, *accs[s], b0, b1),
                    nb, rows * d, k=k)
     _add_blocks(dgamma, dbeta, part_g, part_b)
     return dx

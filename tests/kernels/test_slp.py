@@ -32,7 +32,7 @@ def _rows(rng, n, d, dtype):
 def _layernorm_fwd(rng, d, dtype):
     n = 6
     x = _rows(rng, n, d, dtype)
-    return (np.empty_like(x), np.empty(n, dtype), np.empty(n, dtype), np.empty(16, dtype), x,
+    return (np.empty_like(x), np.empty(n, dtype), np.empty(n, dtype), x,
             rng.standard_normal(d).astype(dtype), rng.standard_normal(d).astype(dtype),
             dtype(1e-5), 0, n)
 
@@ -45,7 +45,7 @@ def _layernorm_bwd(rng, d, dtype):
         rstd = (1.0 / (x.std(axis=1) + 0.1)).astype(dtype)
     rows = 4                                  # two blocks, the second ragged
     dx = rng.standard_normal((n, d)).astype(dtype)
-    return (np.empty((2, d), dtype), np.empty((2, d), dtype), dx, np.empty(16, dtype),
+    return (np.empty((2, d), dtype), np.empty((2, d), dtype), dx,
             _rows(rng, n, d, dtype), x, mean, rstd, rng.standard_normal(d).astype(dtype),
             d % 2 == 1, rows, True, 0, 2)   # odd widths add into dx, even overwrite it
 
@@ -80,6 +80,14 @@ def _bias_from_blocks(rng, d, dtype):
     return np.zeros(3, dtype), _rows(rng, 4 * 3, d, dtype).reshape(4, 3, d)
 
 
+def _wide(case):
+    # the case's kernel in its 16-lane form: a lane scratch before the row range
+    def make(rng, d, dtype):
+        *args, i0, i1 = case(rng, d, dtype)
+        return (*args, np.empty(16, dtype), i0, i1)
+    return make
+
+
 def _ce_labels(rng, d, dtype):
     n = 6
     return (np.empty(n), np.empty((n, d), dtype), _rows(rng, n, d, dtype),
@@ -90,16 +98,6 @@ def _ce_probs(rng, d, dtype):
     n = 6
     return (np.empty(n), np.empty((n, d), dtype), _rows(rng, n, d, dtype),
             rng.random((n, d)).astype(dtype), 0, n)
-
-
-def _ce_probs_wide(rng, d, dtype):
-    *args, i0, i1 = _ce_probs(rng, d, dtype)
-    return (*args, np.empty(16, dtype), i0, i1)
-
-
-def _ce_labels_wide(rng, d, dtype):
-    *args, i0, i1 = _ce_labels(rng, d, dtype)
-    return (*args, np.empty(16, dtype), i0, i1)
 
 
 def _sdpa_fwd(rng, d, dtype):
@@ -130,12 +128,14 @@ def _claimed(case):
 CASES = {
     layernorm._fwd_rows: _layernorm_fwd,
     layernorm._bwd_blocks: _layernorm_bwd,
+    layernorm._fwd_rows_wide: _wide(_layernorm_fwd),
+    layernorm._bwd_blocks_wide: _wide(_layernorm_bwd),
     softmax._softmax_bwd: _softmax_bwd,
     losses._mse_sums: _mse_sums,
     losses._ce_labels_fwd: _ce_labels,
-    losses._ce_labels_fwd_wide: _ce_labels_wide,
+    losses._ce_labels_fwd_wide: _wide(_ce_labels),
     losses._ce_probs_fwd: _ce_probs,
-    losses._ce_probs_fwd_wide: _ce_probs_wide,
+    losses._ce_probs_fwd_wide: _wide(_ce_probs),
     losses._mse_fwd_bwd: _mse_fwd_bwd,
     optim._sumsq_blocks: _sumsq_blocks,
     token_mix._bias_from_blocks: _bias_from_blocks,
