@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from . import fastmath, lanes
+from .softmax import WIDE_ROWS, softmax_row, softmax_row16
 from . import parallel as _par
 from .gemm import check_array, check_contiguous, check_like
 from .jit import jit
@@ -37,37 +38,7 @@ BLOCK = 4096  # MSE: elements per partial sum (fixed: the loss's order of additi
 
 
 # ----------------------------------------------------------------------------- softmax + CE
-@jit(inline="always")
-def _softmax_row(pr, lr):
-    """pr = softmax(lr) (pr may be lr); returns (max, log sum exp(lr - max))."""
-    m = lanes.row_max(lr)
-    for j in range(lr.shape[0]):
-        pr[j] = fastmath.exp(lr[j] - m)
-    return m, _normalise(pr, lanes.row_sum(pr))
-
-
-@jit(inline="always")
-def _softmax_row16(pr, lr, acc):
-    """_softmax_row with the row's max and sum in 16 stored lanes (kernels.lanes; ``acc``
-    the scratch row they are stored to)."""
-    m = lanes.max16(lr, acc)
-    for j in range(lr.shape[0]):
-        pr[j] = fastmath.exp(lr[j] - m)
-    return m, _normalise(pr, lanes.sum16(pr, acc))
-
-
-@jit(inline="always")
-def _normalise(pr, s):
-    inv = fastmath.const(1, s) / s
-    for j in range(pr.shape[0]):
-        pr[j] *= inv
-    return math.log(s)
-
-
-# Rows of at least this many classes take the 16-lane kernel, shorter ones the 8-lane one:
-# at 65 classes 16 lanes ran 0.84 ns per logit against 0.60, from 128 on 0.28-0.36 against
-# 0.37-0.47 (float32, 1 thread, Zen 5). The choice is the shape's alone.
-WIDE_ROWS = 128
+# Rows of at least WIDE_ROWS classes take the 16-lane kernels (kernels.softmax).
 
 
 @jit(slp=True)
@@ -76,7 +47,7 @@ def _ce_labels_fwd(losses, probs, logits, labels, i0, i1):
     for r in range(i0, i1):
         t = min(max(np.int64(labels[r]), 0), c - 1)  # unchecked: out of range is clipped
         lt = logits[r, t]                      # before probs (maybe logits) is written
-        m, lse = _softmax_row(probs[r], logits[r])
+        m, lse = softmax_row(probs[r], logits[r])
         losses[r] = lse - (lt - m)             # -log softmax[t]
     return 0
 
@@ -88,7 +59,7 @@ def _ce_labels_fwd_wide(losses, probs, logits, labels, acc, i0, i1):
     for r in range(i0, i1):
         t = min(max(np.int64(labels[r]), 0), c - 1)
         lt = logits[r, t]
-        m, lse = _softmax_row16(probs[r], logits[r], acc)
+        m, lse = softmax_row16(probs[r], logits[r], acc)
         losses[r] = lse - (lt - m)
     return 0
 
@@ -100,7 +71,7 @@ def _ce_probs_fwd(losses, probs, logits, target, i0, i1):
         # -sum_j y (l - max - lse) = lse sum_j y - sum_j y (l - max)
         m = lanes.row_max(lr)
         ys = lanes.row_wsum_centred(yr, lr, m)
-        m, lse = _softmax_row(probs[r], lr)
+        m, lse = softmax_row(probs[r], lr)
         losses[r] = lse * lanes.row_sum(yr) - ys
     return 0
 
@@ -113,7 +84,7 @@ def _ce_probs_fwd_wide(losses, probs, logits, target, acc, i0, i1):
         lr, yr = logits[r], target[r]
         m = lanes.max16(lr, acc)
         ys = lanes.wsum16_centred(yr, lr, m, acc)
-        m, lse = _softmax_row16(probs[r], lr, acc)
+        m, lse = softmax_row16(probs[r], lr, acc)
         losses[r] = lse * lanes.sum16(yr, acc) - ys
     return 0
 

@@ -50,6 +50,11 @@ def _layernorm_bwd(rng, d, dtype):
             d % 2 == 1, rows, True, 0, 2)   # odd widths add into dx, even overwrite it
 
 
+def _softmax_fwd(rng, d, dtype):
+    x = _rows(rng, 6, d, dtype)
+    return np.empty_like(x), x, 0, 6
+
+
 def _softmax_bwd(rng, d, dtype):
     n = 6
     y = rng.random((n, d)).astype(dtype)
@@ -130,6 +135,8 @@ CASES = {
     layernorm._bwd_blocks: _layernorm_bwd,
     layernorm._fwd_rows_wide: _wide(_layernorm_fwd),
     layernorm._bwd_blocks_wide: _wide(_layernorm_bwd),
+    softmax._softmax_fwd: _softmax_fwd,
+    softmax._softmax_fwd_wide: _wide(_softmax_fwd),
     softmax._softmax_bwd: _softmax_bwd,
     losses._mse_sums: _mse_sums,
     losses._ce_labels_fwd: _ce_labels,

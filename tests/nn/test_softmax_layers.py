@@ -47,17 +47,40 @@ def test_kernels_match_reference(kind, dtype, shape):
 
 
 @pytest.mark.parametrize("kind", list(KERNELS))
-def test_kernels_run_in_place(kind):
-    # Check that y may be x and dx may be dy, with the same results as separate arrays.
+@pytest.mark.parametrize("width", [9, softmax.WIDE_ROWS + 5])
+def test_kernels_run_in_place(kind, width):
+    # Check that y may be x and dx may be dy, with the same results as separate arrays,
+    # for rows of the eight-lane and of the 16-lane kernels.
     fwd, bwd, _, _ = KERNELS[kind]
     rng = np.random.default_rng(1)
-    x, dy = rng.standard_normal((50, 9)), rng.standard_normal((50, 9))
+    x, dy = rng.standard_normal((50, width)), rng.standard_normal((50, width))
     y = fwd(np.empty_like(x), x)
     dx = bwd(np.empty_like(x), dy, y)
     x2, dy2 = x.copy(), dy.copy()
     assert fwd(x2, x2) is x2 and bwd(dy2, dy2, y) is dy2
     np.testing.assert_array_equal(x2, y)
     np.testing.assert_array_equal(dy2, dx)
+
+
+@pytest.mark.parametrize("kind", list(KERNELS))
+def test_two_threads_give_the_bits_of_one(kind):
+    # Check that rows split over two threads, each slot with its own lane scratch, come out
+    # as on one thread (4100 x 130: wide rows, split at 2).
+    from kernels import num_threads, parallel
+    fwd, bwd, _, _ = KERNELS[kind]
+    rng = np.random.default_rng(3)
+    x, dy = (4 * rng.standard_normal((4100, 130))).astype(np.float32), rng.standard_normal(
+        (4100, 130)).astype(np.float32)
+    with num_threads(1):
+        one = fwd(np.empty_like(x), x)
+        done = bwd(np.empty_like(x), dy, one)
+    before = parallel.handoffs()
+    with num_threads(2):
+        two = fwd(np.empty_like(x), x)
+        dtwo = bwd(np.empty_like(x), dy, two)
+    assert parallel.handoffs() > before
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_array_equal(done, dtwo)
 
 
 def test_softmax_of_extreme_logits_is_finite_and_normalised():
