@@ -89,18 +89,34 @@ def _softmax_bwd(dx, dy, y, i0, i1):
     return 0
 
 
-@jit
+@jit(inline="always")
+def _log_row(yr, xr, m, lse):
+    for j in range(xr.shape[0]):
+        yr[j] = (xr[j] - m) - lse
+
+
+@jit(slp=True)
 def _log_softmax_fwd(y, x, tmp, i0, i1):
     # tmp: a (C,) row of scratch for exp(x - max), so that the exp loop vectorises (y may
     # be x, which must be read again after)
     for r in range(i0, i1):
-        xr, yr = x[r], y[r]
+        xr = x[r]
         m = lanes.row_max(xr)
         for j in range(xr.shape[0]):
             tmp[j] = fastmath.exp(xr[j] - m)
-        lse = math.log(lanes.row_sum(tmp))      # log sum exp(x - max) >= 0
+        _log_row(y[r], xr, m, math.log(lanes.row_sum(tmp)))   # log sum exp(x - max) >= 0
+    return 0
+
+
+@jit(slp=True)
+def _log_softmax_fwd_wide(y, x, tmp, acc, i0, i1):
+    # _log_softmax_fwd for rows of WIDE_ROWS or more (acc: the lanes' scratch)
+    for r in range(i0, i1):
+        xr = x[r]
+        m = lanes.max16(xr, acc)
         for j in range(xr.shape[0]):
-            yr[j] = (xr[j] - m) - lse
+            tmp[j] = fastmath.exp(xr[j] - m)
+        _log_row(y[r], xr, m, math.log(lanes.sum16(tmp, acc)))
     return 0
 
 
@@ -156,11 +172,15 @@ def log_softmax_forward_unchecked(y, x):
     if not (n and c):
         return y
     k = _par.threads_for(n, c, passes=FWD_COST)
-    tmps = [scratch(("softmax.exp_row", s), c, x.dtype) for s in range(k)]  # (C,) per slot
+    tmps = [(scratch(("softmax.exp_row", s), c, x.dtype),) for s in range(k)]  # (C,) per slot
+    kernel = _log_softmax_fwd
+    if c >= WIDE_ROWS:
+        kernel = _log_softmax_fwd_wide
+        tmps = [t + (scratch(("softmax.acc", s), 16, x.dtype),) for s, t in enumerate(tmps)]
     if k == 1:
-        _log_softmax_fwd(y, x, tmps[0], 0, n)
+        kernel(y, x, *tmps[0], 0, n)
     else:
-        _par.split(lambda i0, i1, s: _log_softmax_fwd(y, x, tmps[s], i0, i1), n, c, k=k)
+        _par.split(lambda i0, i1, s: kernel(y, x, *tmps[s], i0, i1), n, c, k=k)
     return y
 
 

@@ -55,6 +55,11 @@ def _softmax_fwd(rng, d, dtype):
     return np.empty_like(x), x, 0, 6
 
 
+def _log_softmax_fwd(rng, d, dtype):
+    x = _rows(rng, 6, d, dtype)
+    return np.empty_like(x), x, np.empty(d, dtype), 0, 6
+
+
 def _softmax_bwd(rng, d, dtype):
     n = 6
     y = rng.random((n, d)).astype(dtype)
@@ -138,6 +143,8 @@ CASES = {
     softmax._softmax_fwd: _softmax_fwd,
     softmax._softmax_fwd_wide: _wide(_softmax_fwd),
     softmax._softmax_bwd: _softmax_bwd,
+    softmax._log_softmax_fwd: _log_softmax_fwd,
+    softmax._log_softmax_fwd_wide: _wide(_log_softmax_fwd),
     losses._mse_sums: _mse_sums,
     losses._ce_labels_fwd: _ce_labels,
     losses._ce_labels_fwd_wide: _wide(_ce_labels),
