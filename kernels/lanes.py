@@ -13,7 +13,7 @@ from .jit import jit
 
 __all__ = ["row_sum", "row_dot", "row_dot_centred", "row_sumsq_centred", "row_max",
            "row_wsum_centred", "row_sqdist", "sum_in_order", "sum16", "dot16",
-           "sumsq16_centred", "dot16_centred", "wsum16_centred", "max16"]
+           "sumsq16_centred", "dot16_centred", "wsum16_centred"]
 
 
 @jit(inline="always")
@@ -322,38 +322,6 @@ def wsum16_centred(w, x, c, acc):
     for i in range(m, n):
         acc[i - m] += w[i] * (x[i] - c)
     return _tree16(acc)
-
-
-@jit(inline="always")
-def _max16(a, t):
-    return (_max(a[0], t[0]), _max(a[1], t[1]), _max(a[2], t[2]), _max(a[3], t[3]),
-            _max(a[4], t[4]), _max(a[5], t[5]), _max(a[6], t[6]), _max(a[7], t[7]),
-            _max(a[8], t[8]), _max(a[9], t[9]), _max(a[10], t[10]), _max(a[11], t[11]),
-            _max(a[12], t[12]), _max(a[13], t[13]), _max(a[14], t[14]), _max(a[15], t[15]))
-
-
-@jit(inline="always")
-def max16(x, acc):
-    """max(x) of a non-empty 1-D row in 16 stored lanes (a NaN may be skipped, as in
-    row_max)."""
-    n = x.shape[0]
-    m = n - n % 16
-    v = x[0]
-    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = (
-        v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v)
-    for i in range(0, m, 16):
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = _max16(
-            (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15),
-            tiles.load(x[i:i + 16]))
-    tiles.store(acc, (a0, a1, a2, a3, a4, a5, a6, a7,
-                      a8, a9, a10, a11, a12, a13, a14, a15))
-    for i in range(m, n):
-        acc[i - m] = _max(acc[i - m], x[i])
-    s0, s1 = _max(acc[0], acc[8]), _max(acc[1], acc[9])
-    s2, s3 = _max(acc[2], acc[10]), _max(acc[3], acc[11])
-    s4, s5 = _max(acc[4], acc[12]), _max(acc[5], acc[13])
-    s6, s7 = _max(acc[6], acc[14]), _max(acc[7], acc[15])
-    return _max(_max(_max(s0, s4), _max(s2, s6)), _max(_max(s1, s5), _max(s3, s7)))
 
 
 @jit

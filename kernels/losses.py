@@ -82,7 +82,7 @@ def _ce_probs_fwd_wide(losses, probs, logits, target, acc, i0, i1):
     # those of _ce_labels_fwd_wide, as they are below)
     for r in range(i0, i1):
         lr, yr = logits[r], target[r]
-        m = lanes.max16(lr, acc)
+        m = lanes.row_max(lr)
         ys = lanes.wsum16_centred(yr, lr, m, acc)
         m, lse = softmax_row16(probs[r], lr, acc)
         losses[r] = lse * lanes.sum16(yr, acc) - ys
