@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from . import fastmath, tiles
 from .jit import jit
+from .memory import scratch
 
 __all__ = ["row_sum", "row_dot", "row_dot_centred", "row_sumsq_centred", "row_max",
            "row_wsum_centred", "row_sqdist", "sum_in_order", "sum16", "dot16",
-           "sumsq16_centred", "dot16_centred", "wsum16_centred"]
+           "sumsq16_centred", "dot16_centred", "wsum16_centred", "stored_lanes"]
 
 
 @jit(inline="always")
@@ -182,6 +183,13 @@ def row_sqdist(x, y):
 # that store, so the loop runs on one 16-lane register. The tail (n % 16 elements) is added
 # to lanes 0.. in ``acc``, and the lanes are added in one fixed tree: lane l and lane l + 8,
 # then halves again. Call from ``@jit(slp=True)`` kernels.
+
+def stored_lanes(k, dtype):
+    """For each of ``k`` slots of a split pass, the 16-element scratch row its 16-lane sums
+    store to, as a 1-tuple to splat into the kernel's arguments (taken on the calling
+    thread, kernels.memory.scratch; one per slot, since slots run at once)."""
+    return [(scratch(("lanes.acc", s), 16, dtype),) for s in range(k)]
+
 
 @jit(inline="always")
 def _tree16(acc):

@@ -118,8 +118,7 @@ def _rows(kernel, n, c, args, cost, lanes16=None):
     ``lanes16`` (a dtype) ``kernel(*args, acc, i0, i1)``, ``acc`` the slot's 16-lane scratch
     (kernels.lanes)."""
     k = _par.threads_for(n, c, passes=cost)
-    accs = [()] * k if lanes16 is None else [
-        (scratch(("losses.acc", s), 16, lanes16),) for s in range(k)]
+    accs = [()] * k if lanes16 is None else lanes.stored_lanes(k, lanes16)
     if k == 1:
         kernel(*args, *accs[0], 0, n)
     else:

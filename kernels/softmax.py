@@ -38,22 +38,28 @@ WIDE_ROWS = 128
 
 
 @jit(inline="always")
-def softmax_row(pr, lr):
-    """pr = softmax(lr) (pr may be lr); returns (max, log sum exp(lr - max))."""
+def _exp_row(er, lr):
+    """er = exp(lr - max(lr)) (er may be lr; exp stays <= 1); returns the max. The max stays
+    in eight lanes whatever the width: it is exact in any order, and a 16-lane max cost ~2.5 s
+    more to compile per kernel for 12 % of the pass."""
     m = lanes.row_max(lr)
     for j in range(lr.shape[0]):
-        pr[j] = fastmath.exp(lr[j] - m)
+        er[j] = fastmath.exp(lr[j] - m)
+    return m
+
+
+@jit(inline="always")
+def softmax_row(pr, lr):
+    """pr = softmax(lr) (pr may be lr); returns (max, log sum exp(lr - max))."""
+    m = _exp_row(pr, lr)
     return m, _normalise(pr, lanes.row_sum(pr))
 
 
 @jit(inline="always")
 def softmax_row16(pr, lr, acc):
     """softmax_row with the row's sum in 16 stored lanes (kernels.lanes; ``acc`` the
-    scratch row they are stored to). The max stays in eight: it is exact in any order, and
-    the 16-lane max cost ~2.5 s more to compile per kernel for 12 % of the pass."""
-    m = lanes.row_max(lr)
-    for j in range(lr.shape[0]):
-        pr[j] = fastmath.exp(lr[j] - m)
+    scratch row they are stored to)."""
+    m = _exp_row(pr, lr)
     return m, _normalise(pr, lanes.sum16(pr, acc))
 
 
@@ -102,9 +108,7 @@ def _log_softmax_fwd(y, x, tmp, i0, i1):
     # be x, which must be read again after)
     for r in range(i0, i1):
         xr = x[r]
-        m = lanes.row_max(xr)
-        for j in range(xr.shape[0]):
-            tmp[j] = fastmath.exp(xr[j] - m)
+        m = _exp_row(tmp, xr)
         _log_row(y[r], xr, m, math.log(lanes.row_sum(tmp)))   # log sum exp(x - max) >= 0
     return 0
 
@@ -114,9 +118,7 @@ def _log_softmax_fwd_wide(y, x, tmp, acc, i0, i1):
     # _log_softmax_fwd for rows of WIDE_ROWS or more (acc: the lanes' scratch)
     for r in range(i0, i1):
         xr = x[r]
-        m = lanes.row_max(xr)
-        for j in range(xr.shape[0]):
-            tmp[j] = fastmath.exp(xr[j] - m)
+        m = _exp_row(tmp, xr)
         _log_row(y[r], xr, m, math.log(lanes.sum16(tmp, acc)))
     return 0
 
@@ -131,22 +133,23 @@ def _log_softmax_bwd(dx, dy, y, i0, i1):
     return 0
 
 
-def _run(kernel, out, a, b, cost):
+def _run(kernel, out, a, b, cost, wide=None):
     """``kernel(out, a, b, i0, i1)`` over the rows of the (N, C) ``out``, split when large
-    (``kernel(out, a, i0, i1)`` when ``b`` is None; a list ``b`` holds one argument per
-    slot)."""
+    (``kernel(out, a, i0, i1)`` when ``b`` is None); rows of ``WIDE_ROWS`` or more take
+    ``wide`` when given, with the slot's 16-lane scratch after the inputs."""
     n, c = out.shape
     if not (n and c):
         return out
     k = _par.threads_for(n, c, passes=cost)
-    per_slot = isinstance(b, list)
-    if k == 1:
-        kernel(out, a, b[0] if per_slot else b, 0, n) if b is not None else kernel(out, a, 0, n)
-    elif b is None:
-        _par.split(lambda i0, i1, _: kernel(out, a, i0, i1), n, c, k=k)
+    ins = (a,) if b is None else (a, b)
+    if wide is not None and c >= WIDE_ROWS:
+        kernel, extra = wide, lanes.stored_lanes(k, out.dtype)
     else:
-        _par.split(lambda i0, i1, s: kernel(out, a, b[s] if per_slot else b, i0, i1), n, c,
-                   k=k)
+        extra = [()] * k
+    if k == 1:
+        kernel(out, *ins, *extra[0], 0, n)
+    else:
+        _par.split(lambda i0, i1, s: kernel(out, *ins, *extra[s], i0, i1), n, c, k=k)
     return out
 
 
@@ -154,11 +157,7 @@ def _run(kernel, out, a, b, cost):
 def softmax_forward_unchecked(y, x):
     """``y = softmax(x)`` over the last axis of C-contiguous (N, C) arrays of one float dtype
     (``y`` may be ``x``; no checks)."""
-    if x.shape[1] < WIDE_ROWS:
-        return _run(_softmax_fwd, y, x, None, FWD_COST)
-    accs = [scratch(("softmax.acc", s), 16, x.dtype) for s in range(_par.threads_for(
-        x.shape[0], x.shape[1], passes=FWD_COST))]
-    return _run(_softmax_fwd_wide, y, x, accs, FWD_COST)
+    return _run(_softmax_fwd, y, x, None, FWD_COST, wide=_softmax_fwd_wide)
 
 
 def softmax_backward_unchecked(dx, dy, y):
@@ -177,7 +176,7 @@ def log_softmax_forward_unchecked(y, x):
     kernel = _log_softmax_fwd
     if c >= WIDE_ROWS:
         kernel = _log_softmax_fwd_wide
-        tmps = [t + (scratch(("softmax.acc", s), 16, x.dtype),) for s, t in enumerate(tmps)]
+        tmps = [t + a for t, a in zip(tmps, lanes.stored_lanes(k, x.dtype))]
     if k == 1:
         kernel(y, x, *tmps[0], 0, n)
     else:
