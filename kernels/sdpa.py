@@ -210,10 +210,12 @@ def _put4(dx, orow, ja, jb, jg, jh, col, dh):
     _put(dx[jh, col:col + dh], orow[3], dh)
 
 
-@jit(inline="always")
-def _dq_rows(dx, ds, orow, gp, gof, kp, kof, pp, vt, qo, dh, sc, nt, causal, wp):
+@jit(slp=True)
+def _dq_rows(dx, ds, orow, gp, gof, kp, kof, pp, vt, qo, dh, sc, nt, causal):
     # dP = dO v^T, dS from dP and P (each row once: a block past T repeats row T - 1),
-    # dq_i = sum_j dS_ij k_j
+    # dq_i = sum_j dS_ij k_j. This and _col_rows are kernels of their own, called once a
+    # pair: inlined, they made numba's own passes (inlining, SSA) take 2x as long on _sdpa_bwd
+    wp = tiles.round_up(dh)
     for i in range(0, nt, 4):
         ib, ig, ih, na, nb, ng, nh = _block(i, nt, causal)
         tiles.dot4(ds[i], ds[ib], ds[ig], ds[ih], gp[i, gof:gof + dh], gp[ib, gof:gof + dh],
@@ -228,6 +230,18 @@ def _dq_rows(dx, ds, orow, gp, gof, kp, kof, pp, vt, qo, dh, sc, nt, causal, wp)
         tiles.mix2(orow[0], orow[1], ds[i], ds[ib], kp, kof, na, nb, wp)
         tiles.mix2(orow[2], orow[3], ds[ig], ds[ih], kp, kof, ng, nh, wp)
         _put4(dx, orow, i, ib, ig, ih, qo, dh)
+    return 0
+
+
+@jit(slp=True)
+def _col_rows(dx, orow, w, x, off, col, dh, nt, causal):
+    # dx[j, col:col + dh] = sum_i w[i, j] x[i, off:off + dh] (causal: i >= j), four j at a time:
+    # dv and dk of _sdpa_bwd, one kernel for both (compiled once, called once a pair each)
+    for j in range(0, nt, 4):
+        jb, jg, jh = _block(j, nt, causal)[:3]
+        tiles.colmix4(orow, w, x, off, j, jb, jg, jh, causal, nt, tiles.round_up(dh))
+        _put4(dx, orow, j, jb, jg, jh, col, dh)
+    return 0
 
 
 @jit(slp=True)
@@ -274,15 +288,9 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
             for i in range(nt):
                 _put(pc[i], pp[i], i + 1 if causal else nt)
             pw = pc
-        for j in range(0, nt, 4):                            # dv_j = sum_i P_ij dO_i
-            jb, jg, jh = _block(j, nt, causal)[:3]
-            tiles.colmix4(orow, pw, gx, gof, j, jb, jg, jh, causal, nt, wp)
-            _put4(dx, orow, j, jb, jg, jh, vo, dh)
-        _dq_rows(dx, ds, orow, gx, gof, kx, kof, pp, vt, qo, dh, sc, nt, causal, wp)
-        for j in range(0, nt, 4):                            # dk_j = sum_i dS_ij q_i
-            jb, jg, jh = _block(j, nt, causal)[:3]
-            tiles.colmix4(orow, ds, qx, qof, j, jb, jg, jh, causal, nt, wp)
-            _put4(dx, orow, j, jb, jg, jh, ko, dh)
+        _col_rows(dx, orow, pw, gx, gof, vo, dh, nt, causal)   # dv_j = sum_i P_ij dO_i
+        _dq_rows(dx, ds, orow, gx, gof, kx, kof, pp, vt, qo, dh, sc, nt, causal)
+        _col_rows(dx, orow, ds, qx, qof, ko, dh, nt, causal)   # dk_j = sum_i dS_ij q_i
     if last >= 0:
         _rows_out(dqkv[last], dx, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
     return 0

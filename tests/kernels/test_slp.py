@@ -127,6 +127,31 @@ def _sdpa_bwd(rng, d, dtype):
             rng.standard_normal(out.shape).astype(dtype), p, qkv, h, scale, causal, i0, i1)
 
 
+def _col_rows(rng, d, dtype):
+    # dx[j, col:col + dh] = sum_i w[i, j] x[i, off:off + dh] for T = d positions, dh = 20 (x
+    # padded to whole tiles past off), into columns 40.. of dx; causal at even T
+    t, dh, off = d, 20, 3
+    wp = -(-dh // 16) * 16
+    return (np.zeros((t, 3 * 40), dtype), np.zeros((4, wp), dtype),
+            rng.standard_normal((t, t + 5)).astype(dtype),
+            rng.standard_normal((t, off + wp)).astype(dtype), off, 40, dh, t, d % 2 == 0)
+
+
+def _dq_rows(rng, d, dtype):
+    # dS from dP = dO v^T and P, then dq = dS k, for T = d positions and dh = 20, into
+    # columns 20.. of dx; causal at even T
+    t, dh = d, 20
+    tp, wp = -(-t // 16) * 16, -(-dh // 16) * 16
+    p = rng.random((t, t)).astype(dtype)
+    p /= p.sum(axis=1, keepdims=True)
+    vt = np.zeros((dh, tp), dtype)
+    vt[:, :t] = rng.standard_normal((dh, t))
+    return (np.zeros((t, 3 * 40), dtype), np.zeros((t, tp + 16), dtype),
+            np.zeros((4, wp), dtype), rng.standard_normal((t, wp)).astype(dtype), 0,
+            rng.standard_normal((t, wp)).astype(dtype), 0, p, vt, 20, dh, dtype(0.25), t,
+            d % 2 == 0)
+
+
 def _claimed(case):
     # the claim loop over all of the case's pairs, one pair per claim
     def make(rng, d, dtype):
@@ -155,6 +180,8 @@ CASES = {
     token_mix._bias_from_blocks: _bias_from_blocks,
     sdpa._sdpa_fwd: _sdpa_fwd,
     sdpa._sdpa_bwd: _sdpa_bwd,
+    sdpa._col_rows: _col_rows,
+    sdpa._dq_rows: _dq_rows,
     sdpa._sdpa_fwd_claims: _claimed(_sdpa_fwd),
     sdpa._sdpa_bwd_claims: _claimed(_sdpa_bwd),
 }
