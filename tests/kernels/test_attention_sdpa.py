@@ -17,9 +17,10 @@ F64 = np.float64
 F32_ATOL = 2e-5
 
 # (B, T, d_model, n_heads): T = 1, T not a multiple of the 4-row blocks (one, two and three
-# rows over) or the 16-lane score columns, B * h = 1, d_head = 1, and GPT-sized heads.
+# rows over) or the 16-lane score columns, B * h = 1, d_head = 1, GPT-sized heads, and T
+# past sdpa.COPY_P_FROM with whole-tile heads (the heads' rows and P read from copies).
 SHAPES = [(1, 1, 4, 2), (2, 7, 12, 3), (1, 37, 8, 1), (3, 5, 3, 3), (2, 64, 64, 2),
-          (1, 19, 16, 1), (2, 6, 8, 2)]
+          (1, 19, 16, 1), (2, 6, 8, 2), (1, 130, 64, 2)]
 
 
 def _inputs(shape, dtype, seed=0):
