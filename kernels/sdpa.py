@@ -127,7 +127,7 @@ def _dscore_row(dsr, pr, n, sc):
 # for a head's rows inside a sequence's rows (d_model or 3 d_model floats apart): from T =
 # COPY_P_FROM the products that walk all T of them (P v, dS k, P^T dO, dS^T q) read them
 # copied into rows of d_head (T 256: forward 10 %, backward 6 % faster; at T 64 the copies
-# cost 4-7 %).
+# cost 4-7 %), and the rows of K^T and V^T (d_head rows of T) are padded as dS's are.
 COPY_P_FROM = 128
 
 
@@ -143,9 +143,10 @@ def work_size(nt, dh, backward, n_heads):
     tp, wp = -(-nt // 16) * 16, -(-dh // 16) * 16
     if backward:  # V^T, dO / q / k rows, dS and P rows, four output rows, a sequence's qkv,
         # dO and d[qkv] rows
-        return dh * tp + 3 * nt * wp + 2 * nt * (tp + 16) + 4 * wp + nt * 7 * dh * n_heads
+        return (dh * (tp + 16) + 3 * nt * wp + 2 * nt * (tp + 16) + 4 * wp
+                + nt * 7 * dh * n_heads)
     # K^T, v rows, four score rows, four output rows, a sequence's qkv and output rows
-    return dh * tp + nt * wp + 4 * tp + 4 * wp + nt * 4 * dh * n_heads
+    return dh * (tp + 16) + nt * wp + 4 * tp + 4 * wp + nt * 4 * dh * n_heads
 
 
 @jit(inline="always")
@@ -173,8 +174,9 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
     nt, d = qkv.shape[1], out.shape[2]
     dh = d // n_heads
     tp, wp = tiles.round_up(nt), tiles.round_up(dh)
-    kt = work[:dh * tp].reshape(dh, tp)                      # K^T, zero past T
-    o = dh * tp
+    ks = _stride(nt) if nt >= COPY_P_FROM else tp           # K^T, zero past T; its rows
+    kt = work[:dh * ks].reshape(dh, ks)                      # padded as dS's from
+    o = dh * ks                                              # COPY_P_FROM
     vp = work[o:o + nt * wp].reshape(nt, wp)                 # v rows, zero past dh
     o += nt * wp
     sr = work[o:o + 4 * tp].reshape(4, tp)                   # four score rows
@@ -261,8 +263,9 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
     nt, d = qkv.shape[1], do.shape[2]
     dh = d // n_heads
     tp, wp = tiles.round_up(nt), tiles.round_up(dh)
-    vt = work[:dh * tp].reshape(dh, tp)                      # V^T, zero past T
-    o = dh * tp
+    ks = _stride(nt) if nt >= COPY_P_FROM else tp           # V^T, zero past T (as K^T)
+    vt = work[:dh * ks].reshape(dh, ks)
+    o = dh * ks
     gp = work[o:o + nt * wp].reshape(nt, wp)                 # dO, q, k rows, zero past dh
     qp = work[o + nt * wp:o + 2 * nt * wp].reshape(nt, wp)
     kp = work[o + 2 * nt * wp:o + 3 * nt * wp].reshape(nt, wp)
