@@ -18,9 +18,9 @@ GEMM-style register tiles (kernels.tiles): four rows of sixteen lanes accumulate
 inner index in registers, packed into vectors by LLVM's SLP vectoriser (the kernels compile
 with ``jit(slp=True)``, so without FMA contraction); per pair the head's k (transposed, v
 backward) is first copied into per-thread scratch padded to whole tiles, and so are its v
-rows (and backward dO, q, k) when d_head is not whole tiles (else the tiles read them where
-they are), so every tile reads contiguous, in-bounds memory. The softmax's row reductions
-use kernels.lanes.
+rows (and backward dO, q, k) when d_head is not whole tiles or T is long (COPY_P_FROM; else
+the tiles read them where they are), so every tile reads contiguous, in-bounds memory. The
+softmax's row reductions use kernels.lanes.
 
 Inside a training step these arrays come from DRAM (the step's buffers outgrow the L3), and
 a head's columns are two cache lines in every row of a 3 d_model-wide row: read and written
