@@ -98,8 +98,18 @@ def _rows_out(out, src, c0, c1, d, nt):
 
 
 @jit(inline="always")
+def _zeros_past(r, n):
+    # r[n:n + 3] = 0 (within r): tiles.mix4 sums a causal block's rows up to its last row's
+    # count, up to three keys past the first's
+    zero = fastmath.const(0, r)
+    for j in range(n, min(n + 3, r.shape[0])):
+        r[j] = zero
+
+
+@jit(inline="always")
 def _softmax_row(pr, sr, n, sc):
-    # pr[:n] = softmax(sr[:n] * sc), sr[:n] overwritten with the exp terms; three passes
+    # pr[:n] = softmax(sr[:n] * sc) and zeros to n + 3, sr[:n] overwritten with the exp
+    # terms; three passes
     # (max(s) sc is max(s sc): scaling by sc > 0 is monotone)
     sub = lanes.row_max(sr[:n]) * sc      # s - max: exp stays <= 1
     # exp over whole tiles (the scores past n, which tiles.dot4 also wrote, are dropped): a loop of n
@@ -109,14 +119,16 @@ def _softmax_row(pr, sr, n, sc):
     inv = fastmath.const(1, sr) / lanes.row_sum(sr[:n])
     for j in range(n):
         pr[j] = sr[j] * inv
+    _zeros_past(pr, n)
 
 
 @jit(inline="always")
 def _dscore_row(dsr, pr, n, sc):
-    # dS = P (dP - sum_j dP_j P_j) * scale over j < n, in place of dP
+    # dS = P (dP - sum_j dP_j P_j) * scale over j < n, in place of dP, and zeros to n + 3
     rs = lanes.row_dot(dsr[:n], pr[:n])
     for j in range(n):
         dsr[j] = pr[j] * (dsr[j] - rs) * sc
+    _zeros_past(dsr, n)                   # over dP of later keys
 
 
 # The backward walks columns of dS and P (dk = dS^T q, dv = P^T dO). Rows of T floats are
@@ -158,15 +170,6 @@ def _block(i, nt, causal):
     return ib, ig, ih, nt, nt, nt, nt
 
 
-@jit(inline="always")
-def _two_rows(i, nt, causal):
-    # rows i and i + 1 (past T: T - 1) and their counts of keys, as _block
-    ra, rb = min(i, nt - 1), min(i + 1, nt - 1)
-    if causal:
-        return ra, rb, ra + 1, rb + 1
-    return ra, rb, nt, nt
-
-
 @jit(slp=True)
 def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
     # out (B, T, d) rows; p (B h, T, T); work (work_size,) scratch; qkv (B, T, 3d); pairs
@@ -204,14 +207,12 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
             ib, ig, ih, _, _, _, nh = _block(i, nt, causal)
             tiles.dot4(sr[0], sr[1], sr[2], sr[3], x[i, qo:qo + dh], x[ib, qo:qo + dh],
                   x[ig, qo:qo + dh], x[ih, qo:qo + dh], kt, dh, tiles.round_up(nh))  # S rows
-            # loops over the block's rows, not calls written out four times: each inlined
-            # copy cost ~1 s of numba's compile, for ~2 % of this kernel's speed
+            # a loop over the block's rows, not four calls written out: each inlined copy
+            # cost ~1 s of numba's compile, for ~1-2 % of this kernel's speed
             for r in range(4):                                  # P rows
                 ra = min(i + r, nt - 1)
                 _softmax_row(pp[ra], sr[r], ra + 1 if causal else nt, sc)
-            for r in range(0, 4, 2):
-                ra, rb, na, nb = _two_rows(i + r, nt, causal)
-                tiles.mix2(orow[r], orow[r + 1], pp[ra], pp[rb], vx, vof, na, nb, wp)  # O = P v
+            tiles.mix4(orow, pp[i], pp[ib], pp[ig], pp[ih], vx, vof, nh, wp)  # O rows = P v
             _put4(ob, orow, i, ib, ig, ih, qo, dh)
     if last >= 0:  # the heads done of the last sequence (another slot may do the rest)
         _rows_out(out[last], ob, first * dh, ((i1 - 1) % n_heads + 1) * dh, d, nt)
@@ -239,9 +240,7 @@ def _dq_rows(dx, ds, orow, gp, gof, kp, kof, pp, vt, qo, dh, sc, nt, causal):
               gp[ig, gof:gof + dh], gp[ih, gof:gof + dh], vt, dh, tiles.round_up(nh))
         for r in range(i, min(i + 4, nt)):                   # loops, as in _sdpa_fwd
             _dscore_row(ds[r], pp[r], r + 1 if causal else nt, sc)
-        for r in range(0, 4, 2):
-            ra, rb, na, nb = _two_rows(i + r, nt, causal)
-            tiles.mix2(orow[r], orow[r + 1], ds[ra], ds[rb], kp, kof, na, nb, wp)
+        tiles.mix4(orow, ds[i], ds[ib], ds[ig], ds[ih], kp, kof, nh, wp)
         _put4(dx, orow, i, ib, ig, ih, qo, dh)
     return 0
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from . import fastmath
 from .jit import jit
 
-__all__ = ["WIDTH", "zeros", "load", "axpy", "store", "round_up", "dot4", "mix2", "colmix4"]
+__all__ = ["WIDTH", "zeros", "load", "axpy", "store", "round_up", "dot4", "mix4", "colmix4"]
 
 WIDTH = 16  # lanes of a tile: one AVX-512 register of float32, two of float64
 
@@ -62,9 +62,8 @@ def store(out, a):
 
 # The products of attention (kernels.sdpa), built from the tiles above, every lane summed
 # over its inner index in increasing order. Rows go in blocks of four (a block past T
-# repeats row T - 1: same inputs, same bits); S = q K^T and the column sums take all four
-# at once, the row mixes P v and dS k two and two (measured: four rows there ran 2-8% slower
-# than two pairs, four 7-18% faster for the others; Zen 5, float32).
+# repeats row T - 1: same inputs, same bits), all four at once: four sums in flight cover
+# the adds' latency (the row mixes in two pairs ran 1-13 % slower; Zen 5, float32).
 
 @jit(inline="always")
 def dot4(sa, sb, sg, sh, qa, qb, qg, qh, kt, dh, n):
@@ -95,26 +94,31 @@ def dot4(sa, sb, sg, sh, qa, qb, qg, qh, kt, dh, n):
 
 
 @jit(inline="always")
-def mix2(oa, ob, pa, pb, x, off, na, nb, width):
-    # oa = sum_{j < na} pa[j] x[j] and ob = sum_{j < nb} pb[j] x[j] over columns off..off+width
-    # (nb = na, or na + 1: a causal pair's second row has one term more)
+def mix4(o4, pa, pb, pg, ph, x, off, n, width):
+    # o4[r] = sum_{j < n} p_r[j] x[j] over columns off..off+width for the four rows r (O =
+    # P v, dq = dS k). A causal block's shorter rows are summed up to the longest's n too:
+    # the caller writes zeros past each row's own count, and 0 x[j] leaves a sum as it was
+    # (for finite x; a sum of exactly -0 becomes +0)
     for c0 in range(0, width, 16):
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = zeros(oa)
-        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = zeros(oa)
-        for j in range(na):
-            k = load(x[j, off + c0:off + c0 + 16])
+        e = off + c0
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = zeros(o4)
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = zeros(o4)
+        g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15 = zeros(o4)
+        h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15 = zeros(o4)
+        for j in range(n):
+            k = load(x[j, e:e + 16])
             a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = axpy(
                 (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), pa[j], k)
             b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = axpy(
                 (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), pb[j], k)
-        if nb > na:
-            k = load(x[na, off + c0:off + c0 + 16])
-            b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = axpy(
-                (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15), pb[na], k)
-        store(oa[c0:c0 + 16],
-                    (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
-        store(ob[c0:c0 + 16],
-                    (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
+            g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15 = axpy(
+                (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15), pg[j], k)
+            h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15 = axpy(
+                (h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15), ph[j], k)
+        store(o4[0][c0:c0 + 16], (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
+        store(o4[1][c0:c0 + 16], (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
+        store(o4[2][c0:c0 + 16], (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15))
+        store(o4[3][c0:c0 + 16], (h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15))
 
 
 @jit(inline="always")
