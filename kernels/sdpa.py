@@ -9,6 +9,10 @@ computes only the j <= i half of a causal score matrix, and writes O straight in
 (B, T, d_model) rows the output projection reads (the head merge folded in). Backward writes
 d[q | k | v] in the (B, T, 3 d_model) rows of the QKV weight-gradient GEMM. The probabilities
 P (B h, T, T) are kept for backward, as the BLAS path does; only their causal half is read.
+A causal block of four rows sums its P v and dS k rows up to its last row's keys, the
+shorter rows over zero weights (tiles.mix4): a row's output then takes 0 * v of up to three
+later keys, which leaves it as it is unless that v is inf or NaN (then it is NaN, as the
+later rows' outputs are).
 
 Each pair is computed by one thread in a fixed loop order, so results are bit-identical at
 any thread count: the engine's pool threads (kernels.parallel.slots) claim chunks of pairs
