@@ -153,6 +153,12 @@ def _stride(nt):
     return tiles.round_up(nt) + 16
 
 
+@jit(inline="always")
+def _kv_stride(nt):
+    # the row stride of K^T (forward) and V^T (backward): _stride's from COPY_P_FROM on
+    return _stride(nt) if nt >= COPY_P_FROM else tiles.round_up(nt)
+
+
 def work_size(nt, dh, backward, n_heads):
     """Scratch elements per thread of ``_sdpa_fwd`` / ``_sdpa_bwd`` for T = ``nt`` and
     ``n_heads`` heads of ``dh`` (a whole sequence's rows are staged)."""
@@ -181,9 +187,9 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
     nt, d = qkv.shape[1], out.shape[2]
     dh = d // n_heads
     tp, wp = tiles.round_up(nt), tiles.round_up(dh)
-    ks = _stride(nt) if nt >= COPY_P_FROM else tp           # K^T, zero past T; its rows
-    kt = work[:dh * ks].reshape(dh, ks)                      # padded as dS's from
-    o = dh * ks                                              # COPY_P_FROM
+    ks = _kv_stride(nt)
+    kt = work[:dh * ks].reshape(dh, ks)                      # K^T, zero past T
+    o = dh * ks
     vp = work[o:o + nt * wp].reshape(nt, wp)                 # v rows, zero past dh
     o += nt * wp
     sr = work[o:o + 4 * tp].reshape(4, tp)                   # four score rows
@@ -266,8 +272,8 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
     nt, d = qkv.shape[1], do.shape[2]
     dh = d // n_heads
     tp, wp = tiles.round_up(nt), tiles.round_up(dh)
-    ks = _stride(nt) if nt >= COPY_P_FROM else tp           # V^T, zero past T (as K^T)
-    vt = work[:dh * ks].reshape(dh, ks)
+    ks = _kv_stride(nt)
+    vt = work[:dh * ks].reshape(dh, ks)                      # V^T, zero past T
     o = dh * ks
     gp = work[o:o + nt * wp].reshape(nt, wp)                 # dO, q, k rows, zero past dh
     qp = work[o + nt * wp:o + 2 * nt * wp].reshape(nt, wp)

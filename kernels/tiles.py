@@ -115,10 +115,14 @@ def mix4(o4, pa, pb, pg, ph, x, off, n, width):
                 (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15), pg[j], k)
             h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15 = axpy(
                 (h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15), ph[j], k)
-        store(o4[0][c0:c0 + 16], (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
-        store(o4[1][c0:c0 + 16], (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
-        store(o4[2][c0:c0 + 16], (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15))
-        store(o4[3][c0:c0 + 16], (h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15))
+        store(o4[0][c0:c0 + 16],
+              (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
+        store(o4[1][c0:c0 + 16],
+              (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15))
+        store(o4[2][c0:c0 + 16],
+              (g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15))
+        store(o4[3][c0:c0 + 16],
+              (h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15))
 
 
 @jit(inline="always")
