@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas as _blas
 
+from . import overlap as _overlap
 from . import threads as _threads
 from .checks import check_array_like
 from .memory import ones as _ones
@@ -102,15 +103,23 @@ ONE_THREAD_DIM = 16
 _BLAS_CALLS = _threads.SCIPY_OPENBLAS_CALLS
 
 
-def gemm_unchecked(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+def gemm_unchecked(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
+                   defer=False):
     """``gemm`` without argument checks or empty-dimension handling (hot path). A GEMM whose
     M, N or K is at most ``ONE_THREAD_DIM`` runs on one OpenBLAS thread (the count is set
-    back after the call); the result does not depend on it.
+    back after the call); the result does not depend on it. ``defer=True`` (a weight
+    gradient) inside a ``kernels.overlap.session`` queues it on the lane thread instead:
+    ``out`` is then written later (kernels.overlap says when it is safe to touch).
 
     The caller guarantees C-contiguous 2-D arrays of one dtype, compatible shapes and
     M, N, K > 0; otherwise scipy copies silently or raises."""
     if not _ENV_OK:
         _threads.check_environment()
+    if _overlap.deferring():
+        if defer:
+            _overlap.submit(out, a, b, trans_a, trans_b, alpha, beta)
+            return out
+        return _overlap.gemm_now(out, a, b, trans_a, trans_b, alpha, beta)
     m, n = out.shape
     if _BLAS_CALLS is not None and min(m, n, a.shape[0] if trans_a else a.shape[1]) <= ONE_THREAD_DIM:
         get, put = _BLAS_CALLS

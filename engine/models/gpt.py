@@ -5,11 +5,12 @@ token embedding (Press & Wolf 2017). Input: integer token ids (B, T), T <= block
 output: next-token logits (B, T, vocab_size)."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
-from kernels import ops
+from kernels import ops, overlap
 
 from ..nn.blocks import Dropout, LayerNorm
 from ..nn.embedding import Embedding, check_id_range, check_integer_ids
@@ -182,18 +183,30 @@ class GPT(BackwardHooks, Module):
         if dx_acc is not None:
             raise ValueError("dx_acc: a GPT has no input gradient (its input is token ids)")
         dy2 = self._dy_rows(dy, s.out_shape)
+        # At 2+ threads the weight gradients run on a second core beside the rest
+        # (kernels.overlap); a checkpointed stack reruns forwards into shared buffers, which
+        # queued GEMMs might still read, so it runs without.
+        with overlap.session() if not self.h.checkpoint else contextlib.nullcontext():
+            self._backward_rows(dy2)
+        s.ready = False
+        return None
+
+    def _backward_rows(self, dy2):
         b, t = self._saved.bt
         n, d = b * t, self.d_model
         if self.tie_weights:
             dhf = self._ws.get("dhf", n, d)  # (N, d_model)
             if n:
                 w = self.wte.W
-                ops.gemm(w.grad, dy2, self._saved.hf, True, False, 1.0, 1.0)  # dW += dy^T h
+                ops.gemm(w.grad, dy2, self._saved.hf, True, False, 1.0, 1.0,  # dW += dy^T h
+                         overlap.deferring())
                 ops.gemm(dhf, dy2, w.data, False, False, 1.0, 0.0)        # dh = dy W
             self._saved.hf = None
         else:
             dhf = self.lm_head.backward(dy2)
         dh = self.ln_f.backward(dhf.reshape(b, t, d))
+        if self.backward_hooks:
+            overlap.fence()
         for hook in self.backward_hooks:  # the head's and ln_f's gradients are complete
             if not self.tie_weights:      # (a tied head's are wte's: complete at the end)
                 hook(self.lm_head)
@@ -202,6 +215,5 @@ class GPT(BackwardHooks, Module):
         if self._saved.dropped:
             dx = self.drop.backward(dx)
         self.wpe.backward(dx)
+        overlap.wait_for(self.wte.W.grad)
         self.wte.backward(dx)  # adds into wte.W.grad after the tied head's GEMM
-        s.ready = False
-        return None

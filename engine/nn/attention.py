@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from kernels import ops
+from kernels import ops, overlap
 
 from .._checks import check_bool, check_choice, check_positive_int, check_real
 from .module import Module, Parameter, check_init, check_sequences, init_weight, make_rng
@@ -272,18 +272,26 @@ class MultiHeadAttention(Module):
         if b == 0 or t == 0:  # no rows: an empty gradient
             return dx
         gemm = ops.gemm
+        lane = fused and overlap.deferring()  # the weight gradients later, on the lane
+        do = v.o
+        if lane:  # O is read by the queued dW_o: dO goes to a buffer of the lane's
+            do = overlap.rows("attention.do", v.o)
+            overlap.wait_for(do)
         if self.b_o is not None:
             ops.colsum(self.b_o.grad, dy2, 1.0)                 # db_o += dy.sum(0)
-        gemm(self.W_o.grad, v.o, dy2, True, False, 1.0, 1.0)    # dW_o += O^T dy
-        gemm(v.o, dy2, self.W_o.data, False, True, 1.0, 0.0)    # dO = dy W_o^T (over O)
+        gemm(self.W_o.grad, v.o, dy2, True, False, 1.0, 1.0, lane)  # dW_o += O^T dy
+        gemm(do, dy2, self.W_o.data, False, True, 1.0, 0.0)     # dO = dy W_o^T (over O)
         if fused:  # d[q | k | v] rows, all heads in one call
-            ops.sdpa_backward(v.dqkv3, v.o3, v.s3, v.qkv3, self.n_heads, self.scale,
-                              self.causal)
+            ops.sdpa_backward(v.dqkv3, do.reshape(v.o3.shape), v.s3, v.qkv3, self.n_heads,
+                              self.scale, self.causal)
         else:
             self._heads_backward(v)
         if self.b_qkv is not None:
             ops.colsum(self.b_qkv.grad, v.dqkv, 1.0)
-        gemm(self.W_qkv.grad, self._saved.x, v.dqkv, True, False, 1.0, 1.0)  # dW_qkv += x^T dqkv
+        gemm(self.W_qkv.grad, self._saved.x, v.dqkv, True, False, 1.0, 1.0,  # dW_qkv +=
+             lane)                                                            # x^T dqkv
+        if lane:
+            overlap.wait_for(dx)
         gemm(dx, v.dqkv, self.W_qkv.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx

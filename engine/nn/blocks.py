@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from kernels import ops
+from kernels import ops, overlap
 
 from .._checks import check_bool
 from .layers import check_activation, sign_from_output
@@ -243,9 +243,14 @@ class FFN(Module):
         if n == 0:
             return dx
         h, dh = v.h, v.dh
+        lane = overlap.deferring()  # the weight gradients later, on the lane
+        if lane:
+            if dh is h:  # h is read by the queued dW_out: dh goes to a buffer of the lane's
+                dh = overlap.rows("ffn.dh", dh)
+            overlap.wait_for(dh)
         if self.b2 is not None:
             ops.colsum(self.b2.grad, dy2, 1.0)
-        ops.gemm(self.W_out.grad, h, dy2, True, False, 1.0, 1.0)
+        ops.gemm(self.W_out.grad, h, dy2, True, False, 1.0, 1.0, lane)
         ops.gemm(dh, dy2, self.W_out.data, False, True, 1.0, 0.0)  # may overwrite h
         if self._saved.dropped:
             ops.dropout_backward(dh, dh, v.mask)
@@ -254,8 +259,10 @@ class FFN(Module):
             ops.act_backward(dh, dh, v.z, self.activation, 0.01, v.z, db1)  # v.z is act(z)
         else:
             ops.act_backward_cached(dh, dh, v.z, db1)                       # v.z is act'(z)
-        ops.gemm(self.W_in.grad, self._saved.x, dh, True, False, 1.0, 1.0)
+        ops.gemm(self.W_in.grad, self._saved.x, dh, True, False, 1.0, 1.0, lane)
         if dx is not SKIP_DX:
+            if lane:
+                overlap.wait_for(dx)
             ops.gemm(dx, dh, self.W_in.data, False, True, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx

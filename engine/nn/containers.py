@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels import overlap
 from kernels.activations import ACTIVATIONS
 
 from .._checks import check_bool
@@ -216,9 +217,13 @@ class Sequential(BackwardHooks, Module):
         if stop < len(seq):
             for m in self._rev[:len(seq) - 1 - stop]:
                 dy = m.backward(dy)
+                if hooks:
+                    overlap.fence()  # the child's queued weight gradients are complete
                 for hook in hooks:
                     hook(m)
             dy = _first_backward(seq[stop], dy, dx_acc, input_grad)
+            if hooks:
+                overlap.fence()
             for hook in hooks:
                 hook(seq[stop])
         s.ready = False

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import ops
+from kernels import ops, overlap
 
 from .attention import MultiHeadAttention
 from .blocks import FFN, Dropout, LayerNorm
@@ -131,8 +131,10 @@ class TransformerBlock(Module):
         attn, mlp, ln_1, ln_2 = self.attn, self.mlp, self.ln_1, self.ln_2
         if self.norm == "pre":
             dh = ln_2.backward(mlp.backward(self.drop_2.backward(dy) if dropped else dy))
+            overlap.wait_for(dh)          # (weight gradients queued on the lane may read it)
             ops.add(dh, dh, dy)           # the residual path (dy is the caller's: not written)
             da = attn.backward(self.drop_1.backward(dh) if dropped else dh)
+            overlap.wait_for(dh)
             dx = ln_1.backward(da, dx_acc=dh)                    # dh + ln_1'(x)^T da, one pass
         else:
             ds = ln_2.backward(dy)                               # dh = ds + mlp'(h)^T ds

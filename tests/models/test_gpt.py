@@ -113,6 +113,50 @@ def test_checkpointed_gpt_equals_the_plain_one():
         assert_close(gb[n], ga[n], n, 1e-12, 1e-12)
 
 
+def _lane_run(enabled, dropout, hooks):
+    """Gradients of one float64 GPT backward at 2 threads with the lane on or off, the
+    GEMMs it queued, and each block's gradients as a hook on the blocks saw them."""
+    import kernels
+    from kernels import overlap
+    m = _gpt(dropout=dropout, n_layer=3)
+    rng = np.random.default_rng(7)
+    ids, R = rng.integers(0, 7, (3, 6)), rng.standard_normal((3, 6, 7))
+    seen = []
+    if hooks:
+        m.h.add_backward_hook(lambda child: seen.append(
+            [p.grad.copy() for p in child.parameters()]))
+    overlap.ENABLED[0] = enabled
+    try:
+        with kernels.num_threads(2):
+            before = overlap._lane[0].submitted if overlap._lane[0] else 0
+            grads = _grads(m, ids, R)
+            queued = (overlap._lane[0].submitted if overlap._lane[0] else 0) - before
+    finally:
+        overlap.ENABLED[0] = True
+    return grads, queued, seen
+
+
+@pytest.mark.parametrize("dropout, hooks", [(0.0, False), (0.2, True)])
+def test_weight_gradients_on_the_lane_equal_the_plain_backward(dropout, hooks):
+    # Check that at 2 threads the backward queues every layer's four weight-gradient GEMMs
+    # (two with attention dropout: the per-head path keeps its own) and the tied head's on
+    # the lane (kernels.overlap), and that the gradients, and those a hook on the blocks
+    # sees, equal a backward without it (a GEMM reading an operand that was already
+    # overwritten would be off by O(1)).
+    from kernels import overlap
+    if not overlap.available():
+        pytest.skip("no Fortran GEMM to call without the GIL")
+    ga, queued, seen_a = _lane_run(True, dropout, hooks)
+    gb, none, seen_b = _lane_run(False, dropout, hooks)
+    assert (queued, none) == ((2 if dropout else 4) * 3 + 1, 0)
+    for n in ga:
+        assert_close(ga[n], gb[n], n, 1e-12, 1e-12)
+    assert len(seen_a) == len(seen_b) == (3 if hooks else 0)
+    for block_a, block_b in zip(seen_a, seen_b):
+        for a, b in zip(block_a, block_b):
+            assert_close(a, b, "hook", 1e-12, 1e-12)
+
+
 @pytest.mark.parametrize("bad, err, match", [
     (np.zeros((2, 7), np.int64), ValueError, "block_size = 6"),
     (np.full((2, 3), 7), ValueError, r"ids in \[0, 7\), got 7 at index \(0, 0\)"),

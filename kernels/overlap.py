@@ -1,0 +1,231 @@
+"""Weight-gradient GEMMs on a second core while the backward goes on (2+ threads).
+
+In a backward pass each layer's weight gradient (dW += x^T dy) depends on nothing the
+layers below need: only the input gradient (dx = dy W^T) and the elementwise passes are on
+the critical path. At two threads the engine otherwise runs each GEMM on both cores and
+each elementwise pass (LayerNorm, GELU, attention) on one, handing the other core to the
+pool only for passes large enough to pay a wake-up of 40-115 us on a KVM guest. Inside
+``session()`` instead, GEMMs called with ``defer=True`` (kernels.gemm) go in order to one
+lane thread that runs them on the other core as one-thread GEMMs, while the calling thread
+goes on with the rest, its own GEMMs on one thread too. Which thread runs a GEMM never
+depends on timing, so a run gives the same bits every time; OpenBLAS may round a GEMM
+differently at one thread than at two on some kernels, so they may differ in the last bits
+from the backward without a session (docs/guarantees.md: across thread counts GEMMs may).
+
+The lane calls BLAS through ctypes, which releases the GIL for the call (scipy's wrappers
+hold it): scipy's own OpenBLAS, by the Fortran routine ``scipy.linalg.cython_blas`` exports.
+
+A deferred GEMM reads its operands later: nothing may write them, or the output, before it
+has run. ``wait_for(array)`` waits for every pending GEMM that reads or writes memory of
+``array`` (call it before writing such an array), ``fence()`` for all of them; leaving the
+session fences. So only a caller that knows who writes what opens a session (the GPT's
+backward, engine.models.gpt); a module defers only inside one (``deferring()``).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import queue
+import threading
+
+import numpy as np
+
+from . import threads as _threads
+from .jit import disabled
+from .memory import scratch
+
+__all__ = ["session", "deferring", "submit", "wait_for", "fence", "rows", "available",
+           "ENABLED"]
+
+# Off: every deferred GEMM runs at once (the switch for comparisons; engine tests use it).
+ENABLED = [True]
+
+
+def _fortran_gemms():
+    """{dtype: ctypes function} for sgemm / dgemm of scipy's OpenBLAS, or None."""
+    try:
+        from scipy.linalg import cython_blas
+        api = ctypes.pythonapi
+        api.PyCapsule_GetName.restype = ctypes.c_char_p
+        api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        proto = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 13)  # releases the GIL
+        out = {}
+        for dt, name in ((np.float32, "sgemm"), (np.float64, "dgemm")):
+            cap = cython_blas.__pyx_capi__[name]
+            out[np.dtype(dt)] = proto(api.PyCapsule_GetPointer(cap, api.PyCapsule_GetName(cap)))
+        return out
+    except (ImportError, KeyError, AttributeError, ValueError):  # pragma: no cover - other builds
+        return None
+
+
+_GEMMS = _fortran_gemms()
+
+
+def available() -> bool:
+    """Whether a session can defer: the Fortran GEMMs were found, the kernels are compiled
+    (``NUMBA_DISABLE_JIT`` runs them holding the GIL), and OpenBLAS's thread count can be set."""
+    return (_GEMMS is not None and not disabled()
+            and _threads.SCIPY_OPENBLAS_CALLS is not None)
+
+
+def _span(x):
+    start = x.__array_interface__["data"][0]
+    return start, start + x.nbytes
+
+
+class _Caller:
+    """Fortran GEMM calls through ctypes from one thread, with that thread's argument cells
+    (m, n, k, lda, ldb, ldc; the two flags; alpha and beta)."""
+
+    def __init__(self):
+        self.ints = np.zeros(6, np.int32)
+        self.flags = np.zeros(2, np.uint8)
+        self.scalars = {dt: np.zeros(2, dt) for dt in (np.dtype(np.float32),
+                                                       np.dtype(np.float64))}
+        self.ip = [self.ints.ctypes.data + 4 * i for i in range(6)]
+        self.fp = [self.flags.ctypes.data, self.flags.ctypes.data + 1]
+        self.sp = {dt: (v, v.ctypes.data) for dt, v in self.scalars.items()}
+
+    def __call__(self, out, a, b, ta, tb, alpha, beta):
+        # row-major out = op(a) op(b) is column-major out^T = op(b)^T op(a)^T
+        ints, flags, ip, fp = self.ints, self.flags, self.ip, self.fp
+        m, n = out.shape
+        ints[0], ints[1] = n, m
+        ints[2] = a.shape[0] if ta else a.shape[1]
+        ints[3], ints[4], ints[5] = b.shape[1], a.shape[1], n
+        flags[0] = 84 if tb else 78  # "T" / "N"
+        flags[1] = 84 if ta else 78
+        s, sp = self.sp[out.dtype]
+        s[0], s[1] = alpha, beta
+        _GEMMS[out.dtype](fp[0], fp[1], ip[0], ip[1], ip[2], sp, b.ctypes.data, ip[3],
+                          a.ctypes.data, ip[4], sp + s.itemsize, out.ctypes.data, ip[5])
+        return out
+
+
+class _Lane:
+    """One thread running GEMMs in the order they were submitted."""
+
+    def __init__(self):
+        self.tasks = queue.SimpleQueue()
+        self.pending: list = []        # (ticket, spans) of GEMMs not known to be done
+        self.submitted = 0
+        self.done = 0
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+        self.main = _Caller()          # the session's thread's GEMMs, the GIL released too
+        threading.Thread(target=self._loop, name="blasnet-lane", daemon=True).start()
+
+    def _loop(self):
+        call = _Caller()
+        while True:
+            task = self.tasks.get()
+            try:
+                call(*task)
+            except BaseException as e:  # handed to the next wait
+                self.error = self.error or e
+            task = None  # the arrays are the caller's: hold none between tasks
+            with self.cond:
+                self.done += 1
+                self.cond.notify_all()
+
+    def submit(self, out, a, b, ta, tb, alpha, beta) -> None:
+        done = self.done
+        if self.pending and self.pending[0][0] <= done:  # forget what has run
+            self.pending = [p for p in self.pending if p[0] > done]
+        self.submitted += 1
+        self.pending.append((self.submitted, (_span(out), _span(a), _span(b))))
+        self.tasks.put((out, a, b, ta, tb, alpha, beta))
+
+    def wait(self, ticket: int) -> None:
+        if self.done < ticket:
+            with self.cond:
+                while self.done < ticket:
+                    self.cond.wait()
+        self.pending = [p for p in self.pending if p[0] > ticket]
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+
+    def wait_for(self, x) -> None:
+        lo, hi = _span(x)
+        last = 0
+        for ticket, spans in self.pending:
+            if any(s < hi and lo < e for s, e in spans):
+                last = ticket
+        if last:
+            self.wait(last)
+
+
+_lane: list = [None]      # created on the first session
+_active = [False]
+
+
+def deferring() -> bool:
+    """True inside a session: GEMMs called with ``defer=True`` go to the lane."""
+    return _active[0]
+
+
+def submit(out, a, b, trans_a, trans_b, alpha, beta) -> None:
+    """Queue ``out = alpha op(a) op(b) + beta out`` on the lane (inside a session only; the
+    caller has checked the arrays, as for kernels.gemm.gemm_unchecked)."""
+    _lane[0].submit(out, a, b, trans_a, trans_b, alpha, beta)
+
+
+def rows(key: str, like):
+    """A buffer of ``like``'s shape and dtype, one per ``key`` for every module (the calling
+    thread's scratch): for a gradient that would otherwise overwrite what a queued GEMM still
+    reads. Call ``wait_for`` on it before writing it."""
+    return scratch(("overlap", key), like.shape, like.dtype)
+
+
+def gemm_now(out, a, b, trans_a, trans_b, alpha, beta):
+    """``out = alpha op(a) op(b) + beta out`` on the calling thread (the session's) with the
+    GIL released for the call, so that the lane can start its next GEMM meanwhile (scipy's
+    wrapper holds the GIL). One OpenBLAS thread, as the lane's: a count that followed the
+    lane's timing could change the bits from run to run. Returns ``out``."""
+    return _lane[0].main(out, a, b, trans_a, trans_b, alpha, beta)
+
+
+def wait_for(x) -> None:
+    """Return once no queued GEMM reads or writes memory of the array ``x`` (no-op outside a
+    session)."""
+    if _active[0]:
+        _lane[0].wait_for(x)
+
+
+def fence() -> None:
+    """Return once every queued GEMM has run (no-op outside a session); re-raises the first
+    error one raised."""
+    if _active[0]:
+        lane = _lane[0]
+        lane.wait(lane.submitted)
+
+
+@contextlib.contextmanager
+def session():
+    """Defer weight-gradient GEMMs to the lane for the block, at 2+ threads (the engine's
+    setting) when ``available()`` and ``ENABLED``. Meanwhile OpenBLAS runs on one thread
+    (the calling thread's GEMMs and the lane's; the elementwise passes keep their split). Fences
+    and restores OpenBLAS's thread count on exit, even on an error. Nested, or where it does
+    not apply, it does nothing."""
+    if (_active[0] or not ENABLED[0] or _threads.elementwise_threads() < 2
+            or not available()):
+        yield
+        return
+    get, put = _threads.SCIPY_OPENBLAS_CALLS
+    blas = get()
+    if _lane[0] is None:
+        _lane[0] = _Lane()
+    put(1)
+    _active[0] = True
+    try:
+        yield
+    finally:
+        lane = _lane[0]
+        try:
+            lane.wait(lane.submitted)
+        finally:
+            _active[0] = False
+            put(blas)

@@ -1,0 +1,105 @@
+"""kernels.overlap: weight-gradient GEMMs queued on a lane thread inside a session (2+
+threads), the waits that keep their operands safe, and a session that always puts the
+thread counts back."""
+import numpy as np
+import pytest
+
+import kernels
+from kernels import gemm_unchecked, overlap
+from kernels.threads import get_num_threads
+
+pytestmark = pytest.mark.skipif(not overlap.available(),
+                                reason="no Fortran GEMM to call without the GIL")
+
+
+def _operands(rng, m, n, k, ta, tb, dtype):
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+    c = rng.standard_normal((m, n)).astype(dtype)
+    return a, b, c
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_a_queued_gemm_equals_one_run_at_once(dtype, ta, tb):
+    # Check that a deferred GEMM (any transposes, beta 1) gives the bits of the same GEMM run
+    # at once in the session (both one OpenBLAS thread), and the product NumPy computes.
+    rng = np.random.default_rng(0)
+    a, b, c = _operands(rng, 37, 53, 29, ta, tb, dtype)
+    later, now = c.copy(), c.copy()
+    with kernels.num_threads(2), overlap.session():
+        assert overlap.deferring()
+        gemm_unchecked(later, a, b, ta, tb, 0.5, 1.0, True)
+        gemm_unchecked(now, a, b, ta, tb, 0.5, 1.0)
+        overlap.fence()
+    np.testing.assert_array_equal(later, now)
+    want = 0.5 * ((a.T if ta else a) @ (b.T if tb else b)) + c
+    np.testing.assert_allclose(later, want, rtol=1e-4 if dtype == np.float32 else 1e-12,
+                               atol=1e-4 if dtype == np.float32 else 1e-12)
+
+
+def test_wait_for_returns_after_the_gemm_writing_the_array():
+    # Check that wait_for(out) waits for the queued GEMM that writes out (a large one, so
+    # that a wait that returned at once would find it unwritten), and that a GEMM's operands
+    # count too.
+    rng = np.random.default_rng(1)
+    a, b, _ = _operands(rng, 600, 600, 600, False, False, np.float64)
+    out = np.full((600, 600), np.nan)
+    with kernels.num_threads(2), overlap.session():
+        gemm_unchecked(out, a, b, False, False, 1.0, 0.0, True)
+        overlap.wait_for(out[100:101])      # part of it is enough
+        np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-9)
+        out2 = np.full_like(out, np.nan)
+        gemm_unchecked(out2, a, b, False, False, 1.0, 0.0, True)
+        overlap.wait_for(b)                 # an operand: out2 is done once b is free
+        assert not np.isnan(out2).any()
+
+
+def test_session_defers_nothing_at_one_thread_or_when_disabled():
+    # Check that a session at one thread, nested, or switched off leaves every GEMM to run
+    # at once.
+    with kernels.num_threads(1), overlap.session():
+        assert not overlap.deferring()
+    overlap.ENABLED[0] = False
+    try:
+        with kernels.num_threads(2), overlap.session():
+            assert not overlap.deferring()
+    finally:
+        overlap.ENABLED[0] = True
+    with kernels.num_threads(2), overlap.session():
+        with overlap.session():
+            assert overlap.deferring()
+        assert overlap.deferring()          # the inner one did not end the outer
+    assert not overlap.deferring()
+
+
+def test_an_error_in_a_session_restores_the_thread_count():
+    # Check that a session left by an exception waits for the lane, puts OpenBLAS's thread
+    # count back and stops deferring.
+    rng = np.random.default_rng(2)
+    a, b, _ = _operands(rng, 300, 300, 300, False, False, np.float64)
+    out = np.zeros((300, 300))
+    with kernels.num_threads(2):
+        with pytest.raises(RuntimeError, match="inside"):
+            with overlap.session():
+                assert get_num_threads() == 1
+                gemm_unchecked(out, a, b, False, False, 1.0, 0.0, True)
+                raise RuntimeError("inside")
+        assert get_num_threads() == 2
+        assert not overlap.deferring()
+        np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-9)  # it ran
+
+
+def test_an_error_on_the_lane_is_raised_at_the_next_wait():
+    # Check that a GEMM that fails on the lane (a dtype with no Fortran GEMM) raises at the
+    # fence, and that the lane runs the next session's GEMMs.
+    bad = np.zeros((4, 4), np.float16)
+    with kernels.num_threads(2):
+        with pytest.raises(KeyError):
+            with overlap.session():
+                overlap.submit(bad, bad, bad, False, False, 1.0, 0.0)
+        rng = np.random.default_rng(3)
+        a, b, c = _operands(rng, 20, 30, 40, False, False, np.float32)
+        with overlap.session():
+            gemm_unchecked(c, a, b, False, False, 1.0, 0.0, True)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
