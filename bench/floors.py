@@ -109,12 +109,12 @@ def fastest_threads(run, rounds: int = 15):
 
 
 # gemm's defaults after (out, a, b): a recorded call holds only the arguments passed.
-GEMM_DEFAULTS = (False, False, 1.0, 0.0)  # trans_a, trans_b, alpha, beta
+GEMM_DEFAULTS = (False, False, 1.0, 0.0, False)  # trans_a, trans_b, alpha, beta, defer
 
 
 def gemm_args(args) -> tuple:
     """A recorded gemm call's arguments with the defaults filled in: (out, a, b, trans_a,
-    trans_b, alpha, beta)."""
+    trans_b, alpha, beta, defer)."""
     return (*args, *GEMM_DEFAULTS[len(args) - 3:])
 
 

@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -88,8 +89,9 @@ class _Caller:
         self.fp = [self.flags.ctypes.data, self.flags.ctypes.data + 1]
         self.sp = {dt: (v, v.ctypes.data) for dt, v in self.scalars.items()}
 
-    def __call__(self, out, a, b, ta, tb, alpha, beta):
-        # row-major out = op(a) op(b) is column-major out^T = op(b)^T op(a)^T
+    def __call__(self, out, a, b, ta, tb, alpha, beta, pa=None, pb=None, pout=None):
+        # row-major out = op(a) op(b) is column-major out^T = op(b)^T op(a)^T; pa, pb, pout:
+        # the arrays' addresses where the caller has them
         ints, flags, ip, fp = self.ints, self.flags, self.ip, self.fp
         m, n = out.shape
         ints[0], ints[1] = n, m
@@ -99,63 +101,75 @@ class _Caller:
         flags[1] = 84 if ta else 78
         s, sp = self.sp[out.dtype]
         s[0], s[1] = alpha, beta
-        _GEMMS[out.dtype](fp[0], fp[1], ip[0], ip[1], ip[2], sp, b.ctypes.data, ip[3],
-                          a.ctypes.data, ip[4], sp + s.itemsize, out.ctypes.data, ip[5])
+        if pout is None:
+            pa, pb, pout = a.ctypes.data, b.ctypes.data, out.ctypes.data
+        _GEMMS[out.dtype](fp[0], fp[1], ip[0], ip[1], ip[2], sp, pb, ip[3], pa, ip[4],
+                          sp + s.itemsize, pout, ip[5])
         return out
 
 
 class _Lane:
-    """One thread running GEMMs in the order they were submitted."""
+    """One thread running GEMMs in the order they were submitted. Ticket t (the t-th GEMM
+    submitted) lives in slot t % SLOTS of preallocated lists until it has run, so a queued
+    GEMM allocates nothing that outlives the call (a steady step's memory stays flat)."""
+
+    SLOTS = 64
 
     def __init__(self):
-        self.tasks = queue.SimpleQueue()
-        self.pending: list = []        # (ticket, spans) of GEMMs not known to be done
+        n = self.SLOTS
+        self.tasks = queue.SimpleQueue()   # slot numbers (small ints: no allocation)
+        # per slot: out, a, b, trans_a, trans_b, alpha, beta, and the first and past-the-end
+        # bytes of out, a and b (an array: ints written into a list would be new objects)
+        self.args = [[None] * n for _ in range(7)]
+        self.spans = np.zeros((n, 6), np.int64)
         self.submitted = 0
         self.done = 0
-        self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.main = _Caller()          # the session's thread's GEMMs, the GIL released too
         threading.Thread(target=self._loop, name="blasnet-lane", daemon=True).start()
 
     def _loop(self):
-        call = _Caller()
+        call, args, spans = _Caller(), self.args, self.spans
         while True:
-            task = self.tasks.get()
+            slot = self.tasks.get()
             try:
-                call(*task)
+                call(*(x[slot] for x in args), int(spans[slot, 2]), int(spans[slot, 4]),
+                     int(spans[slot, 0]))
             except BaseException as e:  # handed to the next wait
                 self.error = self.error or e
-            task = None  # the arrays are the caller's: hold none between tasks
-            with self.cond:
-                self.done += 1
-                self.cond.notify_all()
+            for x in args[:3]:  # the arrays are the caller's: hold none once run
+                x[slot] = None
+            self.done += 1
 
     def submit(self, out, a, b, ta, tb, alpha, beta) -> None:
-        done = self.done
-        if self.pending and self.pending[0][0] <= done:  # forget what has run
-            self.pending = [p for p in self.pending if p[0] > done]
+        if self.submitted - self.done >= self.SLOTS:  # every slot holds a queued GEMM
+            self.wait(self.submitted - self.SLOTS + 1)
         self.submitted += 1
-        self.pending.append((self.submitted, (_span(out), _span(a), _span(b))))
-        self.tasks.put((out, a, b, ta, tb, alpha, beta))
+        slot = self.submitted % self.SLOTS
+        sp = self.spans[slot]
+        sp[0], sp[1] = _span(out)
+        sp[2], sp[3] = _span(a)
+        sp[4], sp[5] = _span(b)
+        for x, v in zip(self.args, (out, a, b, ta, tb, alpha, beta)):
+            x[slot] = v
+        self.tasks.put(slot)
 
     def wait(self, ticket: int) -> None:
-        if self.done < ticket:
-            with self.cond:
-                while self.done < ticket:
-                    self.cond.wait()
-        self.pending = [p for p in self.pending if p[0] > ticket]
+        # Polled: waits are few and short (the lane keeps pace), and a condition variable
+        # allocates on every notify; sleep(0) hands the GIL to the lane between polls.
+        while self.done < ticket:
+            time.sleep(0)
         if self.error is not None:
             e, self.error = self.error, None
             raise e
 
     def wait_for(self, x) -> None:
         lo, hi = _span(x)
-        last = 0
-        for ticket, spans in self.pending:
-            if any(s < hi and lo < e for s, e in spans):
-                last = ticket
-        if last:
-            self.wait(last)
+        for ticket in range(self.submitted, self.done, -1):  # the latest first
+            s = self.spans[ticket % self.SLOTS]
+            if (s[0] < hi and lo < s[1]) or (s[2] < hi and lo < s[3]) or (s[4] < hi and lo < s[5]):
+                self.wait(ticket)
+                return
 
 
 _lane: list = [None]      # created on the first session

@@ -27,7 +27,7 @@ def test_records_names_and_args_in_call_order():
         ops.gemm(out, a, b, False, False, 2.0, 1.0)
     assert rec.names() == ["gemm", "add", "gemm"]
     assert all(x is y for x, y in zip(rec.calls[1].args, (s, out, c)))
-    assert rec.calls[2].args[5:] == (2.0, 1.0)
+    assert rec.calls[2].args[5:] == (2.0, 1.0, False)  # defer left at its default
     assert rec.counts() == {"gemm": 2, "add": 1}
     assert [c.name for c in rec.of("gemm")] == ["gemm", "gemm"]
 
@@ -52,8 +52,8 @@ def test_recorded_gemm_args_replay_the_call():
         ops.gemm(out1, a, b, alpha=0.5, beta=1.0)
         ops.gemm(out2, a, b)
     first, second = rec.of("gemm")
-    assert len(first.args) == len(second.args) == 7
-    assert first.args[3:] == (False, False, 0.5, 1.0)
+    assert len(first.args) == len(second.args) == 8
+    assert first.args[3:] == (False, False, 0.5, 1.0, False)
     expected1, expected2 = out1.copy(), out2.copy()
     out1[...] = c
     out2.fill(np.nan)

@@ -82,8 +82,10 @@ def test_steady_step_allocates_nothing(name):
 
 def test_steady_gpt_step_at_two_threads_allocates_nothing():
     # Check the same at 2 threads, where the backward queues its weight-gradient GEMMs on a
-    # lane thread (kernels.overlap) and two gradients go to buffers of the lane's. Each
-    # queued GEMM holds a few small Python objects until it has run (~4 KB at this size).
-    r1, r2 = _rise(_gpt, 1, 2), _rise(_gpt, 2, 2)
+    # lane thread (kernels.overlap) and two gradients go to buffers of the lane's. The two
+    # threads' transient objects (ctypes calls) overlap or not as their timing falls, by up
+    # to ~1 KB: the least of three steps at each size.
+    r1 = min(_rise(_gpt, 1, 2) for _ in range(3))
+    r2 = min(_rise(_gpt, 2, 2) for _ in range(3))
     assert r2 - r1 <= LIMIT, f"rises {r1} and {r2} bytes: arrays allocated in a step"
     assert r1 <= PY_OBJECTS + 4 * 1024, f"a step raised traced memory by {r1} bytes"
