@@ -16,7 +16,8 @@
   n_embd 128, dropout 0, shakespeare_char's 65 tokens; bias off, tied head) at 1 and 2
   threads: the step as a ratio to the GEMM floor of the compiled-attention step, with the
   attention heads compiled (kernels.sdpa) and as per-head BLAS GEMMs (the path before it),
-  and the BLAS calls per step of each.
+  and the BLAS calls per step of each; at 2+ threads also the step without the lane
+  thread for the backward's weight gradients (kernels.overlap) over the step with it.
 
 ``--paths`` instead times MultiHeadAttention forward+backward with the compiled heads
 against the per-head BLAS GEMMs over head sizes 32, 64 and T 64..1024 (full attention also
@@ -164,6 +165,20 @@ def blas_calls(fn) -> int:
     return len(rec.calls)
 
 
+def _without_lane(step):
+    """``step`` with the backward's weight gradients run in place, not on the lane thread
+    (kernels.overlap)."""
+    from kernels import overlap
+
+    def run():
+        overlap.ENABLED[0] = False
+        try:
+            step()
+        finally:
+            overlap.ENABLED[0] = True
+    return run
+
+
 def nanogpt_rows(s, per_pair, thread_counts) -> list:
     """nanoGPT's CPU-recipe step at each thread count: its ratio to the GEMM floor of the
     compiled-attention step with the heads compiled ("kernel") and as per-head GEMMs
@@ -183,7 +198,11 @@ def nanogpt_rows(s, per_pair, thread_counts) -> list:
             r_new = timing.paired_ratio(step, floor, per_pair)
             r_old = timing.paired_ratio(old, floor, per_pair)
             r_pair = timing.paired_ratio(old, step, per_pair)
+            lane = None  # 2+ threads: the step without the weight gradients' lane / with it
+            if threads > 1:
+                lane = timing.paired_ratio(_without_lane(step), step, per_pair).value
             row = dict(case=f"{name} {threads}t", threads=threads, ratio=r_new.value,
+                       without_lane_over_lane=lane,
                        target=TARGET,
                        ratio_blas_heads=r_old.value, blas_heads_over_kernel=r_pair.value,
                        ms=_median_ms(step, 5), ms_blas_heads=_median_ms(old, 5),
@@ -194,7 +213,8 @@ def nanogpt_rows(s, per_pair, thread_counts) -> list:
                   f"{r_new.value:7.3f} {TARGET:7.2f}  per-head BLAS: "
                   f"{row['ms_blas_heads']:.2f} ms, ratio "
                   f"{r_old.value:.3f}, {r_pair.value:.2f}x the compiled step; BLAS calls "
-                  f"{row['blas_calls']} vs {row['blas_calls_blas_heads']}")
+                  f"{row['blas_calls']} vs {row['blas_calls_blas_heads']}"
+                  + ("" if lane is None else f"; without the lane {lane:.3f}x"))
     finally:
         kernels.set_num_threads(before)
     return rows
@@ -292,8 +312,7 @@ def _cases(a, per_pair) -> list:
         print(f"{'  PyTorch ' + torch.__version__ + ' same step':<40} {row['torch_ms']:8.2f} "
               f"{'':>9} torch/blasnet {tr.value:.2f}")
     rows.append(row)
-    rows += nanogpt_rows(TINY_NANOGPT if a.tiny else NANOGPT_CPU, per_pair,
-                         (1,) if a.tiny else (1, 2))
+    rows += nanogpt_rows(TINY_NANOGPT if a.tiny else NANOGPT_CPU, per_pair, (1, 2))
     return rows
 
 

@@ -22,7 +22,8 @@ from bench import attention, floors  # noqa: E402
 def test_tiny_run_reports_every_case(tmp_path):
     # Check that the driver runs end to end (quick mode, as make bench QUICK=1) and reports a
     # finite ratio per case (two MHA shapes in the real run, one here, the GPT step, and
-    # nanoGPT's CPU recipe: at 1 and 2 threads in the real run, 1 here).
+    # nanoGPT's CPU recipe at 1 and 2 threads, the second also without the lane thread of
+    # kernels.overlap against with it).
     out = tmp_path / "attention.json"
     env = dict(os.environ, BLASNET_BENCH_QUICK="1")
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "attention.py"), "--tiny",
@@ -30,8 +31,12 @@ def test_tiny_run_reports_every_case(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [r["case"].split()[0] for r in rows] == ["MHA", "GPT", "nanoGPT-cpu"]
+    assert [r["case"].split()[0] for r in rows] == ["MHA", "GPT", "nanoGPT-cpu",
+                                                    "nanoGPT-cpu"]
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)
+    assert [r["without_lane_over_lane"] is None for r in rows[2:]] == [True, False]
+    lane = rows[3]["without_lane_over_lane"]
+    assert math.isfinite(lane) and lane > 0
     assert all(r["target"] == 1.15 for r in rows)  # every case against the same target
     assert math.isfinite(rows[-1]["ratio_blas_heads"])
 
