@@ -4,16 +4,23 @@ The compiled kernels (kernels.jit) release the GIL for the whole of their slice,
 flat slices of a large array run on several Python threads at once (the scipy gemm wrapper
 holds the GIL, so GEMMs are left to OpenBLAS's own threads). What a split costs is the
 hand-off to the pool (waking a worker and waiting for it): a slice must be worth several of
-those (``SPLIT_WORK``; docs/performance.md, "Compiled kernels"). The thread count is the one
+those (``SPLIT_WORK``; docs/performance.md, "Compiled kernels"). A pool thread polls for a
+while after each slot (``SPIN_POLLS``), so within a training step a hand-off costs a few
+microseconds rather than a sleeping thread's wake-up. The thread count is the one
 set by ``BLASNET_NUM_THREADS`` / ``set_num_threads`` / ``num_threads`` (kernels.threads), so
 one setting governs GEMMs and elementwise passes.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 
+import numpy as np
+
+from . import atomic
 from . import threads as _threads
+from .jit import disabled, jit
 
 __all__ = ["split", "slots", "threads_for", "chunks", "handoffs",
            "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
@@ -21,30 +28,110 @@ __all__ = ["split", "slots", "threads_for", "chunks", "handoffs",
 # Elements per thread below which ``chunks`` does not split (kernels that give no cost).
 MIN_ELEMENTS_PER_THREAD = 256 * 1024
 
+# A pool thread that has run a slot polls for the next one this many times (about 1 ms),
+# yielding its core every 64 polls to whatever else runs there (OpenBLAS's threads), before
+# it sleeps on its lock: a sleeping thread takes 30-70 us to wake on a KVM guest, twice a
+# split (start and finish), a polling one ~2 us (docs/performance.md, "Compiled kernels").
+SPIN_POLLS = 100_000
+
+
+@jit(cache=False)  # calls libc through ctypes: an address that is not the same next process
+def _spin(cell, last, polls):
+    # cell[0] once it differs from last, or after polls polls (atomic reads)
+    for i in range(polls):
+        v = atomic.fetch_add(cell, 0)
+        if v != last:
+            return v
+        if i & 63 == 63:
+            _sched_yield()
+    return atomic.fetch_add(cell, 0)
+
+
+@jit
+def _post(cell, value):
+    # cell[0] = value, atomically (the only writer of cell is the calling thread)
+    atomic.fetch_add(cell, value - atomic.fetch_add(cell, 0))
+    return value
+
+
 class _Worker:
-    """One pool thread, handed one slot at a time through two locks: a lock hand-off wakes
-    it sooner than a ThreadPoolExecutor's queue and future (docs/performance.md)."""
+    """One pool thread, handed one slot at a time. With compiled kernels it polls a counter
+    (``go``) for its next slot, without the GIL, and signals the end through another
+    (``done``) that the caller polls: a split then costs ~3 us instead of 40-115. After
+    ``SPIN_POLLS`` polls it sleeps on a lock until the next hand-off. Without compiled
+    kernels (``NUMBA_DISABLE_JIT``) it sleeps on locks only."""
 
     def __init__(self, name: str):
-        self.go = threading.Lock()
-        self.go.acquire()
-        self.done = threading.Lock()
-        self.done.acquire()
+        self.go = np.zeros(1, np.int64)     # the latest hand-off's number
+        self.done = np.zeros(1, np.int64)   # the latest finished hand-off's number
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.sleeping = False
+        self.finished = threading.Lock()    # (without compiled kernels)
+        self.finished.acquire()
         self.fn = None
         self.slot = 0
+        self.seq = 0
         self.error: BaseException | None = None
         threading.Thread(target=self._loop, name=name, daemon=True).start()
 
+    def _next(self, last: int) -> int:
+        seq = _spin(self.go, last, SPIN_POLLS) if _POLL else last
+        while seq == last:
+            self.sleeping = True
+            seq = int(self.go[0])
+            if seq == last:
+                self.wake.acquire()
+                seq = int(self.go[0])
+            self.sleeping = False
+        return seq
+
     def _loop(self):
+        last = 0
         while True:
-            self.go.acquire()
+            last = self._next(last)
             try:
                 self.fn(self.slot)
             except BaseException as e:  # handed back to the caller of _fork
                 self.error = e
             self.fn = None
-            self.done.release()
+            if _POLL:
+                _post(self.done, last)
+            else:
+                self.done[0] = last
+                self.finished.release()
 
+    def start(self, fn, slot: int) -> None:
+        self.fn, self.slot, self.error = fn, slot, None
+        self.seq += 1
+        if _POLL:
+            _post(self.go, self.seq)
+        else:
+            self.go[0] = self.seq
+        if self.sleeping and self.wake.locked():
+            self.wake.release()
+
+    def join(self) -> None:
+        if _POLL:
+            while _spin(self.done, self.seq - 1, SPIN_POLLS) != self.seq:
+                if self.sleeping and self.wake.locked():  # asleep with a slot waiting: wake
+                    self.wake.release()                   # it (it checks go once awake)
+        else:
+            self.finished.acquire()
+
+
+def _libc_sched_yield():
+    try:
+        f = ctypes.CDLL(None).sched_yield
+    except (OSError, AttributeError):  # pragma: no cover - no libc symbol here
+        return None
+    f.restype, f.argtypes = ctypes.c_int, []
+    return f
+
+
+_sched_yield = _libc_sched_yield()
+# Poll with compiled kernels (a poll in Python would hold the GIL); sleep on locks otherwise.
+_POLL = not disabled() and _sched_yield is not None
 
 _workers: list = []
 # Held while a split runs: a split from another thread (or nested in a slot) runs its slots
@@ -123,15 +210,14 @@ def _fork(fn, k: int) -> None:
             _workers.append(_Worker(f"blasnet-{len(_workers) + 1}"))
         team = _workers[:k - 1]
         for s, w in enumerate(team, 1):
-            w.fn, w.slot, w.error = fn, s, None
-            w.go.release()
+            w.start(fn, s)
         error = None
         try:
             fn(0)
         except BaseException as e:  # still wait for the workers: they write the caller's arrays
             error = e
         for w in team:
-            w.done.acquire()
+            w.join()
             error = error or w.error
             w.error = None
     finally:

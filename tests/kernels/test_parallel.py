@@ -175,3 +175,43 @@ def test_handoffs_count_the_splits_that_used_the_pool():
             parallel.split(lambda a, b, t: None, 10, k=2)  # the pool is busy: runs here
     parallel.split(nested, 10, k=2)
     assert parallel.handoffs() == before + 2
+
+
+def _covered(n, k):
+    hits = np.zeros(n, np.int64)
+    lock = threading.Lock()
+
+    def fn(i, j, slot):
+        with lock:
+            hits[i:j] += 1
+    parallel.split(fn, n, k=k)
+    return np.array_equal(hits, np.ones(n, np.int64))
+
+
+def test_a_pool_thread_that_went_to_sleep_wakes_for_the_next_split(monkeypatch):
+    # Check that a pool thread that stopped polling (after SPIN_POLLS) and sleeps on its lock
+    # is woken by the next hand-off, every time.
+    if not parallel._POLL:
+        pytest.skip("the pool polls only with compiled kernels")
+    monkeypatch.setattr(parallel, "SPIN_POLLS", 1)
+    for _ in range(5):
+        assert _covered(50, 3)
+        workers = parallel._workers[:2]
+        for _ in range(2000):  # up to 2 s for both to give up polling
+            if all(w.sleeping for w in workers):
+                break
+            threading.Event().wait(0.001)
+        assert all(w.sleeping for w in workers)
+    assert _covered(50, 3)
+
+
+def test_splits_without_polling_hand_off_through_locks(monkeypatch):
+    # Check the pool's other hand-off (NUMBA_DISABLE_JIT's: the threads sleep on locks), on
+    # threads that were polling before.
+    polls = parallel._POLL
+    assert _covered(40, 3)
+    monkeypatch.setattr(parallel, "_POLL", False)
+    for _ in range(20):
+        assert _covered(40, 3)
+    monkeypatch.setattr(parallel, "_POLL", polls)
+    assert _covered(40, 3)
