@@ -438,5 +438,8 @@ def test_bench_gpt_case_runs(tmp_path):
     assert one["chars_per_s"] > 0 and two["chars_per_s"] > 0
     assert g["ratio"] == pytest.approx(two["chars_per_s"] / one["chars_per_s"])
     assert [r["K"] for r in g["projections"]] == [8, 16, 32, 64]
-    assert all(0 < r["weak_plain"] <= r["weak_zero1"] <= 1 for r in g["projections"])
+    # ZeRO-1 runs 1/K of the optimizer: its weak-scaling figure passes 1 when the optimizer
+    # time it saves, o (1 - 1/K), exceeds the all-reduce's (a measured AdamW step on a busy
+    # host can); the plain one cannot.
+    assert all(0 < r["weak_plain"] <= min(r["weak_zero1"], 1) for r in g["projections"])
     assert "RECIPE GPT" in proc.stdout
