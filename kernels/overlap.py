@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from . import parallel as _parallel
 from . import threads as _threads
 from .jit import disabled
 from .memory import scratch
@@ -233,7 +234,7 @@ def session():
     if _lane[0] is None:
         _lane[0] = _Lane()
     put(1)
-    _active[0] = True
+    _active[0] = _parallel.STATIC_INLINE[0] = True
     try:
         yield
     finally:
@@ -241,5 +242,5 @@ def session():
         try:
             lane.wait(lane.submitted)
         finally:
-            _active[0] = False
+            _active[0] = _parallel.STATIC_INLINE[0] = False
             put(blas)

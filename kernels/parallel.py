@@ -183,6 +183,12 @@ def threads_for(n: int, row_len: int = 1, min_elements: int = SPLIT_MIN,
     return max(1, min(t, work // (SPLIT_WORK // 2), n))
 
 
+# Set while another thread has the other cores (kernels.overlap's lane): a pool thread would
+# start its fixed share only when that thread lets it, and the caller would wait for it, so
+# ``split`` runs every slice inline (the bits do not depend on the split); ``slots``, whose
+# threads claim their work, still hands off.
+STATIC_INLINE = [False]
+
 _handoffs = [0]  # pool hand-offs so far; bumped under _busy, so no lock of its own
 
 
@@ -236,7 +242,7 @@ def split(fn, n: int, row_len: int = 1, min_elements: int = SPLIT_MIN, k: int | 
     runs a slot."""
     if k is None:
         k = threads_for(n, row_len, min_elements)
-    if k <= 1:
+    if k <= 1 or STATIC_INLINE[0]:
         fn(0, n, 0)
         return 1
     _fork(lambda s: fn(n * s // k, n * (s + 1) // k, s), k)

@@ -103,3 +103,26 @@ def test_an_error_on_the_lane_is_raised_at_the_next_wait():
         with overlap.session():
             gemm_unchecked(c, a, b, False, False, 1.0, 0.0, True)
         np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_fixed_splits_run_inline_during_a_session():
+    # Check that inside a session a fixed split (kernels.parallel.split) runs every slice on
+    # the calling thread (a pool thread would wait for the lane's core), the rows all covered,
+    # and hands off to the pool again after it.
+    import threading
+
+    from kernels import parallel
+
+    def names():
+        seen = []
+        parallel.split(lambda i, j, s: seen.append((threading.current_thread().name, i, j)),
+                       10, k=2)
+        return seen
+    with kernels.num_threads(2):
+        with overlap.session():
+            inside = names()
+        after = names()
+    me = threading.current_thread().name
+    assert inside == [(me, 0, 10)]
+    assert sorted((i, j) for _, i, j in after) == [(0, 5), (5, 10)]
+    assert any(n != me for n, _, _ in after)
