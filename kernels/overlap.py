@@ -3,11 +3,12 @@
 In a backward pass each layer's weight gradient (dW += x^T dy) depends on nothing the
 layers below need: only the input gradient (dx = dy W^T) and the elementwise passes are on
 the critical path. At two threads the engine otherwise runs each GEMM on both cores and
-each elementwise pass (LayerNorm, GELU, attention) on one, handing the other core to the
-pool only for passes large enough to pay a wake-up of 40-115 us on a KVM guest. Inside
-``session()`` instead, GEMMs called with ``defer=True`` (kernels.gemm) go in order to one
-lane thread that runs them on the other core as one-thread GEMMs, while the calling thread
-goes on with the rest, its own GEMMs on one thread too. Which thread runs a GEMM never
+most elementwise passes (LayerNorm, GELU) on one: below a few hundred microseconds of work
+a split of such a pass loses (kernels.parallel). Inside ``session()`` instead, GEMMs
+called with ``defer=True`` (kernels.gemm) go in order to one lane thread that runs them on
+the other core as one-thread GEMMs, while the calling thread goes on with the rest, its own
+GEMMs on one thread too, and its fixed splits inline (a pool thread would share the lane's
+core; attention's claimed pairs still go to the pool). Which thread runs a GEMM never
 depends on timing, so a run gives the same bits every time; OpenBLAS may round a GEMM
 differently at one thread than at two on some kernels, so they may differ in the last bits
 from the backward without a session (docs/guarantees.md: across thread counts GEMMs may).
