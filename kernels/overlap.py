@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import queue
 import threading
 import time
@@ -176,11 +177,21 @@ class _Lane:
 
 _lane: list = [None]      # created on the first session
 _active = [False]
+_owner = [None]           # the thread that opened the session: only its GEMMs are deferred
+
+
+def _reset_after_fork():
+    _lane[0], _active[0], _owner[0] = None, False, None  # the child has no lane thread
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def deferring() -> bool:
-    """True inside a session: GEMMs called with ``defer=True`` go to the lane."""
-    return _active[0]
+    """True inside a session, on the thread that opened it: GEMMs called with
+    ``defer=True`` go to the lane."""
+    return _active[0] and _owner[0] == threading.get_ident()
 
 
 def submit(out, a, b, trans_a, trans_b, alpha, beta) -> None:
@@ -207,14 +218,14 @@ def gemm_now(out, a, b, trans_a, trans_b, alpha, beta):
 def wait_for(x) -> None:
     """Return once no queued GEMM reads or writes memory of the array ``x`` (no-op outside a
     session)."""
-    if _active[0]:
+    if deferring():
         _lane[0].wait_for(x)
 
 
 def fence() -> None:
     """Return once every queued GEMM has run (no-op outside a session); re-raises the first
     error one raised."""
-    if _active[0]:
+    if deferring():
         lane = _lane[0]
         lane.wait(lane.submitted)
 
@@ -235,6 +246,7 @@ def session():
     if _lane[0] is None:
         _lane[0] = _Lane()
     put(1)
+    _owner[0] = threading.get_ident()
     _active[0] = _parallel.STATIC_INLINE[0] = True
     try:
         yield
@@ -244,4 +256,5 @@ def session():
             lane.wait(lane.submitted)
         finally:
             _active[0] = _parallel.STATIC_INLINE[0] = False
+            _owner[0] = None
             put(blas)

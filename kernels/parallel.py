@@ -142,6 +142,7 @@ _busy = threading.Lock()
 def _reset_after_fork():
     global _workers, _busy
     _workers, _busy = [], threading.Lock()  # the child has none of the parent's threads
+    STATIC_INLINE[0] = False
 
 
 if hasattr(os, "register_at_fork"):

@@ -126,3 +126,49 @@ def test_fixed_splits_run_inline_during_a_session():
     assert inside == [(me, 0, 10)]
     assert sorted((i, j) for _, i, j in after) == [(0, 5), (5, 10)]
     assert any(n != me for n, _, _ in after)
+
+
+def test_only_the_thread_that_opened_the_session_defers():
+    # Check that another thread's GEMMs inside a session run at once (its writes and waits
+    # know nothing of the lane), and the session's own thread defers.
+    import threading
+    seen = []
+    with kernels.num_threads(2), overlap.session():
+        t = threading.Thread(target=lambda: seen.append(overlap.deferring()))
+        t.start()
+        t.join()
+        assert overlap.deferring()
+    assert seen == [False]
+
+
+def test_a_forked_child_gets_a_lane_of_its_own():
+    # Check that a child forked after the lane started (which has no lane thread) runs a
+    # session's queued GEMMs on a new one instead of waiting forever.
+    import os
+    import signal
+    import time
+    rng = np.random.default_rng(4)
+    a, b, _ = _operands(rng, 64, 48, 32, False, False, np.float64)
+    with kernels.num_threads(2), overlap.session():
+        gemm_unchecked(np.empty((64, 48)), a, b, False, False, 1.0, 0.0, True)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when the queued GEMM ran right
+        ok = False
+        try:
+            out = np.zeros((64, 48))
+            with kernels.num_threads(2), overlap.session():
+                gemm_unchecked(out, a, b, False, False, 1.0, 0.0, True)
+            ok = np.allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's session never finished (no lane thread after fork)")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
