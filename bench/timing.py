@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import kernels
 import kernels.ops  # noqa: F401  (settle runs the engine's GEMM entry)
+from kernels import overlap
+from kernels import parallel as kparallel
 
 QUICK = os.environ.get("BLASNET_BENCH_QUICK", "") not in ("", "0")
 # Seconds of timed rounds per benchmark, and the bounds on the round count.
@@ -78,6 +80,8 @@ def rounds_for(seconds_per_call: float) -> int:
 #  - wait: the time this process's threads were runnable but not running, summed over them
 #    (/proc/self/task/*/schedstat, ns). A disturbed sample shows ms of it; our own threads
 #    cost 0.2-1% of a step's wall time (a pool thread next to a spinning OpenBLAS worker).
+#    blasnet's pool and lane threads are left out: they poll between tasks, so they are
+#    runnable, and wait, whenever another of our threads has their core.
 #  - steal: time the hypervisor ran something else on our virtual CPUs (/proc/stat).
 #  - others: the machine's busy CPU time (/proc/stat: user+nice+system+irq+softirq+steal)
 #    minus this process's CPU time. /proc/stat counts in 10 ms ticks (and other threads' CPU
@@ -120,7 +124,12 @@ class CpuProbe:
             tids = os.listdir("/proc/self/task")
         except OSError:
             return
+        # blasnet's pool and lane threads poll (yielding) between their tasks: their waits
+        # for a CPU are their own doing, not another process's
+        ours = {str(t) for t in kparallel.pool_thread_ids() | overlap.lane_thread_ids()}
         for tid in tids:
+            if tid in ours:
+                continue
             try:
                 self._tasks[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
             except OSError:

@@ -39,7 +39,7 @@ from .jit import disabled
 from .memory import scratch
 
 __all__ = ["session", "deferring", "submit", "wait_for", "fence", "rows", "available",
-           "ENABLED"]
+           "lane_thread_ids", "ENABLED"]
 
 # Off: every deferred GEMM runs at once (the switch for comparisons; engine tests use it).
 ENABLED = [True]
@@ -129,7 +129,8 @@ class _Lane:
         self.done = 0
         self.error: BaseException | None = None
         self.main = _Caller()          # the session's thread's GEMMs, the GIL released too
-        threading.Thread(target=self._loop, name="blasnet-lane", daemon=True).start()
+        self.thread = threading.Thread(target=self._loop, name="blasnet-lane", daemon=True)
+        self.thread.start()
 
     def _loop(self):
         call, args, spans = _Caller(), self.args, self.spans
@@ -186,6 +187,12 @@ def _reset_after_fork():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def lane_thread_ids() -> set:
+    """The OS thread id of the lane thread, once started (bench's interference probe leaves
+    it out, as kernels.parallel.pool_thread_ids)."""
+    return set() if _lane[0] is None else {_lane[0].thread.native_id}
 
 
 def deferring() -> bool:

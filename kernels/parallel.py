@@ -22,7 +22,7 @@ from . import atomic
 from . import threads as _threads
 from .jit import disabled, jit
 
-__all__ = ["split", "slots", "threads_for", "chunks", "handoffs",
+__all__ = ["split", "slots", "threads_for", "chunks", "handoffs", "pool_thread_ids",
            "MIN_ELEMENTS_PER_THREAD", "SPLIT_MIN"]
 
 # Elements per thread below which ``chunks`` does not split (kernels that give no cost).
@@ -73,7 +73,8 @@ class _Worker:
         self.slot = 0
         self.seq = 0
         self.error: BaseException | None = None
-        threading.Thread(target=self._loop, name=name, daemon=True).start()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
 
     def _next(self, last: int) -> int:
         seq = _spin(self.go, last, SPIN_POLLS) if _POLL else last
@@ -147,6 +148,12 @@ def _reset_after_fork():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def pool_thread_ids() -> set:
+    """The OS thread ids of the pool threads started so far: they poll between slots, so a
+    profiler that reads how long threads waited for a CPU should leave them out (bench)."""
+    return {w.thread.native_id for w in _workers}
 
 
 def chunks(n: int, elements_per_row: int) -> int:

@@ -326,6 +326,28 @@ def test_disturbed_ignores_threads_seen_once():
     assert p.disturbed(a, _sample(100, wait_ms=50)) is None
 
 
+@pytest.mark.skipif(not timing.CpuProbe().available, reason="no /proc schedstat here")
+def test_probe_leaves_out_the_polling_pool_and_lane_threads():
+    # Check that the wait signal does not read blasnet's pool threads and lane thread (they
+    # poll between tasks: runnable, and waiting, whenever our other threads hold their
+    # cores), and does read the calling thread.
+    import threading
+
+    import kernels
+    from kernels import gemm_unchecked, overlap, parallel
+    parallel.split(lambda i, j, s: None, 8, k=2)
+    if overlap.available():
+        a = np.ones((4, 4))
+        with kernels.num_threads(2), overlap.session():
+            gemm_unchecked(np.empty((4, 4)), a, a, False, False, 1.0, 0.0, True)
+    ours = parallel.pool_thread_ids() | overlap.lane_thread_ids()
+    assert ours
+    p = timing.CpuProbe()
+    read = {int(t) for t in p._tasks}
+    assert not (ours & read)
+    assert threading.get_native_id() in read
+
+
 def test_clean_median_drops_disturbed_and_falls_back():
     # Check that the median is over the undisturbed samples, and over all (flagged) when
     # fewer than MIN_CLEAN are undisturbed.
