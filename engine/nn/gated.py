@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from kernels import ops
+from kernels import ops, overlap
 
 from .._checks import check_bool
 from .layers import check_activation
@@ -143,17 +143,24 @@ class GatedFFN(Module):
         n, v, dx = self._start_backward(dy2, acc2)
         if n == 0:
             return dx
+        lane = overlap.deferring()  # the weight gradients later, on the lane
+        dht = v.ht
+        if lane:  # H^T is read by the queued dW_down: dH^T goes to a buffer of the lane's
+            dht = overlap.rows("gated.dht", v.ht)
+            overlap.wait_for(dht)
         if self.b_down is not None:
             ops.colsum(self.b_down.grad, dy2, 1.0)
-        ops.gemm(self.W_down.grad, v.ht, dy2, False, False, 1.0, 1.0)  # dW_down += H^T dy
-        ops.gemm(v.ht, self.W_down.data, dy2, False, True, 1.0, 0.0)   # dH^T = W_down dy^T
+        ops.gemm(self.W_down.grad, v.ht, dy2, False, False, 1.0, 1.0, lane)  # += H^T dy
+        ops.gemm(dht, self.W_down.data, dy2, False, True, 1.0, 0.0)    # dH^T = W_down dy^T
         if self._saved.dropped:
-            ops.dropout_backward(v.ht, v.ht, v.mask)
-        ops.glu_backward(v.g, v.u, v.ht)                               # [dG; dU]^T in place
+            ops.dropout_backward(dht, dht, v.mask)
+        ops.glu_backward(v.g, v.u, dht)                                # [dG; dU]^T in place
         if self.bias:
             ops.rowsum(self.db_gu, v.zt, 1.0)
-        ops.gemm(self.dWgu_T, v.zt, self._saved.x, False, False, 1.0, 1.0)  # both halves
+        ops.gemm(self.dWgu_T, v.zt, self._saved.x, False, False, 1.0, 1.0, lane)  # both halves
         if dx is not SKIP_DX:
+            if lane:
+                overlap.wait_for(dx)
             ops.gemm(dx, v.zt, self.Wgu_T, True, False, 1.0, 0.0 if acc2 is None else 1.0)
         self._saved.x = None
         return dx

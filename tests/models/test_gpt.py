@@ -113,12 +113,12 @@ def test_checkpointed_gpt_equals_the_plain_one():
         assert_close(gb[n], ga[n], n, 1e-12, 1e-12)
 
 
-def _lane_run(enabled, dropout, hooks):
+def _lane_run(enabled, dropout, hooks, ffn):
     """Gradients of one float64 GPT backward at 2 threads with the lane on or off, the
     GEMMs it queued, and each block's gradients as a hook on the blocks saw them."""
     import kernels
     from kernels import overlap
-    m = _gpt(dropout=dropout, n_layer=3)
+    m = _gpt(dropout=dropout, n_layer=3, ffn=ffn)
     rng = np.random.default_rng(7)
     ids, R = rng.integers(0, 7, (3, 6)), rng.standard_normal((3, 6, 7))
     seen = []
@@ -136,18 +136,19 @@ def _lane_run(enabled, dropout, hooks):
     return grads, queued, seen
 
 
-@pytest.mark.parametrize("dropout, hooks", [(0.0, False), (0.2, True)])
-def test_weight_gradients_on_the_lane_equal_the_plain_backward(dropout, hooks):
-    # Check that at 2 threads the backward queues every layer's four weight-gradient GEMMs
-    # (two with attention dropout: the per-head path keeps its own) and the tied head's on
-    # the lane (kernels.overlap), and that the gradients, and those a hook on the blocks
-    # sees, equal a backward without it (a GEMM reading an operand that was already
-    # overwritten would be off by O(1)).
+@pytest.mark.parametrize("dropout, hooks, ffn", [(0.0, False, "gelu"), (0.2, True, "gelu"),
+                                                 (0.0, False, "swiglu"), (0.2, False, "swiglu")])
+def test_weight_gradients_on_the_lane_equal_the_plain_backward(dropout, hooks, ffn):
+    # Check that at 2 threads the backward queues every layer's four weight-gradient GEMMs,
+    # FFN or gated (two with attention dropout: the per-head path keeps its own), and the
+    # tied head's on the lane (kernels.overlap), and that the gradients, and those a hook
+    # on the blocks sees, equal a backward without it (a GEMM reading an operand that was
+    # already overwritten would be off by O(1)).
     from kernels import overlap
     if not overlap.available():
         pytest.skip("no Fortran GEMM to call without the GIL")
-    ga, queued, seen_a = _lane_run(True, dropout, hooks)
-    gb, none, seen_b = _lane_run(False, dropout, hooks)
+    ga, queued, seen_a = _lane_run(True, dropout, hooks, ffn)
+    gb, none, seen_b = _lane_run(False, dropout, hooks, ffn)
     assert (queued, none) == ((2 if dropout else 4) * 3 + 1, 0)
     for n in ga:
         assert_close(ga[n], gb[n], n, 1e-12, 1e-12)
