@@ -184,9 +184,12 @@ class GPT(BackwardHooks, Module):
             raise ValueError("dx_acc: a GPT has no input gradient (its input is token ids)")
         dy2 = self._dy_rows(dy, s.out_shape)
         # At 2+ threads the weight gradients run on a second core beside the rest
-        # (kernels.overlap); a checkpointed stack reruns forwards into shared buffers, which
-        # queued GEMMs might still read, so it runs without.
-        with overlap.session() if not self.h.checkpoint else contextlib.nullcontext():
+        # (kernels.overlap). Not for a checkpointed stack (it reruns forwards into shared
+        # buffers that queued GEMMs might still read), nor with attention's per-head GEMMs
+        # (dropout): one-thread GEMMs there cost more than the lane saves (1.15x the step).
+        t = self._saved.bt[1]
+        lane = not self.h.checkpoint and all(blk.attn.uses_kernel(t) for blk in self.h)
+        with overlap.session() if lane else contextlib.nullcontext():
             self._backward_rows(dy2)
         s.ready = False
         return None

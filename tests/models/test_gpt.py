@@ -136,20 +136,20 @@ def _lane_run(enabled, dropout, hooks, ffn):
     return grads, queued, seen
 
 
-@pytest.mark.parametrize("dropout, hooks, ffn", [(0.0, False, "gelu"), (0.2, True, "gelu"),
-                                                 (0.0, False, "swiglu"), (0.2, False, "swiglu")])
+@pytest.mark.parametrize("dropout, hooks, ffn", [(0.0, False, "gelu"), (0.0, True, "gelu"),
+                                                 (0.2, True, "gelu"), (0.0, False, "swiglu")])
 def test_weight_gradients_on_the_lane_equal_the_plain_backward(dropout, hooks, ffn):
     # Check that at 2 threads the backward queues every layer's four weight-gradient GEMMs,
-    # FFN or gated (two with attention dropout: the per-head path keeps its own), and the
-    # tied head's on the lane (kernels.overlap), and that the gradients, and those a hook
-    # on the blocks sees, equal a backward without it (a GEMM reading an operand that was
-    # already overwritten would be off by O(1)).
+    # FFN or gated, and the tied head's on the lane (kernels.overlap; none with attention
+    # dropout, whose per-head GEMMs run better on both threads), and that the gradients, and
+    # those a hook on the blocks sees, equal a backward without it (a GEMM reading an
+    # operand that was already overwritten would be off by O(1)).
     from kernels import overlap
     if not overlap.available():
         pytest.skip("no Fortran GEMM to call without the GIL")
     ga, queued, seen_a = _lane_run(True, dropout, hooks, ffn)
     gb, none, seen_b = _lane_run(False, dropout, hooks, ffn)
-    assert (queued, none) == ((2 if dropout else 4) * 3 + 1, 0)
+    assert (queued, none) == (0 if dropout else 4 * 3 + 1, 0)
     for n in ga:
         assert_close(ga[n], gb[n], n, 1e-12, 1e-12)
     assert len(seen_a) == len(seen_b) == (3 if hooks else 0)
