@@ -209,9 +209,12 @@ def submit(out, a, b, trans_a, trans_b, alpha, beta) -> None:
 
 def rows(key: str, like):
     """A buffer of ``like``'s shape and dtype, one per ``key`` for every module (the calling
-    thread's scratch): for a gradient that would otherwise overwrite what a queued GEMM still
-    reads. Call ``wait_for`` on it before writing it."""
-    return scratch(("overlap", key), like.shape, like.dtype)
+    thread's scratch), for a gradient that would otherwise overwrite what a queued GEMM still
+    reads; returned once no queued GEMM reads it any more (another module's, from earlier in
+    the backward), so it can be written at once."""
+    buf = scratch(("overlap", key), like.shape, like.dtype)
+    wait_for(buf)
+    return buf
 
 
 def gemm_now(out, a, b, trans_a, trans_b, alpha, beta):

@@ -276,7 +276,6 @@ class MultiHeadAttention(Module):
         do = v.o
         if lane:  # O is read by the queued dW_o: dO goes to a buffer of the lane's
             do = overlap.rows("attention.do", v.o)
-            overlap.wait_for(do)
         if self.b_o is not None:
             ops.colsum(self.b_o.grad, dy2, 1.0)                 # db_o += dy.sum(0)
         gemm(self.W_o.grad, v.o, dy2, True, False, 1.0, 1.0, lane)  # dW_o += O^T dy

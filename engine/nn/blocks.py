@@ -244,10 +244,8 @@ class FFN(Module):
             return dx
         h, dh = v.h, v.dh
         lane = overlap.deferring()  # the weight gradients later, on the lane
-        if lane:
-            if dh is h:  # h is read by the queued dW_out: dh goes to a buffer of the lane's
-                dh = overlap.rows("ffn.dh", dh)
-            overlap.wait_for(dh)
+        if lane and dh is h:  # h is read by the queued dW_out: dh goes to a lane buffer
+            dh = overlap.rows("ffn.dh", dh)
         if self.b2 is not None:
             ops.colsum(self.b2.grad, dy2, 1.0)
         ops.gemm(self.W_out.grad, h, dy2, True, False, 1.0, 1.0, lane)

@@ -147,7 +147,6 @@ class GatedFFN(Module):
         dht = v.ht
         if lane:  # H^T is read by the queued dW_down: dH^T goes to a buffer of the lane's
             dht = overlap.rows("gated.dht", v.ht)
-            overlap.wait_for(dht)
         if self.b_down is not None:
             ops.colsum(self.b_down.grad, dy2, 1.0)
         ops.gemm(self.W_down.grad, v.ht, dy2, False, False, 1.0, 1.0, lane)  # += H^T dy
