@@ -19,6 +19,11 @@
   and the BLAS calls per step of each; at 2+ threads also the step without the lane
   thread for the backward's weight gradients (kernels.overlap) over the step with it.
 
+Every row also prints a ``bound``: the ratio the step would reach if attention's own products
+(S = q k^T, P v and the four of the backward), which the compiled heads run outside BLAS and
+so outside the floor, ran at the floor GEMMs' rate and nothing else took time
+(``attention_bound``). A target below it cannot be met by faster attention alone.
+
 ``--paths`` instead times MultiHeadAttention forward+backward with the compiled heads
 against the per-head BLAS GEMMs over head sizes 32, 64 and T 64..1024 (full attention also
 T 32, where the rule's crossover is) (the table behind
@@ -144,6 +149,35 @@ def torch_gpt_step(s=GPT_SHAPE):
     return step, torch
 
 
+def attention_flops(batch, seq_len, d_model, n_heads, causal=True, n_layer=1) -> int:
+    """FLOPs of attention's own products in one forward + backward, which the compiled heads
+    run outside BLAS and so outside the GEMM floor: per (sequence, head) S = q k^T and
+    O = P v forward, dP = dO v^T, dv = P^T dO, dq = dS k and dk = dS^T q backward, each
+    T x T x d_head multiply-adds, of which a causal mask leaves T (T + 1) / 2 x d_head."""
+    t, dh = seq_len, d_model // n_heads
+    pairs = t * (t + 1) // 2 if causal else t * t
+    return n_layer * 6 * 2 * batch * n_heads * pairs * dh
+
+
+def gpt_attention_flops(s) -> int:
+    """``attention_flops`` of a GPT case ``s`` (causal, every layer)."""
+    return attention_flops(s["batch"], s["seq_len"], s["d_model"], s["n_head"],
+                           n_layer=s["n_layer"])
+
+
+def floor_flops(floor) -> int:
+    """2 M N K summed over the GEMM calls a ``floors.replay_fn`` floor replays."""
+    return floors.gemm_flops([floors.gemm_mnk(args) for args in floor.calls])
+
+
+def attention_bound(floor, attn_flops) -> float:
+    """The step / floor ratio a step would reach if attention's products ran at the floor
+    GEMMs' own rate (FLOPs per second) and nothing else outside the GEMMs took any time:
+    1 + attention FLOPs / floor FLOPs. A target below it asks the compiled heads to beat
+    BLAS at its own shapes' rate with a free softmax."""
+    return 1 + attn_flops / floor_flops(floor)
+
+
 def _median_ms(fn, rounds):
     ts = []
     for _ in range(rounds):
@@ -201,16 +235,17 @@ def nanogpt_rows(s, per_pair, thread_counts) -> list:
             lane = None  # 2+ threads: the step without the weight gradients' lane / with it
             if threads > 1:
                 lane = timing.paired_ratio(_without_lane(step), step, per_pair).value
+            bound = attention_bound(floor, gpt_attention_flops(s))
             row = dict(case=f"{name} {threads}t", threads=threads, ratio=r_new.value,
                        without_lane_over_lane=lane,
-                       target=TARGET,
+                       target=TARGET, attention_bound=bound,
                        ratio_blas_heads=r_old.value, blas_heads_over_kernel=r_pair.value,
                        ms=_median_ms(step, 5), ms_blas_heads=_median_ms(old, 5),
                        floor_ms=_median_ms(floor, 5), blas_calls=blas_calls(step),
                        blas_calls_blas_heads=blas_calls(old), kept=[r_new.kept, r_new.total])
             rows.append(row)
             print(f"{row['case']:<40} {row['ms']:8.2f} {row['floor_ms']:9.2f} "
-                  f"{r_new.value:7.3f} {TARGET:7.2f}  per-head BLAS: "
+                  f"{r_new.value:7.3f} {TARGET:7.2f} {bound:7.3f}  per-head BLAS: "
                   f"{row['ms_blas_heads']:.2f} ms, ratio "
                   f"{r_old.value:.3f}, {r_pair.value:.2f}x the compiled step; BLAS calls "
                   f"{row['blas_calls']} vs {row['blas_calls_blas_heads']}"
@@ -277,16 +312,19 @@ def _cases(a, per_pair) -> list:
     import kernels
     mha_shapes, s = (TINY_MHA, TINY_GPT) if a.tiny else (MHA_SHAPES, GPT_SHAPE)
     rows = []
-    print(f"{'case':<40} {'ms':>8} {'floor ms':>9} {'ratio':>7} {'target':>7} {'GF/s':>7}")
+    print(f"{'case':<40} {'ms':>8} {'floor ms':>9} {'ratio':>7} {'target':>7} {'bound':>7} "
+          f"{'GF/s':>7}")
     for shape, target in mha_shapes:
         fn, floor, flops = mha_case(shape)
         timing.warm_up(fn)
         r = timing.paired_ratio(fn, floor, per_pair)
         ms, fl = _median_ms(fn, 5), _median_ms(floor, 5)
         name = "MHA fwd+bwd (B, T, d, h) = " + str(shape)
+        bound = attention_bound(floor, attention_flops(*shape))
         rows.append(dict(case=name, ms=ms, floor_ms=fl, ratio=r.value, target=target,
-                         gflops=flops / ms / 1e6, kept=[r.kept, r.total]))
-        print(f"{name:<40} {ms:8.2f} {fl:9.2f} {r.value:7.3f} {target:7.2f} "
+                         attention_bound=bound, gflops=flops / ms / 1e6,
+                         kept=[r.kept, r.total]))
+        print(f"{name:<40} {ms:8.2f} {fl:9.2f} {r.value:7.3f} {target:7.2f} {bound:7.3f} "
               f"{flops / ms / 1e6:7.1f}")
     step, floor, model, _, _ = gpt_case(s)
     timing.warm_up(step)
@@ -294,11 +332,12 @@ def _cases(a, per_pair) -> list:
     ms, fl = _median_ms(step, 5), _median_ms(floor, 5)
     name = f"GPT step L{s['n_layer']} h{s['n_head']} d{s['d_model']} T{s['seq_len']} B{s['batch']}"
     tokens = s["batch"] * s["seq_len"]
+    bound = attention_bound(floor, gpt_attention_flops(s))
     row = dict(case=name, ms=ms, floor_ms=fl, ratio=r.value, target=TARGET,
-               kept=[r.kept, r.total], tokens_per_s=tokens / ms * 1e3,
+               attention_bound=bound, kept=[r.kept, r.total], tokens_per_s=tokens / ms * 1e3,
                parameters=model.num_parameters())
-    print(f"{name:<40} {ms:8.2f} {fl:9.2f} {r.value:7.3f} {TARGET:7.2f} {'':>7}  "
-          f"{tokens / ms * 1e3:,.0f} tokens/s")
+    print(f"{name:<40} {ms:8.2f} {fl:9.2f} {r.value:7.3f} {TARGET:7.2f} {bound:7.3f} "
+          f"{'':>7}  {tokens / ms * 1e3:,.0f} tokens/s")
     t = torch_gpt_step(s)
     if t is None:
         print("torch: not installed; no PyTorch comparison (it is optional)")

@@ -38,6 +38,7 @@ def test_tiny_run_reports_every_case(tmp_path):
     lane = rows[3]["without_lane_over_lane"]
     assert math.isfinite(lane) and lane > 0
     assert all(r["target"] == 1.15 for r in rows)  # every case against the same target
+    assert all(math.isfinite(r["attention_bound"]) and r["attention_bound"] > 1 for r in rows)
     assert math.isfinite(rows[-1]["ratio_blas_heads"])
 
 
@@ -79,3 +80,32 @@ def test_nanogpt_case_is_the_recipe_without_bias_and_counts_its_blas_calls():
     with floors.record_gemms() as seen:
         step()
     assert len(seen) == len(floor.calls)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_flops_are_what_the_per_head_path_runs_as_gemms(causal):
+    # Check attention_flops against the GEMMs the per-head BLAS path adds to the compiled
+    # path's (the projections): six T x T x d_head products per (sequence, head), full; a
+    # causal mask keeps T (T + 1) / 2 of each T x T.
+    shape = (2, 8, 12, 3)
+    b, t, d, h = shape
+    flops = {}
+    for path in ("blas", "kernel"):
+        fn, _, _ = attention.mha_case(shape, path=path, causal=causal)
+        with floors.record_gemms() as seen:
+            fn()
+        flops[path] = floors.gemm_flops(seen)
+    per_head = flops["blas"] - flops["kernel"]
+    assert attention.attention_flops(b, t, d, h, causal=False) == per_head
+    assert attention.attention_flops(b, t, d, h) * 2 * t == per_head * (t + 1)
+    assert attention.attention_flops(b, t, d, h, n_layer=3) == 3 * attention.attention_flops(
+        b, t, d, h)
+
+
+def test_attention_bound_is_one_plus_attention_over_floor_flops():
+    # Check the bound against the floor's own GEMM FLOPs counted from its recorded calls.
+    shape = (2, 8, 12, 3)
+    fn, floor, flops = attention.mha_case(shape, path="kernel")
+    attn = attention.attention_flops(*shape)
+    assert attention.floor_flops(floor) == flops
+    assert attention.attention_bound(floor, attn) == pytest.approx(1 + attn / flops)
