@@ -50,11 +50,12 @@ def _sdpa_heads(qkv, n_heads):
             .transpose(0, 2, 1, 3) for i in range(3)]  # q, k, v (B, H, T, dh)
 
 
-def sdpa_forward(out, p, qkv, n_heads, scale, causal=True):
+def sdpa_forward(out, p, qkv, n_heads, scale, causal=True, bias=None):
     """kernels.sdpa's forward: per (batch, head) P = softmax(q k^T scale + mask) into p
-    (B*H, T, T) (0 above the diagonal when causal), O = P v into the rows out (B, T, d)."""
+    (B*H, T, T) (0 above the diagonal when causal), O = P v into the rows out (B, T, d); q,
+    k, v from qkv + bias when a bias is given."""
     bsz, t, d = out.shape
-    q, k, v = _sdpa_heads(qkv, n_heads)
+    q, k, v = _sdpa_heads(qkv if bias is None else qkv + bias, n_heads)
     s = q @ k.transpose(0, 1, 3, 2) * scale
     if causal:
         s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
@@ -65,11 +66,11 @@ def sdpa_forward(out, p, qkv, n_heads, scale, causal=True):
     return out
 
 
-def sdpa_backward(dqkv, do, p, qkv, n_heads, scale, causal=True):
+def sdpa_backward(dqkv, do, p, qkv, n_heads, scale, causal=True, bias=None):
     """kernels.sdpa's backward: d[q | k | v] rows (B, T, 3d) of sdpa_forward for dO rows do
-    (B, T, d) and the forward's probabilities p (B*H, T, T)."""
+    (B, T, d), the forward's probabilities p (B*H, T, T), qkv and bias."""
     bsz, t, d = do.shape
-    q, k, v = _sdpa_heads(qkv, n_heads)
+    q, k, v = _sdpa_heads(qkv if bias is None else qkv + bias, n_heads)
     pr = p.reshape(bsz, n_heads, t, t)
     if causal:  # the kernel leaves the masked half unwritten: those probabilities are 0
         pr = np.where(np.tril(np.ones((t, t), bool)), pr, 0.0)

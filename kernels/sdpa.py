@@ -93,6 +93,19 @@ def _put(out, src, n):
 
 
 @jit(inline="always")
+def _stage(x, src, bias, biased):
+    # x = src (a sequence's (T, 3 d) qkv rows), plus bias on every row when biased: the
+    # projection's bias added here, not in a pass of its own before a beta = 1 GEMM
+    if biased:
+        for i in range(x.shape[0]):
+            xr, sr = x[i], src[i]
+            for c in range(x.shape[1]):
+                xr[c] = sr[c] + bias[c]
+    else:
+        _put(x.reshape(-1), src.reshape(-1), x.size)
+
+
+@jit(inline="always")
 def _rows_out(out, src, c0, c1, d, nt):
     # columns o + c0..o + c1 of a sequence's rows for each of out's blocks of d columns (O:
     # one, d[q | k | v]: three), written in one sweep
@@ -181,9 +194,9 @@ def _block(i, nt, causal):
 
 
 @jit(slp=True)
-def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
-    # out (B, T, d) rows; p (B h, T, T); work (work_size,) scratch; qkv (B, T, 3d); pairs
-    # i0..i1. Rows go four at a time (_block).
+def _sdpa_fwd(out, p, work, qkv, bias, biased, n_heads, scale, causal, i0, i1):
+    # out (B, T, d) rows; p (B h, T, T); work (work_size,) scratch; qkv (B, T, 3d) (+ bias
+    # (3d,) when biased); pairs i0..i1. Rows go four at a time (_block).
     nt, d = qkv.shape[1], out.shape[2]
     dh = d // n_heads
     tp, wp = tiles.round_up(nt), tiles.round_up(dh)
@@ -205,7 +218,7 @@ def _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, i1):
         if b != last:  # one sequential read of the sequence (a stream the prefetcher follows)
             if last >= 0:
                 _rows_out(out[last], ob, first * dh, d, d, nt)
-            _put(x.reshape(-1), qkv[b].reshape(-1), nt * 3 * d)
+            _stage(x, qkv[b], bias, biased)
             last, first = b, h
         pp = p[pair]
         _head_cols(kt, x, ko, dh, nt)
@@ -267,8 +280,9 @@ def _col_rows(dx, orow, w, x, off, col, dh, nt, causal):
 
 
 @jit(slp=True)
-def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
-    # dqkv (B, T, 3d) rows; work (work_size,) scratch; do (B, T, d); p (B h, T, T)
+def _sdpa_bwd(dqkv, work, do, p, qkv, bias, biased, n_heads, scale, causal, i0, i1):
+    # dqkv (B, T, 3d) rows; work (work_size,) scratch; do (B, T, d); p (B h, T, T); qkv
+    # (+ bias) as in _sdpa_fwd
     nt, d = qkv.shape[1], do.shape[2]
     dh = d // n_heads
     tp, wp = tiles.round_up(nt), tiles.round_up(dh)
@@ -295,7 +309,7 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
         if b != last:  # sequential reads and writes of whole sequences, as in _sdpa_fwd
             if last >= 0:
                 _rows_out(dqkv[last], dx, first * dh, d, d, nt)
-            _put(x.reshape(-1), qkv[b].reshape(-1), nt * 3 * d)
+            _stage(x, qkv[b], bias, biased)
             _put(g.reshape(-1), do[b].reshape(-1), nt * d)
             last, first = b, h
         pp = p[pair]
@@ -320,23 +334,27 @@ def _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, i1):
 
 
 @jit(slp=True)
-def _sdpa_fwd_claims(out, p, work, qkv, n_heads, scale, causal, counter, chunk, n_pairs):
+def _sdpa_fwd_claims(out, p, work, qkv, bias, biased, n_heads, scale, causal, counter, chunk,
+                     n_pairs):
     # _sdpa_fwd over pairs chunk at a time, each chunk claimed from counter (shared by slots)
     while True:
         i0 = atomic.fetch_add(counter, 1) * chunk
         if i0 >= n_pairs:
             return 0
-        _sdpa_fwd(out, p, work, qkv, n_heads, scale, causal, i0, min(i0 + chunk, n_pairs))
+        _sdpa_fwd(out, p, work, qkv, bias, biased, n_heads, scale, causal, i0,
+                  min(i0 + chunk, n_pairs))
 
 
 @jit(slp=True)
-def _sdpa_bwd_claims(dqkv, work, do, p, qkv, n_heads, scale, causal, counter, chunk, n_pairs):
+def _sdpa_bwd_claims(dqkv, work, do, p, qkv, bias, biased, n_heads, scale, causal, counter,
+                     chunk, n_pairs):
     # _sdpa_bwd over claimed chunks, as _sdpa_fwd_claims
     while True:
         i0 = atomic.fetch_add(counter, 1) * chunk
         if i0 >= n_pairs:
             return 0
-        _sdpa_bwd(dqkv, work, do, p, qkv, n_heads, scale, causal, i0, min(i0 + chunk, n_pairs))
+        _sdpa_bwd(dqkv, work, do, p, qkv, bias, biased, n_heads, scale, causal, i0,
+                  min(i0 + chunk, n_pairs))
 
 
 def _chunk(n_pairs, n_heads, k):
@@ -367,30 +385,40 @@ def _threads(n_pairs, t, dh, causal, cost):
     return _par.threads_for(n_pairs, per_pair, passes=cost)
 
 
-def sdpa_forward_unchecked(out, p, qkv, n_heads, scale, causal):
+def _bias_arg(bias, qkv):
+    """(bias, biased) as the kernels take them: without a bias, a one-element stand-in of
+    qkv's dtype (one compiled signature either way)."""
+    if bias is None:
+        return scratch("sdpa.nobias", 1, qkv.dtype), False
+    return bias, True
+
+
+def sdpa_forward_unchecked(out, p, qkv, n_heads, scale, causal, bias=None):
     """``out[b, i, h*dh:(h+1)*dh] = softmax(q k^T * scale (+ causal mask))[i] @ v`` for every
-    batch b and head h, with q, k, v the head's column blocks of ``qkv`` (B, T, 3 d); ``p``
-    (B*h, T, T) receives the probabilities (only j <= i defined when causal). C-contiguous arrays of
-    one float dtype; no checks. Returns ``out``."""
+    batch b and head h, with q, k, v the head's column blocks of ``qkv`` (B, T, 3 d) plus
+    ``bias`` (3 d,) when given; ``p`` (B*h, T, T) receives the probabilities (only j <= i
+    defined when causal). C-contiguous arrays of one float dtype; no checks. Returns
+    ``out``."""
     nb, nt, d = out.shape
     if nb == 0 or nt == 0:
         return out
     dh, n_pairs = d // n_heads, nb * n_heads
+    bias, biased = _bias_arg(bias, qkv)
     k = _threads(n_pairs, nt, dh, causal, FWD_COST)
     size = work_size(nt, dh, False, n_heads)
     works = [scratch(("sdpa.work", s), size, qkv.dtype) for s in range(k)]  # per slot
     if k == 1:
-        _sdpa_fwd(out, p, works[0], qkv, n_heads, scale, causal, 0, n_pairs)
+        _sdpa_fwd(out, p, works[0], qkv, bias, biased, n_heads, scale, causal, 0, n_pairs)
     else:  # slots claim chunks of pairs: a late pool thread takes what is left
         counter, chunk = _claims(k, n_pairs, n_heads)
-        _par.slots(lambda s: _sdpa_fwd_claims(out, p, works[s], qkv, n_heads, scale, causal,
-                                               counter, chunk, n_pairs), k)
+        _par.slots(lambda s: _sdpa_fwd_claims(out, p, works[s], qkv, bias, biased, n_heads,
+                                               scale, causal, counter, chunk, n_pairs), k)
     return out
 
 
-def sdpa_backward_unchecked(dqkv, do, p, qkv, n_heads, scale, causal):
+def sdpa_backward_unchecked(dqkv, do, p, qkv, n_heads, scale, causal, bias=None):
     """The gradient of ``sdpa_forward`` into ``dqkv`` (B, T, 3 d) (overwritten), from ``do``
-    (B, T, d) = dL/d out, the forward's ``p`` and ``qkv``: per (batch, head)
+    (B, T, d) = dL/d out, the forward's ``p``, ``qkv`` and ``bias``: per (batch, head)
     dS = P (dP - rowsum(dP P)) with dP = dO v^T, dq = dS k scale, dk = dS^T q scale,
     dv = P^T dO. ``dqkv`` may be ``qkv`` (each slot copies a sequence before it computes and
     writes back only its own heads' columns after) but no other input; no checks. Returns
@@ -399,15 +427,17 @@ def sdpa_backward_unchecked(dqkv, do, p, qkv, n_heads, scale, causal):
     if nb == 0 or nt == 0:
         return dqkv
     dh, n_pairs = d // n_heads, nb * n_heads
+    bias, biased = _bias_arg(bias, qkv)
     k = _threads(n_pairs, nt, dh, causal, BWD_COST)
     size = work_size(nt, dh, True, n_heads)
     works = [scratch(("sdpa.work", s), size, qkv.dtype) for s in range(k)]  # per slot
     if k == 1:
-        _sdpa_bwd(dqkv, works[0], do, p, qkv, n_heads, scale, causal, 0, n_pairs)
+        _sdpa_bwd(dqkv, works[0], do, p, qkv, bias, biased, n_heads, scale, causal, 0, n_pairs)
     else:
         counter, chunk = _claims(k, n_pairs, n_heads)
-        _par.slots(lambda s: _sdpa_bwd_claims(dqkv, works[s], do, p, qkv, n_heads, scale,
-                                               causal, counter, chunk, n_pairs), k)
+        _par.slots(lambda s: _sdpa_bwd_claims(dqkv, works[s], do, p, qkv, bias, biased,
+                                               n_heads, scale, causal, counter, chunk,
+                                               n_pairs), k)
     return dqkv
 
 
@@ -428,34 +458,50 @@ def _check(rows_name, rows, p, qkv, n_heads):
     check_array("p", p, dtype=qkv.dtype, shape=(b * n_heads, t, t))
 
 
-def sdpa_forward(out, p, qkv, n_heads, scale, causal=True):
+def _check_bias(bias, qkv, *writes):
+    """``bias``: None or a (3 d_model,) row of qkv's dtype that no output overlaps."""
+    if bias is None:
+        return
+    check_array("bias", bias, dtype=qkv.dtype, shape=(qkv.shape[2],))
+    for name, a in writes:
+        if np.may_share_memory(a, bias):
+            raise ValueError(f"{name}: must not overlap bias")
+
+
+def sdpa_forward(out, p, qkv, n_heads, scale, causal=True, bias=None):
     """Multi-head scaled dot-product attention from the fused projection ``qkv`` (B, T,
     3 d_model), q, k, v each d_model columns and head h their columns h*dh:(h+1)*dh: per
     (batch, head) ``P = softmax(q k^T * scale + M)`` into ``p`` (B*n_heads, T, T) (M = -inf
     above the diagonal when ``causal``; that half of p is left undefined and never read) and
     ``O = P v`` into
-    the head's columns of ``out`` (B, T, d_model). C-contiguous arrays of one float dtype;
-    ``out`` and ``p`` must not overlap each other or ``qkv``. Returns ``out``."""
+    the head's columns of ``out`` (B, T, d_model). With ``bias`` (3 d_model,), q, k, v are
+    those of ``qkv + bias`` (the projection's bias, added as the kernel reads each sequence;
+    ``qkv`` is not written). C-contiguous arrays of one float dtype; ``out`` and ``p`` must
+    not overlap each other, ``qkv`` or ``bias``. Returns ``out``."""
     _check("out", out, p, qkv, n_heads)
+    _check_bias(bias, qkv, ("out", out), ("p", p))
     for name, a in (("out", out), ("p", p)):
         if np.may_share_memory(a, qkv):
             raise ValueError(f"{name}: must not overlap qkv")
     if np.may_share_memory(out, p):
         raise ValueError("out: must not overlap p")
-    return sdpa_forward_unchecked(out, p, qkv, int(n_heads), float(scale), bool(causal))
+    return sdpa_forward_unchecked(out, p, qkv, int(n_heads), float(scale), bool(causal),
+                                  bias)
 
 
-def sdpa_backward(dqkv, do, p, qkv, n_heads, scale, causal=True):
+def sdpa_backward(dqkv, do, p, qkv, n_heads, scale, causal=True, bias=None):
     """The gradient of ``sdpa_forward``: ``dqkv`` (B, T, 3 d_model), overwritten with
     d[q | k | v] in qkv's layout, from ``do`` (B, T, d_model) = dL/d out and the forward's
-    ``p`` and ``qkv``. ``dqkv`` may be ``qkv`` itself (overwritten in place; the kernel
-    works on a copy of each sequence) but must not overlap the inputs otherwise. Returns
-    ``dqkv``."""
+    ``p``, ``qkv`` and ``bias``. ``dqkv`` may be ``qkv`` itself (overwritten in place; the
+    kernel works on a copy of each sequence) but must not overlap the inputs otherwise.
+    Returns ``dqkv``."""
     _check("do", do, p, qkv, n_heads)
     check_array("dqkv", dqkv, dtype=qkv.dtype, shape=qkv.shape)
+    _check_bias(bias, qkv, ("dqkv", dqkv))
     same = dqkv.__array_interface__["data"][0] == qkv.__array_interface__["data"][0]
     for name, a in (("do", do), ("p", p), ("qkv", qkv)):
         if np.may_share_memory(dqkv, a) and not (a is qkv and same):
             raise ValueError(f"dqkv: must not overlap {name}" + (
                 " (it may be qkv itself)" if a is qkv else ""))
-    return sdpa_backward_unchecked(dqkv, do, p, qkv, int(n_heads), float(scale), bool(causal))
+    return sdpa_backward_unchecked(dqkv, do, p, qkv, int(n_heads), float(scale), bool(causal),
+                                   bias)

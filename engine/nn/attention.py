@@ -176,7 +176,7 @@ class MultiHeadAttention(Module):
         n, bh = b * t, b * h
         s = ws.get("s", bh * t, t)    # (bh*T, T) scores, then P = softmax (kept for backward)
         v = SimpleNamespace(
-            qkv=ws.get("qkv", n, 3 * d),  # (N, 3d) x W_qkv + b_qkv (then d[q|k|v] in backward)
+            qkv=ws.get("qkv", n, 3 * d),  # (N, 3d) x W_qkv (+ b_qkv unless fused); d[q|k|v]
             o=ws.get("o", n, d),          # (N, d) heads merged; dO rows in backward
             y=ws.get("y", n, d),          # (N, d) output
             dx=ws.get("dx", n, d),        # (N, d) input gradient
@@ -213,13 +213,14 @@ class MultiHeadAttention(Module):
         if b == 0 or t == 0:
             return v.y
         gemm = ops.gemm
-        if self.b_qkv is None:
+        b_qkv = None if self.b_qkv is None else self.b_qkv.data
+        if b_qkv is None or fused:  # the kernels add b_qkv as they read each sequence
             gemm(v.qkv, x2, self.W_qkv.data, False, False, 1.0, 0.0)
         else:  # [q | k | v] = b_qkv, then += x W_qkv inside the GEMM
-            ops.fill_rows(v.qkv, self.b_qkv.data, None)
+            ops.fill_rows(v.qkv, b_qkv, None)
             gemm(v.qkv, x2, self.W_qkv.data, False, False, 1.0, 1.0)
         if fused:  # O rows = softmax(q k^T / sqrt(d_head) + M) v, all heads in one call
-            ops.sdpa_forward(v.o3, v.s3, v.qkv3, self.n_heads, self.scale, self.causal)
+            ops.sdpa_forward(v.o3, v.s3, v.qkv3, self.n_heads, self.scale, self.causal, b_qkv)
         else:
             self._heads_forward(v, c.dropped)
         if self.b_o is None and res2 is None:
@@ -282,7 +283,8 @@ class MultiHeadAttention(Module):
         gemm(do, dy2, self.W_o.data, False, True, 1.0, 0.0)     # dO = dy W_o^T (over O)
         if fused:  # d[q | k | v] rows, all heads in one call
             ops.sdpa_backward(v.dqkv3, do.reshape(v.o3.shape), v.s3, v.qkv3, self.n_heads,
-                              self.scale, self.causal)
+                              self.scale, self.causal,
+                              None if self.b_qkv is None else self.b_qkv.data)
         else:
             self._heads_backward(v)
         if self.b_qkv is not None:

@@ -12,6 +12,7 @@ from kernels import reference as R
 from kernels import sdpa
 
 F64 = np.float64
+NOBIAS = np.zeros(1)  # the kernels' stand-in bias argument when there is none
 # float32 against the float64 reference, for unit-scale inputs: the exp approximation
 # (kernels.fmath, ~1e-7 relative) and float32 sums over at most T * d_head terms.
 F32_ATOL = 2e-5
@@ -136,9 +137,10 @@ def test_pairs_cut_inside_a_sequence_come_out_as_in_one_slot(cut):
     fwd, bwd = sdpa.work_size(t, d // h, False, h), sdpa.work_size(t, d // h, True, h)
     scale = 1.0 / np.sqrt(d // h)
     for i0, i1 in ((0, cut), (cut, b * h)):
-        sdpa._sdpa_fwd(out, p, np.zeros(fwd), qkv, h, scale, True, i0, i1)
+        sdpa._sdpa_fwd(out, p, np.zeros(fwd), qkv, NOBIAS, False, h, scale, True, i0, i1)
     for i0, i1 in ((cut, b * h), (0, cut)):
-        sdpa._sdpa_bwd(dqkv, np.zeros(bwd), do, p, qkv, h, scale, True, i0, i1)
+        sdpa._sdpa_bwd(dqkv, np.zeros(bwd), do, p, qkv, NOBIAS, False, h, scale, True, i0,
+                       i1)
     np.testing.assert_array_equal(out, one_out)
     np.testing.assert_array_equal(dqkv, one_dqkv)
 
@@ -174,11 +176,11 @@ def test_claiming_slots_compute_every_pair_once(chunk):
         counter = np.zeros(1, np.int64)
         size = sdpa.work_size(t, d // h, backward, h)
         if backward:
-            fn = lambda: sdpa._sdpa_bwd_claims(dqkv, np.zeros(size), do, p, qkv, h, scale,
-                                               True, counter, chunk, n)
+            fn = lambda: sdpa._sdpa_bwd_claims(dqkv, np.zeros(size), do, p, qkv, NOBIAS,
+                                               False, h, scale, True, counter, chunk, n)
         else:
-            fn = lambda: sdpa._sdpa_fwd_claims(out, p, np.zeros(size), qkv, h, scale, True,
-                                               counter, chunk, n)
+            fn = lambda: sdpa._sdpa_fwd_claims(out, p, np.zeros(size), qkv, NOBIAS, False,
+                                               h, scale, True, counter, chunk, n)
         late = threading.Thread(target=fn)
         fn()
         late.start()
@@ -280,3 +282,77 @@ def test_backward_in_place_over_qkv_matches_a_separate_output(dtype, monkeypatch
             assert sdpa.sdpa_backward(got, do, p, got, h, scale) is got
             assert (parallel.handoffs() > before) == (threads == 2)
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, F64])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", [(2, 7, 12, 3), (1, 130, 64, 2), (5, 16, 24, 3)])
+def test_bias_gives_the_bits_of_qkv_plus_bias(shape, causal, dtype, monkeypatch):
+    # Check that the projection's bias added as the kernels read each sequence gives the
+    # bits of the kernels on qkv + bias (forward out and P, backward d[q | k | v], also in
+    # place over qkv), on one thread and on two with the pairs split, and that the forward
+    # leaves qkv as it was.
+    b, t, d, h = shape
+    scale = 1.0 / np.sqrt(d // h)
+    qkv, do = _inputs(shape, dtype, seed=3)
+    bias = np.random.default_rng(4).standard_normal(3 * d).astype(dtype)
+    want_out, want_p, want_dqkv = _run(shape, dtype, causal, qkv + bias, do)
+    monkeypatch.setattr(parallel, "SPLIT_WORK", 2)  # split however small
+    for threads in (1, 2):
+        with num_threads(threads):
+            got, before = qkv.copy(), qkv.copy()
+            out, p = np.empty((b, t, d), dtype), np.zeros((b * h, t, t), dtype)
+            sdpa.sdpa_forward(out, p, got, h, scale, causal, bias)
+            np.testing.assert_array_equal(got, before)
+            dqkv = sdpa.sdpa_backward(np.empty_like(qkv), do, p, got, h, scale, causal, bias)
+            sdpa.sdpa_backward(got, do, p, got, h, scale, causal, bias)
+        np.testing.assert_array_equal(out, want_out)
+        np.testing.assert_array_equal(_lower(p, causal), _lower(want_p, causal))
+        np.testing.assert_array_equal(dqkv, want_dqkv)
+        np.testing.assert_array_equal(got, want_dqkv)
+
+
+def test_bias_matches_the_reference():
+    # Check the biased kernels against the float64 reference given the same bias.
+    shape = (2, 9, 12, 3)
+    b, t, d, h = shape
+    scale = 1.0 / np.sqrt(d // h)
+    qkv, do = _inputs(shape, F64, seed=5)
+    bias = np.random.default_rng(6).standard_normal(3 * d)
+    out, p = np.empty((b, t, d)), np.zeros((b * h, t, t))
+    sdpa.sdpa_forward(out, p, qkv, h, scale, True, bias)
+    dqkv = sdpa.sdpa_backward(np.empty_like(qkv), do, p, qkv, h, scale, True, bias)
+    r_out, r_p = np.empty((b, t, d)), np.empty((b * h, t, t))
+    R.sdpa_forward(r_out, r_p, qkv, h, scale, True, bias)
+    r_dqkv = R.sdpa_backward(np.empty_like(qkv), do, r_p, qkv, h, scale, True, bias)
+    np.testing.assert_allclose(out, r_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dqkv, r_dqkv, rtol=1e-11, atol=1e-11)
+    assert np.abs(out - R.sdpa_forward(np.empty_like(out), r_p, qkv, h, scale)).max() > 1e-3
+
+
+@pytest.mark.parametrize("bias, match", [
+    (np.zeros(23), r"bias: .*shape"), (np.zeros(24, np.float32), "bias"),
+    (np.zeros((2, 12)), "bias"), ("b", "bias")])
+def test_bad_bias_raises_naming_it_and_writes_nothing(bias, match):
+    # Check a bias of the wrong shape, dtype or kind is refused before anything is written.
+    qkv, do = _inputs((2, 5, 8, 2), F64)
+    out, p = np.zeros((2, 5, 8)), np.zeros((4, 5, 5))
+    with pytest.raises((ValueError, TypeError), match=match):
+        sdpa.sdpa_forward(out, p, qkv, 2, 0.5, True, bias)
+    with pytest.raises((ValueError, TypeError), match=match):
+        sdpa.sdpa_backward(np.zeros_like(qkv), do, p, qkv, 2, 0.5, True, bias)
+    assert not out.any() and not p.any()
+
+
+def test_bias_overlapping_an_output_is_refused():
+    # Check that a bias inside out or dqkv is refused, with nothing written.
+    qkv, do = _inputs((1, 4, 4, 2), F64)
+    p = np.zeros((2, 4, 4))
+    out = np.zeros((1, 4, 4))
+    with pytest.raises(ValueError, match="out: must not overlap bias"):
+        sdpa.sdpa_forward(out, p, qkv, 2, 0.5, True, out.reshape(-1)[:12])
+    assert not out.any() and not p.any()
+    dqkv = np.zeros_like(qkv)
+    with pytest.raises(ValueError, match="dqkv: must not overlap bias"):
+        sdpa.sdpa_backward(dqkv, do, p, qkv, 2, 0.5, True, dqkv[0, 1])
+    assert not dqkv.any()

@@ -112,19 +112,22 @@ def _ce_probs(rng, d, dtype):
 
 def _sdpa_fwd(rng, d, dtype):
     # T = d positions, 2 sequences x 2 heads of 20 features (not whole 16-lane tiles);
-    # causal at even T, full at odd
+    # causal at even T, full at odd; a bias added to qkv where T is a multiple of 3
     b, h, dh, t = 2, 2, 20, d
     qkv = rng.standard_normal((b, t, 3 * h * dh)).astype(dtype)
+    bias = rng.standard_normal(3 * h * dh).astype(dtype)
     return (np.empty((b, t, h * dh), dtype), np.zeros((b * h, t, t), dtype),
-            np.zeros(sdpa.work_size(t, dh, False, h), dtype), qkv, h, 0.25, d % 2 == 0, 0, b * h)
+            np.zeros(sdpa.work_size(t, dh, False, h), dtype), qkv, bias, d % 3 == 0, h, 0.25,
+            d % 2 == 0, 0, b * h)
 
 
 def _sdpa_bwd(rng, d, dtype):
-    out, p, _, qkv, h, scale, causal, i0, i1 = _sdpa_fwd(rng, d, dtype)
-    sdpa.sdpa_forward(out, p, qkv, h, scale, causal)
+    out, p, _, qkv, bias, biased, h, scale, causal, i0, i1 = _sdpa_fwd(rng, d, dtype)
+    sdpa.sdpa_forward(out, p, qkv, h, scale, causal, bias if biased else None)
     t, dh = qkv.shape[1], out.shape[2] // h
     return (np.empty_like(qkv), np.zeros(sdpa.work_size(t, dh, True, h), dtype),
-            rng.standard_normal(out.shape).astype(dtype), p, qkv, h, scale, causal, i0, i1)
+            rng.standard_normal(out.shape).astype(dtype), p, qkv, bias, biased, h, scale,
+            causal, i0, i1)
 
 
 def _col_rows(rng, d, dtype):

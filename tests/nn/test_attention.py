@@ -308,3 +308,18 @@ def test_auto_path_follows_kernel_wins_and_gemm_list_matches(causal, t, per_head
     seen = [c.args for c in rec.of("gemm")]
     assert len(seen) == 6 + (6 * 2 if per_head else 0)
     assert len(m.gemm_list((1, t))) == len(seen)
+
+
+@pytest.mark.parametrize("path, fills", [("kernel", 1), ("blas", 2)])
+def test_compiled_heads_take_the_qkv_bias_without_a_fill(path, fills):
+    # Check that on the compiled path the QKV bias goes to the attention kernels (no fill of
+    # the (N, 3 d) rows before a beta = 1 GEMM; only the output's b_o fill is left), while
+    # the per-head path still fills; both give the textbook output.
+    m = _mha(path=path)
+    x = np.random.default_rng(1).standard_normal((2, 5, 12))
+    with instrument.record() as rec:
+        y = m.forward(x)
+    assert rec.counts()["fill_rows"] == fills
+    qkv_gemm = rec.of("gemm")[0].args
+    assert qkv_gemm[6] == (0.0 if path == "kernel" else 1.0)  # beta of [q | k | v] = x W_qkv
+    np.testing.assert_allclose(y, _ref(m, x), rtol=1e-12, atol=1e-12)
