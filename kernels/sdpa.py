@@ -442,8 +442,9 @@ def sdpa_backward_unchecked(dqkv, do, p, qkv, n_heads, scale, causal, bias=None)
 
 
 # ----------------------------------------------------------------------------- checked API
-def _check(rows_name, rows, p, qkv, n_heads):
-    """Shapes, dtypes and layout shared by the forward and the backward."""
+def _check(rows_name, rows, p, qkv, n_heads, bias, outputs):
+    """Shapes, dtypes and layout shared by the forward and the backward; ``bias`` None or a
+    (3 d_model,) row of qkv's dtype that none of ``outputs`` ((name, array) pairs) overlaps."""
     check_array("qkv", qkv, ndim=3)
     check_array(rows_name, rows, ndim=3, dtype=qkv.dtype)
     b, t, d3 = qkv.shape
@@ -456,16 +457,11 @@ def _check(rows_name, rows, p, qkv, n_heads):
         raise ValueError(f"{rows_name}: expected shape {(b, t, d3 // 3)} for qkv of shape "
                          f"{qkv.shape}, got {rows.shape}")
     check_array("p", p, dtype=qkv.dtype, shape=(b * n_heads, t, t))
-
-
-def _check_bias(bias, qkv, *writes):
-    """``bias``: None or a (3 d_model,) row of qkv's dtype that no output overlaps."""
-    if bias is None:
-        return
-    check_array("bias", bias, dtype=qkv.dtype, shape=(qkv.shape[2],))
-    for name, a in writes:
-        if np.may_share_memory(a, bias):
-            raise ValueError(f"{name}: must not overlap bias")
+    if bias is not None:
+        check_array("bias", bias, dtype=qkv.dtype, shape=(d3,))
+        for name, a in outputs:
+            if np.may_share_memory(a, bias):
+                raise ValueError(f"{name}: must not overlap bias")
 
 
 def sdpa_forward(out, p, qkv, n_heads, scale, causal=True, bias=None):
@@ -473,13 +469,11 @@ def sdpa_forward(out, p, qkv, n_heads, scale, causal=True, bias=None):
     3 d_model), q, k, v each d_model columns and head h their columns h*dh:(h+1)*dh: per
     (batch, head) ``P = softmax(q k^T * scale + M)`` into ``p`` (B*n_heads, T, T) (M = -inf
     above the diagonal when ``causal``; that half of p is left undefined and never read) and
-    ``O = P v`` into
-    the head's columns of ``out`` (B, T, d_model). With ``bias`` (3 d_model,), q, k, v are
-    those of ``qkv + bias`` (the projection's bias, added as the kernel reads each sequence;
-    ``qkv`` is not written). C-contiguous arrays of one float dtype; ``out`` and ``p`` must
-    not overlap each other, ``qkv`` or ``bias``. Returns ``out``."""
-    _check("out", out, p, qkv, n_heads)
-    _check_bias(bias, qkv, ("out", out), ("p", p))
+    ``O = P v`` into the head's columns of ``out`` (B, T, d_model); q, k, v those of ``qkv +
+    bias`` with a ``bias`` (3 d_model,) (the projection's, added as the kernel reads each
+    sequence; ``qkv`` is not written). C-contiguous arrays of one float dtype; ``out`` and
+    ``p`` must not overlap each other, ``qkv`` or ``bias``. Returns ``out``."""
+    _check("out", out, p, qkv, n_heads, bias, (("out", out), ("p", p)))
     for name, a in (("out", out), ("p", p)):
         if np.may_share_memory(a, qkv):
             raise ValueError(f"{name}: must not overlap qkv")
@@ -495,9 +489,8 @@ def sdpa_backward(dqkv, do, p, qkv, n_heads, scale, causal=True, bias=None):
     ``p``, ``qkv`` and ``bias``. ``dqkv`` may be ``qkv`` itself (overwritten in place; the
     kernel works on a copy of each sequence) but must not overlap the inputs otherwise.
     Returns ``dqkv``."""
-    _check("do", do, p, qkv, n_heads)
+    _check("do", do, p, qkv, n_heads, bias, (("dqkv", dqkv),))
     check_array("dqkv", dqkv, dtype=qkv.dtype, shape=qkv.shape)
-    _check_bias(bias, qkv, ("dqkv", dqkv))
     same = dqkv.__array_interface__["data"][0] == qkv.__array_interface__["data"][0]
     for name, a in (("do", do), ("p", p), ("qkv", qkv)):
         if np.may_share_memory(dqkv, a) and not (a is qkv and same):
